@@ -1,0 +1,1 @@
+"""reward-supervisor: keeps a fleet of file-sharded reward workers alive over persistent SSH."""

@@ -1,0 +1,855 @@
+"""The TOML config (DESIGN §6) read into frozen, validated objects; every problem is reported.
+
+This module owns ``tomllib`` and the rules of a valid config; it reads no other file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import string
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeVar, cast
+
+from supervisor.errors import ConfigError, ConfigProblem
+from supervisor.health import Policy
+
+WatchMode = Literal["auto", "inotify", "poll"]
+OnExit = Literal["stop", "detach"]
+
+#: Fields a ``worker.argv`` element may name; each is substituted inside one argument.
+ARGV_FIELDS: Final = frozenset(
+    {
+        "python",
+        "root",
+        "shard",
+        "host",
+        "concurrency",
+        "run_id",
+        "reward_fn",
+        "experiment",
+        "trial",
+        "shard_count",
+    }
+)
+DEFAULT_ARGV: Final = (
+    "{python}",
+    "-m",
+    "areal.reward.fs_worker",
+    "--root",
+    "{root}",
+    "--shard",
+    "{shard}",
+    "--host",
+    "{host}",
+    "--concurrency",
+    "{concurrency}",
+)
+DEFAULT_REWARD_FN: Final = "areal.reward.gsm8k.gsm8k_reward_fn"
+
+# A worker beats about once a second; a stale threshold under three beats restarts healthy
+# workers on scheduler noise, and no Python worker imports and reports ready in under 2 s.
+MIN_HEARTBEAT_STALE_S: Final = 3.0
+MIN_READY_TIMEOUT_S: Final = 2.0
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+MAX_SOCKET_PATH: Final = 107
+
+_DNS_LABEL: Final = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_USER_NAME: Final = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
+_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """``[run]``: where the run lives and what it is."""
+
+    root: Path
+    experiment: str = ""
+    trial: str = ""
+    run_id: str = ""
+    reward_fn: str = DEFAULT_REWARD_FN
+    cleanup_prefix: Path | None = None
+    forbid_hosts: tuple[str, ...] = ("head",)
+    allow_hosts: tuple[str, ...] | None = None
+    shard_count: int = 0
+    pointer_file: Path | None = None
+    on_exit: OnExit = "stop"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """``[worker]``: the argv template and environment of every worker."""
+
+    argv: tuple[str, ...] = DEFAULT_ARGV
+    python: str = "python3"
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    log_max_bytes: int = 256 * 1024 * 1024
+    log_backups: int = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SshConfig:
+    """``[ssh]``: how we reach the hosts; nothing is read implicitly from ``$HOME``."""
+
+    username: str
+    known_hosts: Path
+    client_keys: tuple[Path, ...] = ()
+    connect_timeout_s: float = 20.0
+    keepalive_interval_s: float = 15.0
+    keepalive_count_max: int = 3
+    # OpenSSH drops unauthenticated connections past MaxStartups (default 10:30:100).
+    max_concurrent_handshakes: int = 8
+    # OpenSSH's MaxSessions defaults to 10 channels per connection; keep one spare.
+    max_channels_per_host: int = 9
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlConfig:
+    """``[control]``: the operator socket."""
+
+    socket: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchConfig:
+    """``[watch]``: how status and ctl files are watched."""
+
+    mode: WatchMode = "auto"
+    poll_interval_s: float = 1.0
+    # watchfiles batches changes until `debounce` ms pass without a new one; its default of
+    # 1600 ms adds up to 1.7 s to every heartbeat when files change continuously.
+    debounce_ms: int = 50
+    # A full re-read of every file, in every mode: inotify can overflow, NFS can lie.
+    rescan_interval_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetConfig:
+    """``[fleet]``: protection against common-mode failures and restart stampedes."""
+
+    freeze_fraction: float = 0.5
+    freeze_window_s: float = 30.0
+    max_concurrent_launches: int = 16
+    max_launches_per_minute: int = 120
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsConfig:
+    """``[metrics]``: the optional Prometheus endpoint."""
+
+    listen: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostConfig:
+    """One ``[[hosts]]`` entry."""
+
+    name: str
+    shard: int
+    address: str
+    port: int = 22
+    concurrency: int = 48
+    username: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """A whole, valid configuration."""
+
+    source: Path
+    run: RunConfig
+    worker: WorkerConfig
+    health: Policy
+    ssh: SshConfig
+    control: ControlConfig
+    watch: WatchConfig
+    fleet: FleetConfig
+    metrics: MetricsConfig
+    hosts: tuple[HostConfig, ...]
+
+    def host(self, name: str) -> HostConfig | None:
+        """The host called ``name``, if configured."""
+        return next((h for h in self.hosts if h.name == name), None)
+
+    def summary(self) -> str:
+        """One line for ``check-config`` and logs."""
+        return (
+            f"{self.source}: ok: {len(self.hosts)} hosts, {self.run.shard_count} shards,"
+            f" root {self.run.root}"
+        )
+
+
+def argv_fields(config: Config, host: HostConfig) -> dict[str, str]:
+    """The values ``{field}``s in ``worker.argv`` stand for, for ``host``."""
+    return {
+        "python": config.worker.python,
+        "root": str(config.run.root),
+        "shard": str(host.shard),
+        "host": host.name,
+        "concurrency": str(host.concurrency),
+        "run_id": config.run.run_id,
+        "reward_fn": config.run.reward_fn,
+        "experiment": config.run.experiment,
+        "trial": config.run.trial,
+        "shard_count": str(config.run.shard_count),
+    }
+
+
+def render_argv(config: Config, host: HostConfig) -> tuple[str, ...]:
+    """The worker's argv for ``host``: each template element becomes exactly one argument."""
+    values = argv_fields(config, host)
+    return tuple(element.format_map(values) for element in config.worker.argv)
+
+
+def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
+    """Everything that shapes ``host``'s worker; a reload restarts the host if it changes."""
+    return (
+        render_argv(config, host),
+        tuple(sorted(config.worker.env.items())),
+        host.address,
+        host.port,
+        host.username or config.ssh.username,
+        config.worker.python,
+        host.shard,
+    )
+
+
+def default_socket_path(config_path: Path) -> Path:
+    """Where the control socket goes when ``[control] socket`` is not set."""
+    stem = config_path.stem or "reward-supervisor"
+    if os.geteuid() == 0:
+        return Path("/run/reward-supervisor") / f"{stem}.sock"
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"  # noqa: S108 - private 0700 subdir
+    return Path(base) / f"reward-supervisor-{os.geteuid()}" / f"{stem}.sock"
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and validate the config at ``path``.
+
+    Raises ConfigError listing every problem found (file, key path, reason).
+    """
+    source = Path(path)
+    try:
+        raw = tomllib.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError([ConfigProblem(str(source), "-", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigProblem(str(source), "-", f"cannot read: {exc}")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([ConfigProblem(str(source), "-", f"not valid TOML: {exc}")]) from None
+    return parse(raw, source)
+
+
+def parse(raw: Mapping[str, Any], source: Path) -> Config:
+    """Validate an already-parsed TOML document; raises ConfigError with every problem."""
+    v = _Validator(str(source))
+    config = v.config(raw, source)
+    if v.problems or config is None:
+        raise ConfigError(v.problems)
+    return config
+
+
+# --------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+_MISSING: Final = object()
+
+_SECTIONS: Final = (
+    "run",
+    "worker",
+    "health",
+    "ssh",
+    "control",
+    "watch",
+    "fleet",
+    "metrics",
+    "hosts",
+)
+
+
+class _Validator:
+    """Walks the document, collecting problems instead of stopping at the first."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problems: list[ConfigProblem] = []
+        #: position among valid hosts -> index in the file's [[hosts]] array
+        self.host_index: dict[int, int] = {}
+
+    def problem(self, key: str, reason: str) -> None:
+        self.problems.append(ConfigProblem(self.file, key, reason))
+
+    # --- generic readers -------------------------------------------------------------
+
+    def table(self, raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = raw.get(key, {})
+        if not isinstance(value, dict):
+            self.problem(key, f"must be a table, not {_type_name(value)}")
+            return {}
+        return cast(Mapping[str, Any], value)
+
+    def unknown_keys(self, table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+        for key in table:
+            if key not in allowed:
+                hint = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                self.problem(_join(where, key), f"unknown key{suggestion}")
+
+    def get(
+        self,
+        table: Mapping[str, Any],
+        where: str,
+        key: str,
+        kind: type[T],
+        default: T | object = _MISSING,
+    ) -> T | None:
+        path = _join(where, key)
+        if key not in table:
+            if default is _MISSING:
+                self.problem(path, "required")
+                return None
+            return cast(T, default)
+        value = table[key]
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            self.problem(path, f"must be {_kind_name(kind)}, not {_type_name(value)}")
+            return None
+        return cast(T, value)
+
+    def seconds(
+        self, table: Mapping[str, Any], where: str, key: str, default: float, minimum: float = 0.0
+    ) -> float:
+        value = self.get(table, where, key, float, default)
+        if value is None:
+            return default
+        if value <= 0 or value != value or value == float("inf"):
+            self.problem(_join(where, key), f"must be a positive number of seconds, not {value}")
+        elif value < minimum:
+            self.problem(_join(where, key), f"{value:g}s is too short; use at least {minimum:g}s")
+        return value
+
+    def positive_int(
+        self, table: Mapping[str, Any], where: str, key: str, default: int, minimum: int = 1
+    ) -> int:
+        value = self.get(table, where, key, int, default)
+        if value is None:
+            return default
+        if value < minimum:
+            self.problem(_join(where, key), f"must be at least {minimum}, not {value}")
+        return value
+
+    def strings(
+        self, table: Mapping[str, Any], where: str, key: str, default: tuple[str, ...] | None
+    ) -> tuple[str, ...] | None:
+        value = self.get(table, where, key, list, _MISSING if default is None else list(default))
+        if value is None:
+            return None if default is None else default
+        out: list[str] = []
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                self.problem(
+                    f"{_join(where, key)}[{i}]", f"must be a string, not {_type_name(item)}"
+                )
+            else:
+                out.append(item)
+        return tuple(out)
+
+    def choice(
+        self, table: Mapping[str, Any], where: str, key: str, choices: tuple[str, ...], default: str
+    ) -> str:
+        value = self.get(table, where, key, str, default)
+        if value is None:
+            return default
+        if value not in choices:
+            self.problem(_join(where, key), f"must be one of {', '.join(choices)}; got {value!r}")
+            return default
+        return value
+
+    def abs_path(
+        self, table: Mapping[str, Any], where: str, key: str, *, required: bool
+    ) -> Path | None:
+        value = self.get(table, where, key, str, _MISSING if required else None)
+        if value is None:
+            return None
+        if not value:
+            self.problem(_join(where, key), "must not be empty")
+            return None
+        if "\0" in value:
+            self.problem(_join(where, key), "must not contain NUL")
+            return None
+        if not PurePosixPath(value).is_absolute():
+            self.problem(_join(where, key), f"must be an absolute path, not {value!r}")
+            return None
+        return Path(os.path.normpath(value))
+
+    # --- sections ----------------------------------------------------------------------
+
+    def config(self, raw: Mapping[str, Any], source: Path) -> Config | None:
+        self.unknown_keys(raw, _SECTIONS, "")
+        hosts = self.hosts(raw)
+        run = self.run(self.table(raw, "run"), hosts)
+        worker = self.worker(self.table(raw, "worker"))
+        watch = self.watch(self.table(raw, "watch"))
+        health = self.health(self.table(raw, "health"), watch)
+        ssh = self.ssh(self.table(raw, "ssh"))
+        control = self.control(self.table(raw, "control"), source)
+        fleet = self.fleet(self.table(raw, "fleet"))
+        metrics = self.metrics(self.table(raw, "metrics"))
+        if run is not None and hosts is not None:
+            self.check_hosts_against_run(hosts, run)
+        if run is None or ssh is None or hosts is None:
+            return None
+        return Config(
+            source=source,
+            run=run,
+            worker=worker,
+            health=health,
+            ssh=ssh,
+            control=control,
+            watch=watch,
+            fleet=fleet,
+            metrics=metrics,
+            hosts=hosts,
+        )
+
+    def run(self, t: Mapping[str, Any], hosts: tuple[HostConfig, ...] | None) -> RunConfig | None:
+        w = "run"
+        keys = (
+            "root",
+            "experiment",
+            "trial",
+            "run_id",
+            "reward_fn",
+            "cleanup_prefix",
+            "forbid_hosts",
+            "allow_hosts",
+            "shard_count",
+            "pointer_file",
+            "on_exit",
+        )
+        self.unknown_keys(t, keys, w)
+        root = self.abs_path(t, w, "root", required=True)
+        prefix = self.abs_path(t, w, "cleanup_prefix", required=False)
+        if root is not None and prefix is not None and not _is_within(root, prefix):
+            self.problem(
+                "run.root", f"{root} is outside run.cleanup_prefix {prefix}; cleanup could not run"
+            )
+        if root is not None and root == Path("/"):
+            self.problem("run.root", "must not be /")
+        shard_count = self.get(t, w, "shard_count", int, 0) or 0
+        if shard_count < 0:
+            self.problem("run.shard_count", f"must be positive, not {shard_count}")
+        if shard_count <= 0 and hosts:
+            shard_count = max(h.shard for h in hosts) + 1
+        names = {
+            key: self.get(t, w, key, str, "") or "" for key in ("experiment", "trial", "run_id")
+        }
+        names["run_id"] = names["run_id"] or (root.name if root else "")
+        for key, value in names.items():
+            if "/" in value or "\0" in value:
+                self.problem(f"run.{key}", f"must not contain '/' or NUL: {value!r}")
+        if root is None:
+            return None
+        on_exit = cast(OnExit, self.choice(t, w, "on_exit", ("stop", "detach"), "stop"))
+        return RunConfig(
+            root=root,
+            experiment=names["experiment"],
+            trial=names["trial"],
+            run_id=names["run_id"],
+            reward_fn=self.get(t, w, "reward_fn", str, DEFAULT_REWARD_FN) or DEFAULT_REWARD_FN,
+            cleanup_prefix=prefix,
+            forbid_hosts=self.strings(t, w, "forbid_hosts", ("head",)) or (),
+            allow_hosts=self.strings(t, w, "allow_hosts", None) if "allow_hosts" in t else None,
+            shard_count=shard_count,
+            pointer_file=self.abs_path(t, w, "pointer_file", required=False),
+            on_exit=on_exit,
+        )
+
+    def worker(self, t: Mapping[str, Any]) -> WorkerConfig:
+        w = "worker"
+        self.unknown_keys(t, ("argv", "python", "env", "log_max_bytes", "log_backups"), w)
+        argv = self.strings(t, w, "argv", DEFAULT_ARGV)
+        if not argv:
+            self.problem("worker.argv", "must not be empty")
+            argv = DEFAULT_ARGV
+        for i, element in enumerate(argv):
+            self.check_template(f"worker.argv[{i}]", element)
+        python = self.get(t, w, "python", str, "python3")
+        if not python or "\0" in python:
+            self.problem("worker.python", "must be a command name or path")
+        env_raw = self.get(t, w, "env", dict, {}) or {}
+        env: dict[str, str] = {}
+        for name, value in env_raw.items():
+            if not _ENV_NAME.match(name):
+                self.problem(f"worker.env.{name}", "is not a valid environment variable name")
+            elif not isinstance(value, str):
+                self.problem(f"worker.env.{name}", f"must be a string, not {_type_name(value)}")
+            elif "\0" in value:
+                self.problem(f"worker.env.{name}", "must not contain NUL")
+            else:
+                env[name] = value
+        return WorkerConfig(
+            argv=argv,
+            python=python or "python3",
+            env=MappingProxyType(env),
+            log_max_bytes=self.positive_int(t, w, "log_max_bytes", 256 * 1024 * 1024, 4096),
+            log_backups=self.positive_int(t, w, "log_backups", 2, 0),
+        )
+
+    def check_template(self, key: str, element: str) -> None:
+        try:
+            parsed = list(string.Formatter().parse(element))
+        except ValueError as exc:
+            self.problem(key, f"bad template {element!r}: {exc}")
+            return
+        for _literal, name, spec, conversion in parsed:
+            if name is None:
+                continue
+            if name not in ARGV_FIELDS:
+                hint = difflib.get_close_matches(name, sorted(ARGV_FIELDS), n=1)
+                suggestion = f"; did you mean {{{hint[0]}}}?" if hint else ""
+                known = ", ".join(f"{{{f}}}" for f in sorted(ARGV_FIELDS))
+                self.problem(key, f"unknown field {{{name}}}{suggestion} (known: {known})")
+            elif spec or conversion:
+                self.problem(key, f"field {{{name}}} takes no format spec or conversion")
+
+    def health(self, t: Mapping[str, Any], watch: WatchConfig) -> Policy:
+        w = "health"
+        d = Policy()
+        keys = (
+            "heartbeat_stale_s",
+            "ready_timeout_s",
+            "restart_cooldown_s",
+            "backoff_max_s",
+            "backoff_reset_s",
+            "max_restarts",
+            "restart_window_s",
+            "stop_grace_s",
+            "kill_after_grace",
+        )
+        self.unknown_keys(t, keys, w)
+        # A poller sees a change up to one interval late; the stale threshold must cover two.
+        stale_min = max(MIN_HEARTBEAT_STALE_S, 2 * watch.poll_interval_s + 1)
+        stale = self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s, stale_min)
+        policy = Policy(
+            heartbeat_stale_s=stale,
+            ready_timeout_s=self.seconds(
+                t, w, "ready_timeout_s", d.ready_timeout_s, MIN_READY_TIMEOUT_S
+            ),
+            restart_cooldown_s=self.seconds(t, w, "restart_cooldown_s", d.restart_cooldown_s),
+            backoff_max_s=self.seconds(t, w, "backoff_max_s", d.backoff_max_s),
+            backoff_reset_s=self.seconds(t, w, "backoff_reset_s", d.backoff_reset_s),
+            max_restarts=self.positive_int(t, w, "max_restarts", 0, 0),
+            restart_window_s=self.seconds(t, w, "restart_window_s", d.restart_window_s),
+            stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
+            kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
+        )
+        if policy.backoff_max_s < policy.restart_cooldown_s:
+            self.problem(
+                "health.backoff_max_s",
+                f"{policy.backoff_max_s:g}s is below restart_cooldown_s"
+                f" ({policy.restart_cooldown_s:g}s)",
+            )
+        return policy
+
+    def ssh(self, t: Mapping[str, Any]) -> SshConfig | None:
+        w = "ssh"
+        keys = (
+            "username",
+            "client_keys",
+            "known_hosts",
+            "connect_timeout_s",
+            "keepalive_interval_s",
+            "keepalive_count_max",
+            "max_concurrent_handshakes",
+            "max_channels_per_host",
+            "reconnect_min_s",
+            "reconnect_max_s",
+        )
+        self.unknown_keys(t, keys, w)
+        username = self.get(t, w, "username", str, _current_user())
+        if username is not None and not _USER_NAME.match(username):
+            self.problem("ssh.username", f"{username!r} is not a valid user name")
+        if "known_hosts" not in t:
+            self.problem("ssh.known_hosts", "required: host keys are always verified")
+        known_hosts = self.abs_path(t, w, "known_hosts", required=False)
+        keys_raw = self.strings(t, w, "client_keys", ()) or ()
+        client_keys: list[Path] = []
+        for i, key in enumerate(keys_raw):
+            if not PurePosixPath(key).is_absolute():
+                self.problem(f"ssh.client_keys[{i}]", f"must be an absolute path, not {key!r}")
+            else:
+                client_keys.append(Path(key))
+        d = SshConfig(username="x", known_hosts=Path("/"))
+        reconnect_min = self.seconds(t, w, "reconnect_min_s", d.reconnect_min_s)
+        reconnect_max = self.seconds(t, w, "reconnect_max_s", d.reconnect_max_s)
+        if reconnect_max < reconnect_min:
+            self.problem("ssh.reconnect_max_s", "must not be below ssh.reconnect_min_s")
+        channels = self.positive_int(t, w, "max_channels_per_host", d.max_channels_per_host)
+        if channels > 9:
+            self.problem(
+                "ssh.max_channels_per_host",
+                f"{channels} reaches OpenSSH's default MaxSessions (10); use at most 9",
+            )
+        if username is None or known_hosts is None:
+            return None
+        return SshConfig(
+            username=username,
+            known_hosts=known_hosts,
+            client_keys=tuple(client_keys),
+            connect_timeout_s=self.seconds(t, w, "connect_timeout_s", d.connect_timeout_s),
+            keepalive_interval_s=self.seconds(t, w, "keepalive_interval_s", d.keepalive_interval_s),
+            keepalive_count_max=self.positive_int(
+                t, w, "keepalive_count_max", d.keepalive_count_max
+            ),
+            max_concurrent_handshakes=self.positive_int(
+                t, w, "max_concurrent_handshakes", d.max_concurrent_handshakes
+            ),
+            max_channels_per_host=channels,
+            reconnect_min_s=reconnect_min,
+            reconnect_max_s=reconnect_max,
+        )
+
+    def control(self, t: Mapping[str, Any], source: Path) -> ControlConfig:
+        self.unknown_keys(t, ("socket",), "control")
+        socket = self.abs_path(t, "control", "socket", required=False)
+        socket = socket or default_socket_path(source)
+        if len(os.fsencode(str(socket))) > MAX_SOCKET_PATH:
+            self.problem(
+                "control.socket", f"path is longer than {MAX_SOCKET_PATH} bytes (AF_UNIX limit)"
+            )
+        return ControlConfig(socket=socket)
+
+    def watch(self, t: Mapping[str, Any]) -> WatchConfig:
+        w = "watch"
+        d = WatchConfig()
+        self.unknown_keys(t, ("mode", "poll_interval_s", "debounce_ms", "rescan_interval_s"), w)
+        mode = cast(WatchMode, self.choice(t, w, "mode", ("auto", "inotify", "poll"), "auto"))
+        return WatchConfig(
+            mode=mode,
+            poll_interval_s=self.seconds(t, w, "poll_interval_s", d.poll_interval_s),
+            debounce_ms=self.positive_int(t, w, "debounce_ms", d.debounce_ms),
+            rescan_interval_s=self.seconds(t, w, "rescan_interval_s", d.rescan_interval_s),
+        )
+
+    def fleet(self, t: Mapping[str, Any]) -> FleetConfig:
+        w = "fleet"
+        d = FleetConfig()
+        keys = (
+            "freeze_fraction",
+            "freeze_window_s",
+            "max_concurrent_launches",
+            "max_launches_per_minute",
+        )
+        self.unknown_keys(t, keys, w)
+        fraction = self.get(t, w, "freeze_fraction", float, d.freeze_fraction)
+        if fraction is not None and not 0 < fraction <= 1:
+            self.problem("fleet.freeze_fraction", f"must be in (0, 1], not {fraction}")
+        return FleetConfig(
+            freeze_fraction=fraction if fraction is not None else d.freeze_fraction,
+            freeze_window_s=self.seconds(t, w, "freeze_window_s", d.freeze_window_s),
+            max_concurrent_launches=self.positive_int(
+                t, w, "max_concurrent_launches", d.max_concurrent_launches
+            ),
+            max_launches_per_minute=self.positive_int(
+                t, w, "max_launches_per_minute", d.max_launches_per_minute
+            ),
+        )
+
+    def metrics(self, t: Mapping[str, Any]) -> MetricsConfig:
+        self.unknown_keys(t, ("listen",), "metrics")
+        listen = self.get(t, "metrics", "listen", str, None)
+        if listen is not None and _split_host_port(listen) is None:
+            self.problem("metrics.listen", f"must be HOST:PORT, not {listen!r}")
+        return MetricsConfig(listen=listen)
+
+    def hosts(self, raw: Mapping[str, Any]) -> tuple[HostConfig, ...] | None:
+        value = raw.get("hosts")
+        if value is None:
+            self.problem("hosts", "required: at least one [[hosts]] entry")
+            return None
+        if not isinstance(value, list):
+            self.problem(
+                "hosts", f"must be an array of tables ([[hosts]]), not {_type_name(value)}"
+            )
+            return None
+        if not value:
+            self.problem("hosts", "must list at least one host")
+        hosts: list[HostConfig] = []
+        for i, entry in enumerate(value):
+            host = self.host(entry, f"hosts[{i}]")
+            if host is not None:
+                self.host_index[len(hosts)] = i
+                hosts.append(host)
+        self.check_duplicates(hosts)
+        return tuple(hosts)
+
+    def host(self, entry: object, w: str) -> HostConfig | None:
+        if not isinstance(entry, dict):
+            self.problem(w, f"must be a table, not {_type_name(entry)}")
+            return None
+        keys = ("name", "address", "port", "shard", "concurrency", "username")
+        self.unknown_keys(entry, keys, w)
+        name = self.get(entry, w, "name", str)
+        shard = self.get(entry, w, "shard", int)
+        if name is not None and not is_valid_host_name(name):
+            self.problem(
+                f"{w}.name",
+                f"{name!r} is not a valid DNS host name (letters, digits, '-' and '.';"
+                " no spaces or shell characters)",
+            )
+            name = None
+        if shard is not None and shard < 0:
+            self.problem(f"{w}.shard", f"must be 0 or more, not {shard}")
+            shard = None
+        address = self.get(entry, w, "address", str, name or "")
+        if address and not is_valid_address(address):
+            self.problem(f"{w}.address", f"{address!r} is not a host name or IP address")
+        port = self.get(entry, w, "port", int, 22) or 22
+        if not 0 < port < 65536:
+            self.problem(f"{w}.port", f"must be in 1..65535, not {port}")
+        username = self.get(entry, w, "username", str, None)
+        if username is not None and not _USER_NAME.match(username):
+            self.problem(f"{w}.username", f"{username!r} is not a valid user name")
+        concurrency = self.positive_int(entry, w, "concurrency", 48)
+        if name is None or shard is None or not address:
+            return None
+        return HostConfig(
+            name=name,
+            shard=shard,
+            address=address,
+            port=port,
+            concurrency=concurrency,
+            username=username,
+        )
+
+    def check_duplicates(self, hosts: list[HostConfig]) -> None:
+        seen_names: dict[str, int] = {}
+        seen_shards: dict[int, str] = {}
+        for j, host in enumerate(hosts):
+            i = self.host_index[j]
+            if host.name in seen_names:
+                self.problem(
+                    f"hosts[{i}].name",
+                    f"duplicate host {host.name!r} (also hosts[{seen_names[host.name]}])",
+                )
+            seen_names.setdefault(host.name, i)
+            if host.shard in seen_shards:
+                self.problem(
+                    f"hosts[{i}].shard",
+                    f"shard {host.shard} is already served by {seen_shards[host.shard]!r};"
+                    " one worker per shard",
+                )
+            seen_shards.setdefault(host.shard, host.name)
+
+    def check_hosts_against_run(self, hosts: tuple[HostConfig, ...], run: RunConfig) -> None:
+        forbidden = set(run.forbid_hosts)
+        for j, host in enumerate(hosts):
+            i = self.host_index[j]
+            if host.name in forbidden or host.address in forbidden:
+                self.problem(f"hosts[{i}]", f"{host.name!r} is in run.forbid_hosts")
+            if run.allow_hosts is not None and host.name not in run.allow_hosts:
+                self.problem(f"hosts[{i}]", f"{host.name!r} is not in run.allow_hosts")
+            if host.shard >= run.shard_count:
+                self.problem(
+                    f"hosts[{i}].shard",
+                    f"shard {host.shard} is outside 0..{run.shard_count - 1} (run.shard_count)",
+                )
+        served = {h.shard for h in hosts}
+        missing = [s for s in range(run.shard_count) if s not in served]
+        if missing and hosts:
+            shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
+            self.problem(
+                "hosts",
+                f"no host serves shard(s) {shown} of run.shard_count={run.shard_count};"
+                " their tasks would never be consumed",
+            )
+
+
+def is_valid_host_name(name: str) -> bool:
+    """A DNS name (RFC 1123): safe in file names, argv and logs."""
+    if not name or len(name) > 253:
+        return False
+    return all(_DNS_LABEL.match(label) for label in name.rstrip(".").split("."))
+
+
+def is_valid_address(address: str) -> bool:
+    """A DNS name or an IP literal."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return is_valid_host_name(address)
+    return True
+
+
+def _split_host_port(text: str) -> tuple[str, int] | None:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` of an already validated ``metrics.listen``."""
+    parsed = _split_host_port(text)
+    if parsed is None:
+        raise ValueError(f"not HOST:PORT: {text!r}")
+    return parsed
+
+
+def _is_within(path: Path, prefix: Path) -> bool:
+    try:
+        return os.path.commonpath([path, prefix]) == str(prefix)
+    except ValueError:
+        return False
+
+
+def _current_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "root"
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+_KIND_NAMES: Final[Mapping[type, str]] = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    list: "an array",
+    dict: "a table",
+}
+
+
+def _kind_name(kind: type) -> str:
+    return _KIND_NAMES.get(kind, kind.__name__)
+
+
+def _type_name(value: object) -> str:
+    for kind, name in _KIND_NAMES.items():
+        if isinstance(value, bool):
+            return "true or false"
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def describe_problems(error: ConfigError) -> str:
+    """Every problem, one per line, for operators."""
+    return "\n".join(str(p) for p in error.problems)

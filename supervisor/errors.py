@@ -1,0 +1,52 @@
+"""The exceptions this package raises; every message names the host, the state or the key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SupervisorError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    """One thing wrong with a config file: where, and why."""
+
+    file: str
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.reason}"
+
+
+class ConfigError(SupervisorError):
+    """A config file that cannot be used; carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class RemoteError(SupervisorError):
+    """A remote operation that failed or whose outcome is unknown."""
+
+    def __init__(self, host: str, reason: str, *, connection_lost: bool = False) -> None:
+        self.host = host
+        self.reason = reason
+        #: True when the SSH connection went away under the operation: its outcome is unknown.
+        self.connection_lost = connection_lost
+        super().__init__(f"{host}: {reason}")
+
+
+class LaunchRefused(RemoteError):
+    """The remote launch refused because a live worker already holds the shard."""
+
+    def __init__(self, host: str, reason: str, *, holder_pid: int | None) -> None:
+        self.holder_pid = holder_pid
+        super().__init__(host, reason)
+
+
+class ControlError(SupervisorError):
+    """A control-socket request that could not be served, or a daemon that cannot be reached."""

@@ -1,0 +1,764 @@
+"""The per-host health state machine: events and the time in, a new host and actions out.
+
+Rules (DESIGN §4); everything that decides a host's health lives in this file:
+
+1. At most one live worker per shard, always. ``Launch`` is emitted only when no pid of this
+   host may still be alive: every pid is confirmed dead by an exit record, a terminate that
+   saw it die, or a probe, and an unknown outcome (a launch cut off by a lost connection, a
+   daemon that just started) is cleared by a ``Probe`` first.
+2. Skew-immune heartbeats. A heartbeat counts when the worker's stamp (``heartbeat_at`` and
+   ``seq``) *changes*, and its age is measured on our monotonic clock from the moment we saw
+   the change. The worker's clock is never compared with ours, so hours of skew, or a stamp
+   that goes backwards, change no decision. The first stamp we ever see is only a baseline:
+   a file left by a worker that died yesterday must not look alive.
+3. Identity. Only heartbeats from the host's current pid count; in ``starting`` the file
+   left by the previous worker cannot make the new one look ready.
+4. SSH down is not worker down. Losing the connection changes no state; remote actions
+   simply wait until it is back, and a worker whose heartbeat stays fresh stays ``ready``.
+5. Backoff. The first restart after a healthy period is immediate; the n-th consecutive
+   failure waits ``restart_cooldown_s * 2**(n-2)``, capped at ``backoff_max_s``; the count
+   resets after ``backoff_reset_s`` in ``ready``. More than ``max_restarts`` (when > 0)
+   automatic restarts within ``restart_window_s`` means ``failed``: no more restarts until
+   an operator asks.
+6. Odd input is an observation, not an error: an event that does not apply in a state is
+   recorded (stamps, pids, SSH) and otherwise ignored. Only impossible input raises.
+
+Theory of operation. The shell feeds every observation as an event with ``now`` (a
+``time.monotonic()`` reading) and performs the returned actions. At most one remote
+operation (launch, terminate, probe) is in flight per host; the shell answers each with
+exactly one result event. After every event ``_reconcile`` looks at the state and, if SSH is
+up and nothing is in flight, starts the next operation the state calls for. ``deadline_at``
+is the next instant at which time alone could change something; the shell feeds
+``DeadlinePassed`` then, and the core re-checks ``now`` itself, so early, late or repeated
+wake-ups are harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Final, Literal, assert_never
+
+
+class HostState(StrEnum):
+    """The states of a host (contract: these strings appear in status output and logs)."""
+
+    #: Launch issued (or a running worker found); waiting for a ready heartbeat from its pid.
+    STARTING = "starting"
+    #: Heartbeat advancing and ``ready: true``.
+    READY = "ready"
+    #: Unhealthy and a restart is allowed now: terminate the old pid, confirm it, launch.
+    STALE = "stale"
+    #: Unhealthy, but backoff says wait until ``next_restart_at``; a heartbeat recovers it.
+    COOLING_DOWN = "cooling_down"
+    #: Gave up after too many restarts; stays until an operator starts or restarts the host.
+    FAILED = "failed"
+    #: Terminating the worker on request (operator, sentinel, shutdown, removal).
+    STOPPING = "stopping"
+    #: No worker, and none wanted.
+    STOPPED = "stopped"
+
+
+S = HostState
+ALL_STATES: Final = frozenset(HostState)
+#: States in which the host should have a worker and we act to keep one.
+WANT_RUNNING_STATES: Final = frozenset({S.STARTING, S.READY, S.STALE, S.COOLING_DOWN})
+#: States that count as unhealthy in summaries.
+UNHEALTHY_STATES: Final = frozenset({S.STALE, S.COOLING_DOWN, S.FAILED})
+#: States reached on purpose: no restarts happen from here.
+STOP_STATES: Final = frozenset({S.STOPPING, S.STOPPED})
+
+Op = Literal["launch", "terminate", "probe"]
+StopCause = Literal["operator", "sentinel", "shutdown", "removed"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """Timing and budget rules; ``config.py`` builds it from ``[health]``."""
+
+    heartbeat_stale_s: float = 60.0
+    ready_timeout_s: float = 60.0
+    restart_cooldown_s: float = 30.0
+    backoff_max_s: float = 300.0
+    backoff_reset_s: float = 600.0
+    max_restarts: int = 0
+    restart_window_s: float = 3600.0
+    stop_grace_s: float = 60.0
+    kill_after_grace: bool = False
+
+
+# --------------------------------------------------------------------------------------
+# Events: past-tense facts the shell observed.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatSeen:
+    """The status file parsed; its fields as the worker wrote them."""
+
+    pid: int
+    ready: bool
+    remote_heartbeat_at: float  # worker's clock: only ever compared with its own previous value
+    remote_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusMissing:
+    """The status file is missing, empty, partial, not JSON or lacks fields: no heartbeat."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerExited:
+    """An exit record: ``pid`` ended with ``exit_code`` or was killed by ``signal``."""
+
+    pid: int
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launched:
+    """The launch we asked for started a worker with this pid."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchFailed:
+    """The launch did not start a worker; ``uncertain`` when it may have (connection lost)."""
+
+    reason: str
+    uncertain: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchRefused:
+    """The remote side refused: a live worker (``holder_pid`` if known) holds the shard."""
+
+    holder_pid: int | None
+    reason: str = "shard held by a live worker"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TerminateConfirmed:
+    """``pid`` is confirmed gone (or was never alive)."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TerminateFailed:
+    """``pid`` could not be confirmed dead (survived the grace period, or remote error)."""
+
+    pid: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult:
+    """What runs for this shard on the host: a live worker pid of ours, or None."""
+
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeFailed:
+    """The probe could not be answered; what runs on the host is still unknown."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SshLost:
+    """The SSH connection to the host went away."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SshRestored:
+    """The SSH connection to the host is up (first connect or reconnect)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadlinePassed:
+    """The shell's timer for ``deadline_at`` fired (maybe early, late or twice)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartRequested:
+    """An operator asked for the host to run (clears ``failed``)."""
+
+    reason: str = "operator start"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopRequested:
+    """Someone asked for the host's worker to stop."""
+
+    reason: str
+    cause: StopCause = "operator"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRequested:
+    """An operator (or a reload that changed launch parameters) asked for a fresh worker."""
+
+    reason: str = "operator restart"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopSentinelAppeared:
+    """``ctl/<host>.stop`` exists: keep this host stopped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopSentinelRemoved:
+    """``ctl/<host>.stop`` is gone."""
+
+
+Event = (
+    HeartbeatSeen
+    | StatusMissing
+    | WorkerExited
+    | Launched
+    | LaunchFailed
+    | LaunchRefused
+    | TerminateConfirmed
+    | TerminateFailed
+    | ProbeResult
+    | ProbeFailed
+    | SshLost
+    | SshRestored
+    | DeadlinePassed
+    | StartRequested
+    | StopRequested
+    | RestartRequested
+    | StopSentinelAppeared
+    | StopSentinelRemoved
+)
+EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
+
+# --------------------------------------------------------------------------------------
+# Actions: what the shell must do. Each remote action is answered by one result event.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """Start a worker; answer with Launched, LaunchFailed or LaunchRefused."""
+
+    reason: str
+    is_restart: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Terminate:
+    """Stop ``pid`` (TERM, wait ``grace_s``, KILL if ``kill``); answer TerminateConfirmed/Failed."""
+
+    pid: int
+    grace_s: float
+    kill: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """Find the live worker of this shard on the host; answer ProbeResult or ProbeFailed."""
+
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChanged:
+    """The host moved from one state to another; logged as ``event="host.state"``."""
+
+    from_: HostState
+    to: HostState
+    reason: str
+
+
+Action = Launch | Terminate | Probe | StateChanged
+
+# --------------------------------------------------------------------------------------
+# The host.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    """Everything the core knows about one host. Instants (``*_at``) are local monotonic."""
+
+    name: str
+    state: HostState
+    reason: str
+    since_at: float
+    #: The worker that may be alive; None once confirmed dead (or never launched).
+    pid: int | None = None
+    #: Something may run that we do not know of; a Probe must answer before any Launch.
+    needs_probe: bool = True
+    #: ``pid`` was found running (probe, refused launch, heartbeat), not launched by us.
+    found_running: bool = False
+    #: The pid we last had, kept for display after it died.
+    last_pid: int | None = None
+    last_exit: str | None = None
+    #: The remote operation in flight, if any.
+    op: Op | None = None
+    #: After a failed terminate or probe, the next attempt waits until then.
+    op_retry_at: float | None = None
+    last_error: str | None = None
+    ssh_up: bool = False
+    ssh_reason: str = "not connected yet"
+    # The last status-file observation, whoever wrote it.
+    beat_pid: int | None = None
+    beat_ready: bool = False
+    remote_heartbeat_at: float | None = None
+    remote_seq: int | None = None
+    #: When we last saw the status file's stamp change, whoever wrote it.
+    beat_changed_at: float | None = None
+    status_problem: str | None = None
+    #: When we last saw a heartbeat of ``pid`` change: freshness counts from here.
+    alive_at: float | None = None
+    #: Since when ``pid`` has been reporting ``ready: false`` while in ``ready``.
+    not_ready_since_at: float | None = None
+    #: When the current launch was issued or the running worker found (``starting`` only).
+    launched_at: float | None = None
+    # Restart budget.
+    failures: int = 0
+    healthy_since_at: float | None = None
+    restart_times_at: tuple[float, ...] = ()
+    restarts: int = 0
+    next_restart_at: float | None = None
+    #: Whether leaving ``stale`` with a Launch counts as an automatic restart.
+    restart_is_automatic: bool = True
+    stop_sentinel: bool = False
+    stop_cause: StopCause | None = None
+    #: When ``DeadlinePassed`` should be fed next; None when only events can change things.
+    deadline_at: float | None = None
+
+
+def new_host(name: str, now: float, *, stop_sentinel: bool = False) -> Host:
+    """A host just added to the fleet: find out what runs there before launching anything."""
+    if stop_sentinel:
+        return Host(
+            name=name,
+            state=S.STOPPING,
+            reason="stop sentinel present",
+            since_at=now,
+            stop_sentinel=True,
+            stop_cause="sentinel",
+        )
+    return Host(name=name, state=S.STARTING, reason="looking for a running worker", since_at=now)
+
+
+def backoff_delay_s(failures: int, policy: Policy) -> float:
+    """Delay before the restart that answers the ``failures``-th consecutive failure."""
+    if failures <= 1:
+        return 0.0
+    # 2.0**k overflows a float past k = 1023; anything that large is the cap anyway.
+    exponent = min(failures - 2, 1023)
+    return float(min(policy.restart_cooldown_s * 2.0**exponent, policy.backoff_max_s))
+
+
+def heartbeat_age_s(host: Host, now: float) -> float | None:
+    """Seconds since the current worker's heartbeat last changed, on our clock."""
+    return None if host.alive_at is None else max(0.0, now - host.alive_at)
+
+
+def restarts_in_window(host: Host, now: float, policy: Policy) -> int:
+    """Automatic restarts within the last ``restart_window_s``."""
+    return sum(1 for t in host.restart_times_at if now - t < policy.restart_window_s)
+
+
+def describe_exit(event: WorkerExited) -> str:
+    """A short human reason for an exit record."""
+    if event.signal is not None:
+        name = _SIGNAL_NAMES.get(event.signal)
+        return f"killed by signal {event.signal}" + (f" ({name})" if name else "")
+    if event.exit_code == 0:
+        return "exited with code 0 (unexpected)"
+    return f"exited with code {event.exit_code}"
+
+
+# Linux numbers of the signals that end workers in practice; others print as numbers.
+_SIGNAL_NAMES: Final[Mapping[int, str]] = {
+    1: "SIGHUP",
+    2: "SIGINT",
+    6: "SIGABRT",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    15: "SIGTERM",
+}
+
+# --------------------------------------------------------------------------------------
+# step()
+
+
+def step(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host, list[Action]]:
+    """Apply one event seen at monotonic ``now``; return the new host and what to do."""
+    before = host
+    host, applies = _observe(host, event, now, policy)
+    handler = TRANSITIONS.get((host.state, type(event))) if applies else None
+    if handler is not None:
+        host = handler(host, event, now, policy)
+    host, actions = _reconcile(host, now, policy)
+    host = replace(host, deadline_at=_deadline(host, policy))
+    if host.state != before.state:
+        actions.insert(0, StateChanged(from_=before.state, to=host.state, reason=host.reason))
+    return host, actions
+
+
+def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host, bool]:
+    """Bookkeeping true in every state; also says whether the event concerns this worker.
+
+    Operation results clear ``op``, pids get confirmed dead or adopted, stamps are recorded.
+    An exit record or heartbeat of some other pid, or a second copy of one already seen,
+    "does not apply": it is recorded and changes no state.
+    """
+    if (
+        host.state is S.READY
+        and host.healthy_since_at is not None
+        and now - host.healthy_since_at >= policy.backoff_reset_s
+    ):
+        host = replace(host, failures=0)
+    match event:
+        case HeartbeatSeen():
+            return _record_beat(host, event, now)
+        case StatusMissing():
+            return replace(host, status_problem=event.reason), True
+        case WorkerExited():
+            if event.pid != host.pid:
+                return host, False  # an older worker's record; that pid was settled already
+            return replace(host, pid=None, last_exit=describe_exit(event)), True
+        case Launched():
+            host = replace(host, op=None, needs_probe=False, last_error=None)
+            return _assign_pid(host, event.pid, found_running=False), True
+        case LaunchFailed():
+            host = replace(host, op=None, last_error=f"launch failed: {event.reason}")
+            return replace(host, needs_probe=host.needs_probe or event.uncertain), True
+        case LaunchRefused():
+            host = replace(host, op=None, last_error=f"launch refused: {event.reason}")
+            if event.holder_pid is None:
+                return replace(host, needs_probe=True), True
+            return _assign_pid(host, event.holder_pid, found_running=True), True
+        case TerminateConfirmed():
+            host = replace(host, op=None, last_error=None)
+            if event.pid != host.pid:
+                return host, False
+            return replace(host, pid=None), True
+        case TerminateFailed():
+            error = f"terminate pid {event.pid} failed: {event.reason}"
+            return replace(
+                host, op=None, op_retry_at=now + policy.restart_cooldown_s, last_error=error
+            ), True
+        case ProbeResult():
+            host = replace(host, op=None, needs_probe=False, last_error=None)
+            if event.pid is None:
+                return replace(host, pid=None), True
+            return _assign_pid(host, event.pid, found_running=host.pid != event.pid), True
+        case ProbeFailed():
+            return replace(
+                host,
+                op=None,
+                op_retry_at=now + policy.restart_cooldown_s,
+                last_error=f"probe failed: {event.reason}",
+            ), True
+        case SshLost():
+            return replace(host, ssh_up=False, ssh_reason=event.reason), True
+        case SshRestored():
+            return replace(host, ssh_up=True, ssh_reason="connected", op_retry_at=None), True
+        case StopSentinelAppeared():
+            return replace(host, stop_sentinel=True), True
+        case StopSentinelRemoved():
+            return replace(host, stop_sentinel=False), True
+        case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
+            return host, True
+        case _:
+            assert_never(event)
+
+
+def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, bool]:
+    stamp = (beat.pid, beat.remote_heartbeat_at, beat.remote_seq)
+    previous = (host.beat_pid, host.remote_heartbeat_at, host.remote_seq)
+    # Freshness counts from when *we* saw the stamp change, so a remote clock that is hours
+    # off can neither age a healthy worker nor hide a dead one. The first stamp we see is
+    # only a baseline: the file of a worker that died yesterday looks just like it.
+    changed = host.remote_heartbeat_at is not None and stamp != previous
+    host = replace(
+        host,
+        beat_pid=beat.pid,
+        beat_ready=beat.ready,
+        remote_heartbeat_at=beat.remote_heartbeat_at,
+        remote_seq=beat.remote_seq,
+        beat_changed_at=now if changed else host.beat_changed_at,
+        status_problem=None,
+    )
+    if not changed:
+        return host, False
+    if host.pid is None and host.needs_probe and host.state is S.STARTING and host.op != "launch":
+        # Nothing launched, and SSH has not answered the probe yet: a changing heartbeat is
+        # proof enough that beat.pid runs. Adopt it as the candidate; the probe checks it.
+        host = _assign_pid(host, beat.pid, found_running=True)
+    if beat.pid != host.pid:
+        return host, False
+    host = replace(host, alive_at=now)
+    if beat.ready:
+        host = replace(host, not_ready_since_at=None)
+    elif host.not_ready_since_at is None:
+        host = replace(host, not_ready_since_at=now)
+    return host, True
+
+
+def _assign_pid(host: Host, pid: int, *, found_running: bool) -> Host:
+    """Make ``pid`` the host's worker; a heartbeat of it already seen counts from its time."""
+    alive_at = host.alive_at if pid == host.pid else None
+    seen_since_launch = host.launched_at is None or (
+        host.beat_changed_at is not None and host.beat_changed_at >= host.launched_at
+    )
+    if host.beat_pid == pid and host.beat_changed_at is not None and seen_since_launch:
+        # The new worker's first heartbeat can overtake the launch's answer.
+        alive_at = host.beat_changed_at if alive_at is None else max(alive_at, host.beat_changed_at)
+    return replace(host, pid=pid, last_pid=pid, alive_at=alive_at, found_running=found_running)
+
+
+def _fresh_ready(host: Host, now: float, policy: Policy) -> bool:
+    """The current pid's heartbeat changed recently and says ready."""
+    return (
+        host.pid is not None
+        and host.beat_pid == host.pid
+        and host.beat_ready
+        and host.alive_at is not None
+        and now - host.alive_at < policy.heartbeat_stale_s
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Transition handlers: (host, event, now, policy) -> host. They change the state;
+# _reconcile turns the state into remote operations.
+
+_Handler = Callable[[Host, Event, float, Policy], Host]
+
+
+def _enter(host: Host, state: HostState, reason: str, now: float) -> Host:
+    """Move to ``state``, dropping what only made sense in the old one."""
+    entering = state is not host.state
+    return replace(
+        host,
+        state=state,
+        reason=reason,
+        since_at=now if entering else host.since_at,
+        healthy_since_at=(now if entering else host.healthy_since_at) if state is S.READY else None,
+        next_restart_at=host.next_restart_at if state is S.COOLING_DOWN else None,
+        launched_at=host.launched_at if state is S.STARTING else None,
+        not_ready_since_at=host.not_ready_since_at if state is S.READY else None,
+    )
+
+
+def _fail(host: Host, reason: str, now: float, policy: Policy) -> Host:
+    """The worker is unhealthy: restart now, after a cooldown, or give up."""
+    failures = host.failures + 1
+    window = tuple(t for t in host.restart_times_at if now - t < policy.restart_window_s)
+    host = replace(host, failures=failures, restart_times_at=window, restart_is_automatic=True)
+    if policy.max_restarts > 0 and len(window) >= policy.max_restarts:
+        why = (
+            f"gave up after {len(window)} restarts within {policy.restart_window_s:g}s"
+            f" (max_restarts={policy.max_restarts}); last: {reason}"
+        )
+        return _enter(host, S.FAILED, why, now)
+    delay = backoff_delay_s(failures, policy)
+    if delay <= 0:
+        return _enter(host, S.STALE, reason, now)
+    host = replace(host, next_restart_at=now + delay)
+    return _enter(host, S.COOLING_DOWN, f"{reason}; restart in {delay:g}s", now)
+
+
+def _maybe_ready(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if not _fresh_ready(host, now, policy):
+        return host
+    reason = "adopted running worker" if host.found_running else "heartbeat ready"
+    return _enter(host, S.READY, reason, now)
+
+
+def _recover(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    # A worker that heartbeats again before we touched it was slow, not dead.
+    if host.op is None and _fresh_ready(host, now, policy):
+        return _enter(host, S.READY, "recovered: heartbeat advancing again", now)
+    return host
+
+
+def _worker_exited(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    return _fail(host, host.last_exit or "exited", now, policy)
+
+
+def _launch_failed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if isinstance(event, LaunchFailed) and event.uncertain:
+        # The worker may well be running: find out (the probe) rather than count a failure.
+        # The ready deadline of this launch still bounds the wait.
+        return replace(host, reason=f"launch outcome unknown ({event.reason}); probing")
+    return _fail(host, host.last_error or "launch failed", now, policy)
+
+
+def _launch_refused(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    # The shard is held by a live worker: an earlier launch whose answer was lost, or one
+    # started outside us. Wait for its heartbeat exactly as for an adopted worker.
+    host = replace(host, launched_at=now)
+    host = _enter(
+        host, S.STARTING, f"adopting the worker holding the shard ({host.last_error})", now
+    )
+    return _maybe_ready(host, event, now, policy)
+
+
+def _probe_answered(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.pid is None:
+        return host  # nothing runs; _reconcile launches
+    host = replace(host, launched_at=host.launched_at if host.launched_at is not None else now)
+    host = _enter(host, S.STARTING, f"adopting pid {host.pid}: waiting for its heartbeat", now)
+    return _maybe_ready(host, event, now, policy)
+
+
+def _deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    match host.state:
+        case S.STARTING:
+            if host.launched_at is not None and now >= host.launched_at + policy.ready_timeout_s:
+                why = f"not ready within ready_timeout_s={policy.ready_timeout_s:g}"
+                return _fail(host, why, now, policy)
+        case S.READY:
+            base = host.alive_at if host.alive_at is not None else host.since_at
+            if now >= base + policy.heartbeat_stale_s:
+                return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
+            since = host.not_ready_since_at
+            if since is not None and now >= since + policy.ready_timeout_s:
+                return _fail(host, f"not ready for {now - since:.1f}s", now, policy)
+        case S.COOLING_DOWN:
+            if host.next_restart_at is not None and now >= host.next_restart_at:
+                return _enter(host, S.STALE, f"cooldown over ({host.reason})", now)
+        case _:
+            pass
+    return host
+
+
+def _start(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.stop_sentinel:
+        return host  # the sentinel wins: removing it is how a sentinel-stopped host starts
+    if isinstance(event, StopSentinelRemoved):
+        if host.stop_cause != "sentinel":
+            return host
+        reason = "stop sentinel removed"
+    else:
+        reason = event.reason if isinstance(event, StartRequested) else "start"
+    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False)
+    if host.state is S.COOLING_DOWN or host.op == "terminate":
+        return _enter(host, S.STALE, reason, now)  # finish the terminate, then launch
+    if host.state in WANT_RUNNING_STATES:
+        return host
+    if host.pid is not None:
+        # A worker still runs (a terminate failed, or a failed host's worker is alive):
+        # give it the chance to show it is healthy before replacing it.
+        host = replace(host, launched_at=now, found_running=True)
+    return _maybe_ready(_enter(host, S.STARTING, reason, now), event, now, policy)
+
+
+def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.stop_sentinel:
+        return host
+    reason = event.reason if isinstance(event, RestartRequested) else "restart"
+    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False)
+    if host.state is S.STARTING and host.pid is None and host.op is None:
+        return replace(host, reason=reason)  # nothing runs: the coming launch is the restart
+    return _enter(host, S.STALE, reason, now)
+
+
+def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if isinstance(event, StopRequested):
+        reason, cause = event.reason, event.cause
+    else:
+        reason, cause = "stop sentinel present", "sentinel"
+    host = replace(host, stop_cause=cause)
+    if host.state is S.STOPPED:
+        return replace(host, reason=reason)
+    return _enter(host, S.STOPPING, reason, now)
+
+
+def _each(
+    states: frozenset[HostState], event: type[Event], handler: _Handler
+) -> dict[tuple[HostState, type[Event]], _Handler]:
+    return {(state, event): handler for state in states}
+
+
+_STARTING_OR_READY: Final = frozenset({S.STARTING, S.READY})
+
+#: (state, event type) -> handler, consulted only for events that concern the current
+#: worker (see _observe). Pairs not listed change no state; _reconcile still acts on what
+#: _observe recorded (an op finished, SSH came back, a pid was confirmed dead).
+TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
+    (S.STARTING, HeartbeatSeen): _maybe_ready,
+    (S.STARTING, Launched): _maybe_ready,
+    (S.STARTING, ProbeResult): _probe_answered,
+    (S.STARTING, LaunchFailed): _launch_failed,
+    (S.STARTING, LaunchRefused): _launch_refused,
+    **_each(_STARTING_OR_READY, WorkerExited, _worker_exited),
+    **_each(UNHEALTHY_STATES, HeartbeatSeen, _recover),
+    **_each(frozenset({S.STARTING, S.READY, S.COOLING_DOWN}), DeadlinePassed, _deadline_passed),
+    **_each(ALL_STATES, StartRequested, _start),
+    **_each(STOP_STATES, StopSentinelRemoved, _start),
+    **_each(ALL_STATES, RestartRequested, _restart),
+    **_each(ALL_STATES, StopRequested, _stop),
+    **_each(ALL_STATES - STOP_STATES, StopSentinelAppeared, _stop),
+}
+
+
+def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Action]]:
+    """Start the remote operation the state calls for, if SSH is up and none is in flight."""
+    idle = host.op is None
+    if host.state is S.STOPPING and idle and host.pid is None and not host.needs_probe:
+        return _enter(host, S.STOPPED, host.reason, now), []
+    if not (host.ssh_up and idle) or (host.op_retry_at is not None and now < host.op_retry_at):
+        return host, []
+    if host.needs_probe:
+        return replace(host, op="probe"), [Probe(pid=host.pid)]
+    if host.state in (S.STALE, S.STOPPING) and host.pid is not None:
+        terminate = Terminate(
+            pid=host.pid, grace_s=policy.stop_grace_s, kill=policy.kill_after_grace
+        )
+        return replace(host, op="terminate"), [terminate]
+    if host.state in (S.STALE, S.STARTING) and host.pid is None:
+        return _launch(host, now)
+    return host, []
+
+
+def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
+    automatic = host.state is S.STALE and host.restart_is_automatic
+    if automatic:
+        host = replace(
+            host, restart_times_at=(*host.restart_times_at, now), restarts=host.restarts + 1
+        )
+    reason = host.reason
+    host = _enter(host, S.STARTING, reason, now)
+    host = replace(
+        host,
+        op="launch",
+        launched_at=now,
+        alive_at=None,
+        found_running=False,
+        restart_is_automatic=True,
+    )
+    return host, [Launch(reason=reason, is_restart=automatic)]
+
+
+def _deadline(host: Host, policy: Policy) -> float | None:
+    """The next instant at which time alone could change this host."""
+    candidates: list[float] = []
+    if host.op_retry_at is not None and host.op is None:
+        candidates.append(host.op_retry_at)
+    match host.state:
+        case S.STARTING if host.launched_at is not None:
+            candidates.append(host.launched_at + policy.ready_timeout_s)
+        case S.READY:
+            base = host.alive_at if host.alive_at is not None else host.since_at
+            candidates.append(base + policy.heartbeat_stale_s)
+            if host.not_ready_since_at is not None:
+                candidates.append(host.not_ready_since_at + policy.ready_timeout_s)
+        case S.COOLING_DOWN if host.next_restart_at is not None:
+            candidates.append(host.next_restart_at)
+        case _:
+            pass
+    return min(candidates) if candidates else None
