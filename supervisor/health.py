@@ -315,6 +315,9 @@ class Host:
     remote_seq: int | None = None
     #: When we last saw the status file's stamp change, whoever wrote it.
     beat_changed_at: float | None = None
+    #: We have looked at the status file at least once (found or missing): the next stamp
+    #: that differs from what we saw was written after we looked, so it is fresh.
+    status_seen: bool = False
     status_problem: str | None = None
     #: When we last saw a heartbeat of ``pid`` change: freshness counts from here.
     alive_at: float | None = None
@@ -328,6 +331,8 @@ class Host:
     restart_times_at: tuple[float, ...] = ()
     restarts: int = 0
     next_restart_at: float | None = None
+    #: Why the worker was last found unhealthy.
+    cause: str | None = None
     #: Whether leaving ``stale`` with a Launch counts as an automatic restart.
     restart_is_automatic: bool = True
     stop_sentinel: bool = False
@@ -395,16 +400,19 @@ _SIGNAL_NAMES: Final[Mapping[int, str]] = {
 
 def step(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host, list[Action]]:
     """Apply one event seen at monotonic ``now``; return the new host and what to do."""
-    before = host
+    changes: list[Action] = []
+    state = host.state
     host, applies = _observe(host, event, now, policy)
     handler = TRANSITIONS.get((host.state, type(event))) if applies else None
     if handler is not None:
         host = handler(host, event, now, policy)
+    if host.state is not state:
+        changes.append(StateChanged(from_=state, to=host.state, reason=host.reason))
+    state = host.state
     host, actions = _reconcile(host, now, policy)
-    host = replace(host, deadline_at=_deadline(host, policy))
-    if host.state != before.state:
-        actions.insert(0, StateChanged(from_=before.state, to=host.state, reason=host.reason))
-    return host, actions
+    if host.state is not state:
+        changes.append(StateChanged(from_=state, to=host.state, reason=host.reason))
+    return replace(host, deadline_at=_deadline(host, policy)), changes + actions
 
 
 def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host, bool]:
@@ -424,11 +432,17 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
         case HeartbeatSeen():
             return _record_beat(host, event, now)
         case StatusMissing():
-            return replace(host, status_problem=event.reason), True
+            return replace(host, status_problem=event.reason, status_seen=True), True
         case WorkerExited():
             if event.pid != host.pid:
                 return host, False  # an older worker's record; that pid was settled already
             return replace(host, pid=None, last_exit=describe_exit(event)), True
+        # The shell answers each remote action with exactly one result, so a result for an
+        # operation that is not in flight cannot happen; it is ignored rather than trusted.
+        case Launched() | LaunchFailed() | LaunchRefused() if host.op != "launch":
+            return host, False
+        case ProbeResult() | ProbeFailed() if host.op != "probe":
+            return host, False
         case Launched():
             host = replace(host, op=None, needs_probe=False, last_error=None)
             return _assign_pid(host, event.pid, found_running=False), True
@@ -441,27 +455,27 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 return replace(host, needs_probe=True), True
             return _assign_pid(host, event.holder_pid, found_running=True), True
         case TerminateConfirmed():
-            host = replace(host, op=None, last_error=None)
+            # A confirmed death is a fact even when it arrives late: record it regardless.
+            if host.op == "terminate":
+                host = replace(host, op=None, last_error=None)
             if event.pid != host.pid:
                 return host, False
-            return replace(host, pid=None), True
+            return replace(host, pid=None, last_exit="confirmed dead"), True
         case TerminateFailed():
+            if host.op != "terminate":
+                return host, False
             error = f"terminate pid {event.pid} failed: {event.reason}"
-            return replace(
-                host, op=None, op_retry_at=now + policy.restart_cooldown_s, last_error=error
-            ), True
+            retry_at = now + policy.restart_cooldown_s
+            return replace(host, op=None, op_retry_at=retry_at, last_error=error), True
         case ProbeResult():
             host = replace(host, op=None, needs_probe=False, last_error=None)
             if event.pid is None:
                 return replace(host, pid=None), True
             return _assign_pid(host, event.pid, found_running=host.pid != event.pid), True
         case ProbeFailed():
-            return replace(
-                host,
-                op=None,
-                op_retry_at=now + policy.restart_cooldown_s,
-                last_error=f"probe failed: {event.reason}",
-            ), True
+            retry_at = now + policy.restart_cooldown_s
+            error = f"probe failed: {event.reason}"
+            return replace(host, op=None, op_retry_at=retry_at, last_error=error), True
         case SshLost():
             return replace(host, ssh_up=False, ssh_reason=event.reason), True
         case SshRestored():
@@ -480,9 +494,9 @@ def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, boo
     stamp = (beat.pid, beat.remote_heartbeat_at, beat.remote_seq)
     previous = (host.beat_pid, host.remote_heartbeat_at, host.remote_seq)
     # Freshness counts from when *we* saw the stamp change, so a remote clock that is hours
-    # off can neither age a healthy worker nor hide a dead one. The first stamp we see is
-    # only a baseline: the file of a worker that died yesterday looks just like it.
-    changed = host.remote_heartbeat_at is not None and stamp != previous
+    # off can neither age a healthy worker nor hide a dead one. The first file we read is
+    # only a baseline: the file of a worker that died yesterday looks just like a live one.
+    changed = host.status_seen and stamp != previous
     host = replace(
         host,
         beat_pid=beat.pid,
@@ -491,6 +505,7 @@ def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, boo
         remote_seq=beat.remote_seq,
         beat_changed_at=now if changed else host.beat_changed_at,
         status_problem=None,
+        status_seen=True,
     )
     if not changed:
         return host, False
@@ -557,7 +572,9 @@ def _fail(host: Host, reason: str, now: float, policy: Policy) -> Host:
     """The worker is unhealthy: restart now, after a cooldown, or give up."""
     failures = host.failures + 1
     window = tuple(t for t in host.restart_times_at if now - t < policy.restart_window_s)
-    host = replace(host, failures=failures, restart_times_at=window, restart_is_automatic=True)
+    host = replace(
+        host, failures=failures, restart_times_at=window, restart_is_automatic=True, cause=reason
+    )
     if policy.max_restarts > 0 and len(window) >= policy.max_restarts:
         why = (
             f"gave up after {len(window)} restarts within {policy.restart_window_s:g}s"
@@ -585,8 +602,11 @@ def _recover(host: Host, event: Event, now: float, policy: Policy) -> Host:
     return host
 
 
-def _worker_exited(host: Host, event: Event, now: float, policy: Policy) -> Host:
-    return _fail(host, host.last_exit or "exited", now, policy)
+def _worker_gone(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.pid is not None:
+        return host  # a probe found a different live pid; its heartbeat decides
+    why = host.last_exit if isinstance(event, WorkerExited | TerminateConfirmed) else None
+    return _fail(host, why or "probe found no live worker", now, policy)
 
 
 def _launch_failed(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -609,30 +629,33 @@ def _launch_refused(host: Host, event: Event, now: float, policy: Policy) -> Hos
 
 def _probe_answered(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.pid is None:
-        return host  # nothing runs; _reconcile launches
+        return replace(host, reason="no running worker found")  # _reconcile launches
     host = replace(host, launched_at=host.launched_at if host.launched_at is not None else now)
     host = _enter(host, S.STARTING, f"adopting pid {host.pid}: waiting for its heartbeat", now)
     return _maybe_ready(host, event, now, policy)
 
 
-def _deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
-    match host.state:
-        case S.STARTING:
-            if host.launched_at is not None and now >= host.launched_at + policy.ready_timeout_s:
-                why = f"not ready within ready_timeout_s={policy.ready_timeout_s:g}"
-                return _fail(host, why, now, policy)
-        case S.READY:
-            base = host.alive_at if host.alive_at is not None else host.since_at
-            if now >= base + policy.heartbeat_stale_s:
-                return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
-            since = host.not_ready_since_at
-            if since is not None and now >= since + policy.ready_timeout_s:
-                return _fail(host, f"not ready for {now - since:.1f}s", now, policy)
-        case S.COOLING_DOWN:
-            if host.next_restart_at is not None and now >= host.next_restart_at:
-                return _enter(host, S.STALE, f"cooldown over ({host.reason})", now)
-        case _:
-            pass
+def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.launched_at is not None and now >= host.launched_at + policy.ready_timeout_s:
+        return _fail(
+            host, f"not ready within ready_timeout_s={policy.ready_timeout_s:g}", now, policy
+        )
+    return host
+
+
+def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    base = host.alive_at if host.alive_at is not None else host.since_at
+    if now >= base + policy.heartbeat_stale_s:
+        return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
+    since = host.not_ready_since_at
+    if since is not None and now >= since + policy.ready_timeout_s:
+        return _fail(host, f"not ready for {now - since:.1f}s", now, policy)
+    return host
+
+
+def _cooldown_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.next_restart_at is not None and now >= host.next_restart_at:
+        return _enter(host, S.STALE, f"{host.cause}; cooldown over", now)
     return host
 
 
@@ -678,6 +701,12 @@ def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
     return _enter(host, S.STOPPING, reason, now)
 
 
+def _sentinel_takes_over(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    # An operator stop becomes a sentinel stop, so removing the file starts the host again;
+    # a shutdown or removal stays what it is.
+    return replace(host, stop_cause="sentinel") if host.stop_cause == "operator" else host
+
+
 def _each(
     states: frozenset[HostState], event: type[Event], handler: _Handler
 ) -> dict[tuple[HostState, type[Event]], _Handler]:
@@ -695,14 +724,19 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     (S.STARTING, ProbeResult): _probe_answered,
     (S.STARTING, LaunchFailed): _launch_failed,
     (S.STARTING, LaunchRefused): _launch_refused,
-    **_each(_STARTING_OR_READY, WorkerExited, _worker_exited),
+    **_each(_STARTING_OR_READY, WorkerExited, _worker_gone),
+    **_each(_STARTING_OR_READY, TerminateConfirmed, _worker_gone),
+    (S.READY, ProbeResult): _worker_gone,
     **_each(UNHEALTHY_STATES, HeartbeatSeen, _recover),
-    **_each(frozenset({S.STARTING, S.READY, S.COOLING_DOWN}), DeadlinePassed, _deadline_passed),
+    (S.STARTING, DeadlinePassed): _ready_timeout_passed,
+    (S.READY, DeadlinePassed): _heartbeat_deadline_passed,
+    (S.COOLING_DOWN, DeadlinePassed): _cooldown_passed,
     **_each(ALL_STATES, StartRequested, _start),
     **_each(STOP_STATES, StopSentinelRemoved, _start),
     **_each(ALL_STATES, RestartRequested, _restart),
     **_each(ALL_STATES, StopRequested, _stop),
     **_each(ALL_STATES - STOP_STATES, StopSentinelAppeared, _stop),
+    **_each(STOP_STATES, StopSentinelAppeared, _sentinel_takes_over),
 }
 
 
@@ -713,6 +747,7 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
         return _enter(host, S.STOPPED, host.reason, now), []
     if not (host.ssh_up and idle) or (host.op_retry_at is not None and now < host.op_retry_at):
         return host, []
+    host = replace(host, op_retry_at=None)  # the wait, if any, is over
     if host.needs_probe:
         return replace(host, op="probe"), [Probe(pid=host.pid)]
     if host.state in (S.STALE, S.STOPPING) and host.pid is not None:
@@ -727,11 +762,12 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
 
 def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
     automatic = host.state is S.STALE and host.restart_is_automatic
+    reason = f"launching: {host.reason}"
     if automatic:
         host = replace(
             host, restart_times_at=(*host.restart_times_at, now), restarts=host.restarts + 1
         )
-    reason = host.reason
+        reason = f"restarting after: {host.cause}"
     host = _enter(host, S.STARTING, reason, now)
     host = replace(
         host,
@@ -747,7 +783,8 @@ def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
 def _deadline(host: Host, policy: Policy) -> float | None:
     """The next instant at which time alone could change this host."""
     candidates: list[float] = []
-    if host.op_retry_at is not None and host.op is None:
+    # A retry waits for SSH as much as for the clock; SshRestored clears it and wakes us.
+    if host.op_retry_at is not None and host.op is None and host.ssh_up:
         candidates.append(host.op_retry_at)
     match host.state:
         case S.STARTING if host.launched_at is not None:

@@ -1,0 +1,34 @@
+"""health.py stays pure: it imports only a few stdlib modules and nothing of ours."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import supervisor.health
+
+ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add("." * node.level + (node.module or ""))
+    return names
+
+
+def test_health_imports_only_allowed_stdlib_modules() -> None:
+    """No asyncio, time, os, logging, structlog or supervisor.* import sneaks into the core."""
+    path = Path(supervisor.health.__file__)
+    assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
+
+
+def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:
+    """The checker itself flags the imports it exists to forbid."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import asyncio\nfrom time import monotonic\nfrom . import remote\n")
+    assert _imports(bad) - ALLOWED == {"asyncio", "time", "."}

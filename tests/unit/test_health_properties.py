@@ -1,0 +1,496 @@
+"""Properties of the state machine over random event sequences and time jumps (hypothesis).
+
+The stateful test plays a truthful world — real processes that start, crash, hang and beat;
+SSH that comes and goes; remote operations that succeed, fail or lose their answer — and
+checks the core's decisions against what is really running.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from supervisor import health as h
+from supervisor.health import HostState as S
+
+policies = st.builds(
+    h.Policy,
+    heartbeat_stale_s=st.floats(3, 120),
+    ready_timeout_s=st.floats(2, 120),
+    restart_cooldown_s=st.floats(0.5, 60),
+    backoff_max_s=st.floats(60, 600),
+    backoff_reset_s=st.floats(1, 1200),
+    max_restarts=st.integers(0, 5),
+    restart_window_s=st.floats(1, 3600),
+    stop_grace_s=st.floats(0.1, 60),
+    kill_after_grace=st.booleans(),
+)
+
+
+@dataclass
+class World:
+    """What really runs on the host, which the core only learns through events."""
+
+    alive: set[int] = field(default_factory=set)
+    hung: set[int] = field(default_factory=set)
+    exits: list[int] = field(default_factory=list)
+    next_pid: int = 1000
+    stamp: float = 0.0
+    ssh_up: bool = False
+
+
+class FleetOfOne(RuleBasedStateMachine):
+    """One host driven by a random but truthful world."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = h.Policy()
+        self.now = 0.0
+        self.world = World()
+        self.host = h.new_host("w", self.now)
+        self.pending: h.Action | None = None
+        self.restart_times: list[float] = []
+        self.stamp_offset = 0.0
+
+    @rule(policy=policies, offset=st.floats(-1e6, 1e6))
+    @precondition(lambda self: self.now == 0.0 and self.pending is None)
+    def choose_policy(self, policy: h.Policy, offset: float) -> None:
+        """Before anything happens, pick timing rules and the worker clock's offset."""
+        assume(policy.backoff_max_s >= policy.restart_cooldown_s)
+        self.policy = policy
+        self.stamp_offset = offset
+
+    # --- feeding the core ----------------------------------------------------------------
+
+    def feed(self, event: h.Event) -> None:
+        host, actions = h.step(self.host, event, self.now, self.policy)
+        for action in actions:
+            match action:
+                case h.Launch():
+                    # Rule 1: never a launch while an earlier worker may be alive.
+                    assert not self.world.alive, (self.world.alive, host)
+                    if action.is_restart:
+                        self.restart_times.append(self.now)
+                        if self.policy.max_restarts > 0:
+                            recent = [
+                                t
+                                for t in self.restart_times
+                                if self.now - t < self.policy.restart_window_s
+                            ]
+                            assert len(recent) <= self.policy.max_restarts
+                    self._take(action)
+                case h.Terminate() | h.Probe():
+                    self._take(action)
+                case h.StateChanged(to=S.FAILED):
+                    assert self.policy.max_restarts > 0, "failed although max_restarts is 0"
+                    recent = [
+                        t for t in self.restart_times if self.now - t < self.policy.restart_window_s
+                    ]
+                    assert len(recent) >= self.policy.max_restarts
+                case h.StateChanged():
+                    pass
+        self.host = host
+
+    def _take(self, action: h.Action) -> None:
+        assert self.pending is None, "a second remote operation while one is in flight"
+        self.pending = action
+
+    # --- the world -------------------------------------------------------------------------
+
+    @rule(dt=st.floats(0, 700))
+    def time_passes(self, dt: float) -> None:
+        """Time only moves forward, in jumps of any size; the timer fires when due."""
+        self.now += dt
+        self.feed(h.DeadlinePassed())
+
+    @rule(ready=st.booleans(), backwards=st.booleans())
+    def live_worker_beats(self, ready: bool, backwards: bool) -> None:
+        """Each live, unhung worker rewrites the status file (its clock may jump back)."""
+        for pid in sorted(self.world.alive - self.world.hung):
+            self.world.stamp += -5.0 if backwards else 1.0
+            stamp = self.world.stamp + self.stamp_offset
+            self.feed(h.HeartbeatSeen(pid=pid, ready=ready, remote_heartbeat_at=stamp))
+
+    @rule()
+    def status_file_unreadable(self) -> None:
+        """The status file is missing or garbage for a moment."""
+        self.feed(h.StatusMissing(reason="not JSON"))
+
+    @rule(data=st.data())
+    def worker_crashes(self, data: st.DataObject) -> None:
+        """A live worker dies; its exit record is delivered later (or never)."""
+        if self.world.alive:
+            pid = data.draw(st.sampled_from(sorted(self.world.alive)))
+            self.world.alive.discard(pid)
+            self.world.hung.discard(pid)
+            self.world.exits.append(pid)
+
+    @rule()
+    def exit_record_arrives(self) -> None:
+        """The shepherd's exit record for the oldest dead worker is read."""
+        if self.world.exits:
+            self.feed(h.WorkerExited(pid=self.world.exits.pop(0), exit_code=1))
+
+    @rule()
+    def worker_hangs(self) -> None:
+        """Every live worker stops heartbeating but stays alive."""
+        self.world.hung |= self.world.alive
+
+    @rule(up=st.booleans())
+    def ssh_flaps(self, up: bool) -> None:
+        """The SSH connection drops or comes back."""
+        self.world.ssh_up = up
+        self.feed(h.SshRestored() if up else h.SshLost(reason="eof"))
+
+    @rule(outcome=st.sampled_from(["ok", "fail", "lost-started", "lost-nothing"]))
+    def answer_remote_operation(self, outcome: str) -> None:
+        """The operation in flight completes truthfully, fails, or loses its answer."""
+        action, self.pending = self.pending, None
+        match action:
+            case None:
+                return
+            case h.Launch():
+                self._answer_launch(outcome)
+            case h.Terminate(pid=pid):
+                if outcome == "ok" or pid not in self.world.alive:
+                    killed = pid in self.world.alive
+                    self.world.alive.discard(pid)
+                    self.world.hung.discard(pid)
+                    if killed:
+                        self.world.exits.append(pid)
+                    self.feed(h.TerminateConfirmed(pid=pid))
+                else:
+                    self.feed(h.TerminateFailed(pid=pid, reason="still alive"))
+            case h.Probe():
+                if outcome == "fail":
+                    self.feed(h.ProbeFailed(reason="agent died"))
+                else:
+                    alive = sorted(self.world.alive)
+                    self.feed(h.ProbeResult(pid=alive[0] if alive else None))
+            case _:
+                raise AssertionError(action)
+
+    def _answer_launch(self, outcome: str) -> None:
+        if self.world.alive:
+            # The shard lock is held: the remote side refuses, naming the holder.
+            self.feed(h.LaunchRefused(holder_pid=min(self.world.alive)))
+            return
+        if outcome in ("ok", "lost-started"):
+            pid = self.world.next_pid
+            self.world.next_pid += 1
+            self.world.alive.add(pid)
+        if outcome == "ok":
+            self.feed(h.Launched(pid=pid))
+        elif outcome == "fail":
+            self.feed(h.LaunchFailed(reason="exec failed"))
+        else:
+            self.feed(h.LaunchFailed(reason="connection lost", uncertain=True))
+
+    @rule(request=st.sampled_from(["start", "stop", "restart", "sentinel+", "sentinel-"]))
+    def operator_acts(self, request: str) -> None:
+        """An operator (or the stop sentinel) asks for something."""
+        events: dict[str, h.Event] = {
+            "start": h.StartRequested(),
+            "stop": h.StopRequested(reason="operator stop"),
+            "restart": h.RestartRequested(),
+            "sentinel+": h.StopSentinelAppeared(),
+            "sentinel-": h.StopSentinelRemoved(),
+        }
+        self.feed(events[request])
+
+    # --- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def at_most_one_live_worker(self) -> None:
+        """The world never has two live workers for the shard."""
+        assert len(self.world.alive) <= 1
+
+    @invariant()
+    def op_in_flight_matches_pending(self) -> None:
+        """The core's op and the action awaiting an answer agree."""
+        kinds = {h.Launch: "launch", h.Terminate: "terminate", h.Probe: "probe"}
+        expected = None if self.pending is None else kinds[type(self.pending)]
+        assert self.host.op == expected
+
+    @invariant()
+    def deadline_is_never_in_the_past_after_a_timer(self) -> None:
+        """A deadline is either in the future or already acted upon (no lost wake-ups)."""
+        if self.host.deadline_at is not None and self.host.deadline_at <= self.now:
+            again, _ = h.step(self.host, h.DeadlinePassed(), self.now, self.policy)
+            assert again.deadline_at is None or again.deadline_at > self.now or again.op
+
+
+TestFleetOfOne = FleetOfOne.TestCase
+TestFleetOfOne.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+# --- focused properties ----------------------------------------------------------------------
+
+
+def _ready_host(policy: h.Policy, pid: int = 7) -> tuple[h.Host, float]:
+    host = h.new_host("w", 0.0)
+    for event in (
+        h.StatusMissing(reason="missing"),
+        h.SshRestored(),
+        h.ProbeResult(pid=None),
+        h.Launched(pid=pid),
+        h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=1.0),
+    ):
+        host, _ = h.step(host, event, 0.0, policy)
+    assert host.state is S.READY
+    return host, 0.0
+
+
+@given(
+    policy=policies,
+    beats=st.lists(
+        st.tuples(st.floats(0.0, 0.49), st.booleans(), st.floats(-1e5, 1e5)), max_size=80
+    ),
+)
+def test_a_worker_whose_heartbeat_keeps_changing_is_never_restarted(
+    policy: h.Policy, beats: list[tuple[float, bool, float]]
+) -> None:
+    """Whatever SSH does, a heartbeat that keeps changing keeps the host ready, untouched."""
+    host, now = _ready_host(policy)
+    for fraction, ssh_up, stamp in beats:
+        now += fraction * policy.heartbeat_stale_s
+        for event in (
+            h.DeadlinePassed(),
+            h.SshRestored() if ssh_up else h.SshLost(reason="flap"),
+            h.HeartbeatSeen(pid=7, ready=True, remote_heartbeat_at=stamp + now),
+        ):
+            host, actions = h.step(host, event, now, policy)
+            assert not [a for a in actions if isinstance(a, h.Launch | h.Terminate)]
+            assert host.state is S.READY
+
+
+@given(policy=policies, crashes=st.integers(1, 12))
+def test_restart_delays_double_from_the_cooldown_up_to_the_cap(
+    policy: h.Policy, crashes: int
+) -> None:
+    """Consecutive crashes wait 0, c, 2c, 4c ... capped at backoff_max_s, never shrinking."""
+    assume(policy.backoff_max_s >= policy.restart_cooldown_s)
+    policy = h.Policy(
+        heartbeat_stale_s=policy.heartbeat_stale_s,
+        ready_timeout_s=policy.ready_timeout_s,
+        restart_cooldown_s=policy.restart_cooldown_s,
+        backoff_max_s=policy.backoff_max_s,
+        backoff_reset_s=policy.backoff_reset_s,
+        max_restarts=0,
+    )
+    host, now = _ready_host(policy, pid=100)
+    delays: list[float] = []
+    for k in range(crashes):
+        crashed_at = now
+        host, actions = h.step(host, h.WorkerExited(pid=100 + k, exit_code=1), now, policy)
+        if host.state is S.COOLING_DOWN:
+            assert host.next_restart_at is not None
+            now = host.next_restart_at
+            host, actions = h.step(host, h.DeadlinePassed(), now, policy)
+        assert [type(a) for a in actions if not isinstance(a, h.StateChanged)] == [h.Launch]
+        delays.append(now - crashed_at)
+        host, _ = h.step(host, h.Launched(pid=101 + k), now, policy)
+    expected = [0.0] + [
+        min(policy.restart_cooldown_s * 2**i, policy.backoff_max_s) for i in range(crashes - 1)
+    ]
+    assert delays == [pytest_approx(d) for d in expected]
+    assert all(b >= a - 1e-6 for a, b in itertools.pairwise(delays[1:]))
+
+
+def pytest_approx(value: float) -> object:
+    """Float comparison that tolerates the rounding of adding delays to the clock."""
+    import pytest
+
+    return pytest.approx(value, rel=1e-9, abs=1e-6)
+
+
+@given(policy=policies)
+def test_backoff_resets_after_a_healthy_spell(policy: h.Policy) -> None:
+    """After backoff_reset_s of healthy running, the next crash restarts at once."""
+    policy = h.Policy(
+        heartbeat_stale_s=1e9,
+        restart_cooldown_s=policy.restart_cooldown_s,
+        backoff_max_s=max(policy.backoff_max_s, policy.restart_cooldown_s),
+        backoff_reset_s=policy.backoff_reset_s,
+    )
+    host, now = _ready_host(policy, pid=1)
+    host, _ = h.step(host, h.WorkerExited(pid=1, exit_code=1), now, policy)  # failure 1
+    host, _ = h.step(host, h.Launched(pid=2), now, policy)
+    host, _ = h.step(host, h.HeartbeatSeen(pid=2, ready=True, remote_heartbeat_at=9.0), now, policy)
+    assert host.state is S.READY and host.failures == 1
+    now += policy.backoff_reset_s
+    host, actions = h.step(host, h.WorkerExited(pid=2, exit_code=1), now, policy)
+    assert host.state is S.STARTING and any(isinstance(a, h.Launch) for a in actions)
+
+
+@given(
+    offset=st.floats(-1e7, 1e7).filter(lambda x: x != 0),
+    script=st.lists(
+        st.tuples(
+            st.sampled_from(["beat", "beat-not-ready", "tick", "exit", "launched", "confirm"]),
+            st.floats(0, 90),
+        ),
+        max_size=60,
+    ),
+)
+def test_adding_a_constant_to_every_heartbeat_at_changes_no_decision(
+    offset: float, script: list[tuple[str, float]]
+) -> None:
+    """Hours of clock skew on the worker change nothing: decisions depend on changes only."""
+
+    def run(shift: float) -> list[tuple[str, tuple[str, ...]]]:
+        policy = h.Policy(heartbeat_stale_s=30, ready_timeout_s=30, restart_cooldown_s=5)
+        host, now = _ready_host(policy, pid=1)
+        host, _ = h.step(
+            host, h.HeartbeatSeen(pid=1, ready=True, remote_heartbeat_at=5.0 + shift), 0, policy
+        )
+        stamp, pid = 5.0, 1
+        trace: list[tuple[str, tuple[str, ...]]] = []
+        for kind, dt in script:
+            now += dt
+            event: h.Event
+            if kind.startswith("beat"):
+                stamp += 1
+                ready = kind == "beat"
+                event = h.HeartbeatSeen(pid=pid, ready=ready, remote_heartbeat_at=stamp + shift)
+            elif kind == "tick":
+                event = h.DeadlinePassed()
+            elif kind == "exit":
+                event = h.WorkerExited(pid=pid, exit_code=1)
+            elif kind == "launched":
+                pid += 1
+                event = h.Launched(pid=pid)
+            else:
+                event = h.TerminateConfirmed(pid=pid)
+            host, actions = h.step(host, event, now, policy)
+            trace.append((host.state.value, tuple(sorted(repr(a) for a in actions))))
+        return trace
+
+    assert run(0.0) == run(offset)
+
+
+def test_a_heartbeat_at_that_goes_backwards_still_counts() -> None:
+    """A worker clock stepped back (NTP) still proves life: only change matters."""
+    policy = h.Policy(heartbeat_stale_s=10)
+    host, now = _ready_host(policy, pid=3)
+    for i in range(1, 20):
+        now = i * 6.0
+        stamp = 1.0 - i  # strictly decreasing
+        host, actions = h.step(
+            host, h.HeartbeatSeen(pid=3, ready=True, remote_heartbeat_at=stamp), now, policy
+        )
+        host, actions = h.step(host, h.DeadlinePassed(), now, policy)
+        assert host.state is S.READY and not actions
+
+
+def test_an_unchanged_heartbeat_does_not_count() -> None:
+    """Re-reading the same stamp is not a heartbeat: a frozen file goes stale."""
+    policy = h.Policy(heartbeat_stale_s=10)
+    host, _ = _ready_host(policy, pid=3)
+    for i in range(1, 4):
+        host, _ = h.step(
+            host, h.HeartbeatSeen(pid=3, ready=True, remote_heartbeat_at=1.0), i * 4.0, policy
+        )
+    host, actions = h.step(host, h.DeadlinePassed(), 12.0, policy)
+    assert host.state is S.STALE
+    assert [type(a) for a in actions if not isinstance(a, h.StateChanged)] == [h.Terminate]
+
+
+@given(
+    other_pids=st.lists(st.integers(1, 10_000).filter(lambda p: p != 42), min_size=1, max_size=30)
+)
+def test_in_starting_a_status_of_another_pid_never_makes_the_host_ready(
+    other_pids: list[int],
+) -> None:
+    """The previous worker's file (or anyone else's) cannot make the new worker look ready."""
+    policy = h.Policy(ready_timeout_s=1e9)
+    host = h.new_host("w", 0.0)
+    for event in (h.SshRestored(), h.ProbeResult(pid=None), h.Launched(pid=42)):
+        host, _ = h.step(host, event, 0.0, policy)
+    for i, pid in enumerate(other_pids):
+        beat = h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=float(i))
+        host, _ = h.step(host, beat, float(i), policy)
+        assert host.state is S.STARTING
+    host, _ = h.step(
+        host, h.HeartbeatSeen(pid=42, ready=True, remote_heartbeat_at=-1.0), 99.0, policy
+    )
+    assert host.state is S.READY
+
+
+def test_the_first_status_file_read_is_only_a_baseline() -> None:
+    """A file left by a long-dead worker does not make a probed-absent host look alive."""
+    policy = h.Policy()
+    host = h.new_host("w", 0.0)
+    host, _ = h.step(host, h.HeartbeatSeen(pid=5, ready=True, remote_heartbeat_at=1.0), 0, policy)
+    assert host.state is S.STARTING and host.pid is None and host.alive_at is None
+
+
+def test_a_heartbeat_that_overtakes_the_launch_answer_still_counts() -> None:
+    """The new worker's first heartbeat may be read before Launched arrives: ready at once."""
+    policy = h.Policy()
+    host = h.new_host("w", 0.0)
+    for event in (h.StatusMissing(reason="missing"), h.SshRestored(), h.ProbeResult(pid=None)):
+        host, _ = h.step(host, event, 0.0, policy)
+    host, _ = h.step(host, h.HeartbeatSeen(pid=9, ready=True, remote_heartbeat_at=3.0), 0.2, policy)
+    assert host.state is S.STARTING
+    host, _ = h.step(host, h.Launched(pid=9), 0.3, policy)
+    assert host.state is S.READY
+
+
+def test_failed_needs_more_than_max_restarts_within_the_window() -> None:
+    """With max_restarts=2, two restarts happen and the third failure gives up."""
+    policy = h.Policy(restart_cooldown_s=1, backoff_max_s=1, max_restarts=2, restart_window_s=100)
+    host, now = _ready_host(policy, pid=1)
+    restarts = 0
+    for pid in (1, 2, 3):
+        host, actions = h.step(host, h.WorkerExited(pid=pid, exit_code=1), now, policy)
+        if host.state is S.COOLING_DOWN:
+            now += 1
+            host, actions = h.step(host, h.DeadlinePassed(), now, policy)
+        restarts += sum(1 for a in actions if isinstance(a, h.Launch) and a.is_restart)
+        if host.state is S.FAILED:
+            break
+        host, _ = h.step(host, h.Launched(pid=pid + 1), now, policy)
+    assert restarts == 2 and host.state is S.FAILED
+
+
+def test_restarts_older_than_the_window_do_not_count() -> None:
+    """Crashes spread wider than restart_window_s never reach failed."""
+    policy = h.Policy(
+        restart_cooldown_s=1,
+        backoff_max_s=1,
+        backoff_reset_s=5,
+        max_restarts=1,
+        restart_window_s=10,
+    )
+    host, now = _ready_host(policy, pid=1)
+    for pid in range(1, 8):
+        now += 11
+        host, _ = h.step(
+            host, h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=now), now, policy
+        )
+        host, _ = h.step(host, h.WorkerExited(pid=pid, exit_code=1), now, policy)
+        assert host.state is not S.FAILED
+        if host.state is S.COOLING_DOWN:
+            now += 1
+            host, _ = h.step(host, h.DeadlinePassed(), now, policy)
+        host, _ = h.step(host, h.Launched(pid=pid + 1), now, policy)
+
+
+def test_backoff_delay_is_capped_even_for_huge_failure_counts() -> None:
+    """The doubling never overflows: the cap holds at any count."""
+    policy = h.Policy(restart_cooldown_s=30, backoff_max_s=300)
+    assert [h.backoff_delay_s(n, policy) for n in (0, 1, 2, 3, 4, 5, 6)] == [
+        0,
+        0,
+        30,
+        60,
+        120,
+        240,
+        300,
+    ]
+    assert h.backoff_delay_s(10_000, policy) == 300

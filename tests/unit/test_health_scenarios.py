@@ -1,0 +1,258 @@
+"""Named end-to-end stories of one host: adoption, sentinels, refusals, odd answers."""
+
+from __future__ import annotations
+
+from supervisor import health as h
+from supervisor.health import HostState as S
+
+POLICY = h.Policy(heartbeat_stale_s=10, ready_timeout_s=20, restart_cooldown_s=5)
+
+
+def run(host: h.Host, *steps: tuple[h.Event, float]) -> tuple[h.Host, list[h.Action]]:
+    """Feed the events in order; return the host and every action emitted."""
+    actions: list[h.Action] = []
+    for event, now in steps:
+        host, more = h.step(host, event, now, POLICY)
+        actions += more
+    return host, actions
+
+
+def remote(actions: list[h.Action]) -> list[h.Action]:
+    """The actions that are not state-change notes."""
+    return [a for a in actions if not isinstance(a, h.StateChanged)]
+
+
+def beat(pid: int, stamp: float, ready: bool = True) -> h.HeartbeatSeen:
+    """A heartbeat of ``pid`` with the worker's stamp."""
+    return h.HeartbeatSeen(pid=pid, ready=ready, remote_heartbeat_at=stamp)
+
+
+def test_daemon_restart_adopts_a_running_worker_found_by_the_probe() -> None:
+    """Probe finds pid 7; once its heartbeat changes, the host is ready with no launch."""
+    host, actions = run(
+        h.new_host("w", 0.0),
+        (beat(7, 100.0), 0.0),  # baseline read at start-up
+        (h.SshRestored(), 0.1),
+        (h.ProbeResult(pid=7), 0.2),
+    )
+    assert host.state is S.STARTING and host.pid == 7 and host.reason.startswith("adopting")
+    host, more = run(host, (beat(7, 101.0), 1.0))
+    assert host.state is S.READY and host.reason == "adopted running worker"
+    assert not [a for a in actions + more if isinstance(a, h.Launch | h.Terminate)]
+
+
+def test_probe_answer_after_heartbeats_already_changed_adopts_at_once() -> None:
+    """If the worker's heartbeat changed before the probe answered, adoption is immediate."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (beat(7, 100.0), 0.0),
+        (beat(7, 101.0), 0.5),  # changing: taken as the candidate while SSH is down
+    )
+    assert host.state is S.READY and host.pid == 7 and host.needs_probe
+    host, actions = run(host, (h.SshRestored(), 1.0))
+    assert remote(actions) == [h.Probe(pid=7)]
+    host, actions = run(host, (h.ProbeResult(pid=7), 1.1))
+    assert host.state is S.READY and not remote(actions)
+
+
+def test_adopted_worker_that_never_beats_is_replaced_after_ready_timeout() -> None:
+    """A probed-alive pid whose heartbeat never changes is terminated, then replaced."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=7), 0.1),
+    )
+    host, actions = run(host, (h.DeadlinePassed(), 20.1))
+    assert host.state is S.STALE and remote(actions) == [
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False)
+    ]
+    host, actions = run(host, (h.TerminateConfirmed(pid=7), 20.5))
+    assert host.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]
+
+
+def test_probe_in_ready_that_finds_nothing_restarts_the_host() -> None:
+    """A heartbeat-adopted pid that the probe says is not ours or not alive is replaced."""
+    host, _ = run(h.new_host("w", 0.0), (beat(7, 1.0), 0.0), (beat(7, 2.0), 0.5))
+    host, _ = run(host, (h.SshRestored(), 1.0))
+    host, actions = run(host, (h.ProbeResult(pid=None), 1.1))
+    assert host.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]
+
+
+def test_probe_in_ready_that_finds_another_pid_switches_to_it() -> None:
+    """The probe's pid becomes the host's worker; the old candidate's beats stop counting."""
+    host, _ = run(h.new_host("w", 0.0), (beat(7, 1.0), 0.0), (beat(7, 2.0), 0.5))
+    host, _ = run(host, (h.SshRestored(), 1.0), (h.ProbeResult(pid=8), 1.1))
+    assert host.state is S.READY and host.pid == 8
+    host, _ = run(host, (beat(7, 3.0), 2.0), (h.DeadlinePassed(), 10.6))
+    assert host.state is S.STALE
+
+
+def test_a_refused_launch_without_a_holder_pid_probes_first() -> None:
+    """Refused but holder unknown: find out what runs before doing anything else."""
+    host, _ = run(h.new_host("w", 0.0), (h.SshRestored(), 0.0), (h.ProbeResult(pid=None), 0.0))
+    host, actions = run(host, (h.LaunchRefused(holder_pid=None), 0.1))
+    assert host.state is S.STARTING and remote(actions) == [h.Probe(pid=None)]
+
+
+def test_uncertain_launch_is_probed_and_the_started_worker_adopted() -> None:
+    """A launch cut off by a lost connection is not retried blindly: probe, then adopt."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+    )
+    host, actions = run(
+        host,
+        (h.SshLost(reason="connection lost"), 0.5),
+        (h.LaunchFailed(reason="connection lost", uncertain=True), 0.5),
+    )
+    assert host.state is S.STARTING and host.failures == 0 and not remote(actions)
+    host, actions = run(host, (h.SshRestored(), 1.0))
+    assert remote(actions) == [h.Probe(pid=None)]
+    host, actions = run(host, (h.ProbeResult(pid=11), 1.1), (beat(11, 5.0), 1.5))
+    assert host.state is S.READY and host.pid == 11
+    assert not [a for a in actions if isinstance(a, h.Launch)]
+
+
+def test_host_added_with_a_stop_sentinel_stops_whatever_runs() -> None:
+    """A sentinel present at start-up: probe, terminate the worker found, stay stopped."""
+    host = h.new_host("w", 0.0, stop_sentinel=True)
+    assert host.state is S.STOPPING
+    host, actions = run(host, (h.SshRestored(), 0.0))
+    assert remote(actions) == [h.Probe(pid=None)]
+    host, actions = run(host, (h.ProbeResult(pid=5), 0.1))
+    assert [type(a) for a in remote(actions)] == [h.Terminate]
+    host, _ = run(host, (h.TerminateConfirmed(pid=5), 0.2))
+    assert host.state is S.STOPPED
+    host, actions = run(host, (h.StartRequested(), 1.0))
+    assert host.state is S.STOPPED and not actions  # the file wins over a start request
+    host, actions = run(host, (h.StopSentinelRemoved(), 2.0))
+    assert host.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]
+
+
+def test_operator_stop_then_sentinel_then_removal_starts_again() -> None:
+    """An operator-stopped host adopts the sentinel as its cause; removing the file starts it."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.StopRequested(reason="operator stop"), 0.1),
+        (h.Launched(pid=3), 0.2),
+        (h.TerminateConfirmed(pid=3), 0.3),
+    )
+    assert host.state is S.STOPPED and host.stop_cause == "operator"
+    host, _ = run(host, (h.StopSentinelAppeared(), 1.0))
+    assert host.stop_cause == "sentinel"
+    host, _ = run(host, (h.StopSentinelRemoved(), 2.0))
+    assert host.state is S.STARTING
+
+
+def test_shutdown_stop_is_not_undone_by_a_sentinel_removal() -> None:
+    """A host stopped for daemon shutdown does not restart when a sentinel comes and goes."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StopRequested(reason="daemon shutdown", cause="shutdown"), 0.0),
+        (h.SshRestored(), 0.1),
+        (h.ProbeResult(pid=None), 0.2),
+        (h.StopSentinelAppeared(), 1.0),
+        (h.StopSentinelRemoved(), 2.0),
+    )
+    assert host.state is S.STOPPED
+
+
+def test_worker_reporting_not_ready_too_long_is_restarted() -> None:
+    """Ready, then ready:false heartbeats for longer than ready_timeout_s: unhealthy."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=4), 0.1),
+        (beat(4, 1.0), 1.0),
+    )
+    assert host.state is S.READY
+    now = 1.0
+    for i in range(2, 26):
+        now = float(i)
+        host, _ = run(host, (beat(4, float(i), ready=False), now), (h.DeadlinePassed(), now))
+        if host.state is not S.READY:
+            break
+    assert host.state is S.STALE and "not ready for" in host.reason
+    assert now >= 2.0 + POLICY.ready_timeout_s
+
+
+def test_early_wakeups_in_cooling_down_change_nothing() -> None:
+    """A timer that fires before next_restart_at is harmless."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=1), 0.1),
+        (h.WorkerExited(pid=1, exit_code=2), 0.2),  # failure 1: immediate restart
+        (h.Launched(pid=2), 0.3),
+        (h.WorkerExited(pid=2, signal=9), 0.4),  # failure 2: cooldown
+    )
+    assert host.state is S.COOLING_DOWN and host.next_restart_at == 0.4 + 5
+    host, actions = run(host, (h.DeadlinePassed(), 1.0), (h.DeadlinePassed(), 2.0))
+    assert host.state is S.COOLING_DOWN and not actions
+    assert host.reason == "killed by signal 9 (SIGKILL); restart in 5s"
+
+
+def test_operator_start_gives_a_surviving_worker_a_chance() -> None:
+    """A worker that survived a failed terminate is watched again, not replaced blindly."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=6), 0.0),
+        (h.StopRequested(reason="operator stop"), 0.1),
+        (h.TerminateFailed(pid=6, reason="still alive after 60s"), 61.0),
+    )
+    assert host.state is S.STOPPING and host.pid == 6
+    host, actions = run(host, (h.StartRequested(), 62.0))
+    assert host.state is S.STARTING and host.found_running and not remote(actions)
+    host, _ = run(host, (beat(6, 1.0), 62.5), (beat(6, 2.0), 63.0))
+    assert host.state is S.READY
+
+
+def test_exit_descriptions_name_code_or_signal() -> None:
+    """Exit reasons in logs say what happened in words an operator reads."""
+    assert h.describe_exit(h.WorkerExited(pid=1, exit_code=0)) == "exited with code 0 (unexpected)"
+    assert h.describe_exit(h.WorkerExited(pid=1, exit_code=3)) == "exited with code 3"
+    assert h.describe_exit(h.WorkerExited(pid=1, signal=9)) == "killed by signal 9 (SIGKILL)"
+    assert h.describe_exit(h.WorkerExited(pid=1, signal=64)) == "killed by signal 64"
+
+
+def test_display_helpers_measure_on_our_clock() -> None:
+    """Heartbeat age and restarts-in-window come from local monotonic instants."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=1), 0.0),
+    )
+    assert h.heartbeat_age_s(host, 5.0) is None
+    host, _ = run(host, (beat(1, 99999.0), 2.0))
+    assert h.heartbeat_age_s(host, 5.0) == 3.0
+    assert h.restarts_in_window(host, 5.0, POLICY) == 0
+    host, _ = run(host, (h.WorkerExited(pid=1, exit_code=1), 6.0))
+    assert h.restarts_in_window(host, 6.0, POLICY) == 1
+    assert h.restarts_in_window(host, 6.0 + POLICY.restart_window_s, POLICY) == 0
+
+
+def test_early_wakeups_in_ready_change_nothing() -> None:
+    """A timer that fires before the heartbeat deadline leaves a ready host alone."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=1), 0.0),
+        (beat(1, 1.0), 1.0),
+    )
+    host, actions = run(host, (h.DeadlinePassed(), 5.0), (h.DeadlinePassed(), 10.9))
+    assert host.state is S.READY
+    assert not actions
+    assert host.deadline_at == 11.0
