@@ -1,0 +1,141 @@
+"""Config loading: the corpus of invalid files, defaults, rendering and the launch key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import config
+from supervisor.errors import ConfigError
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+REPO = Path(__file__).parent.parent.parent
+INVALID = sorted(p for p in CONFIGS.glob("*.toml") if not p.name.startswith("valid"))
+
+
+def expected_problems(path: Path) -> list[str]:
+    """The ``# expect: key: message`` lines at the top of a corpus file."""
+    return [
+        line.removeprefix("# expect:").strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("# expect:")
+    ]
+
+
+def minimal(**sections: Any) -> dict[str, Any]:
+    """A valid config document, with sections overridden."""
+    doc: dict[str, Any] = {
+        "run": {"root": "/shared/reward/run-1"},
+        "ssh": {"known_hosts": "/etc/rs/known_hosts"},
+        "hosts": [{"name": "worker-0", "shard": 0}],
+    }
+    doc.update(sections)
+    return doc
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_each_invalid_config_reports_every_expected_problem(path: Path) -> None:
+    """Every problem listed in the file's header is reported, with file and key."""
+    expected = expected_problems(path)
+    assert expected, f"{path.name} has no '# expect:' lines"
+    with pytest.raises(ConfigError) as caught:
+        config.load(path)
+    reported = [f"{p.key}: {p.reason}" for p in caught.value.problems]
+    assert all(p.file == str(path) for p in caught.value.problems)
+    for line in expected:
+        assert any(r.startswith(line) for r in reported), (line, reported)
+
+
+def test_shipped_example_and_minimal_configs_are_valid() -> None:
+    """systemd/example.toml and the minimal corpus file load without problems."""
+    example = config.load(REPO / "systemd" / "example.toml")
+    assert [h.name for h in example.hosts] == ["worker-0", "worker-1"]
+    minimal_config = config.load(CONFIGS / "valid_minimal.toml")
+    assert minimal_config.run.shard_count == 1
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    """Keys left out take DESIGN §6's defaults; host address defaults to its name."""
+    c = config.parse(minimal(), Path("/etc/x.toml"))
+    assert c.health.heartbeat_stale_s == 60
+    assert c.health.ready_timeout_s == 60
+    assert c.health.restart_cooldown_s == 30
+    assert c.health.backoff_max_s == 300
+    assert c.health.max_restarts == 0
+    assert c.health.kill_after_grace is False
+    assert c.ssh.keepalive_interval_s == 15
+    assert c.ssh.connect_timeout_s == 20
+    assert c.run.forbid_hosts == ("head",)
+    assert c.run.run_id == "run-1"
+    assert c.run.on_exit == "stop"
+    assert c.watch.debounce_ms == 50
+    assert c.hosts[0].address == "worker-0"
+    assert c.hosts[0].port == 22
+    assert c.hosts[0].concurrency == 48
+    assert c.worker.argv == config.DEFAULT_ARGV
+
+
+def test_argv_fields_are_substituted_inside_single_arguments() -> None:
+    """A root with spaces and shell characters stays one argument, untouched."""
+    root = "/shared/my run/$(touch pwned)/`x`/'q'"
+    c = config.parse(
+        minimal(
+            run={"root": root},
+            worker={"argv": ["{python}", "--root={root}", "--host", "{host}", "{shard}"]},
+        ),
+        Path("/etc/x.toml"),
+    )
+    argv = config.render_argv(c, c.hosts[0])
+    assert argv == ("python3", f"--root={root}", "--host", "worker-0", "0")
+
+
+def test_launch_key_changes_only_with_launch_parameters() -> None:
+    """Health settings do not restart workers on reload; argv, env and address do."""
+    base = config.parse(minimal(), Path("/etc/x.toml"))
+    health_changed = config.parse(minimal(health={"restart_cooldown_s": 5}), Path("/etc/x.toml"))
+    env_changed = config.parse(minimal(worker={"env": {"A": "1"}}), Path("/etc/x.toml"))
+    moved = config.parse(
+        minimal(hosts=[{"name": "worker-0", "shard": 0, "address": "10.0.0.9"}]),
+        Path("/etc/x.toml"),
+    )
+
+    def key(c: config.Config) -> tuple[object, ...]:
+        return config.launch_key(c, c.hosts[0])
+
+    assert key(base) == key(health_changed)
+    assert key(base) != key(env_changed)
+    assert key(base) != key(moved)
+
+
+def test_shard_count_defaults_to_highest_shard_plus_one_and_gaps_are_refused() -> None:
+    """Shards 0 and 2 without 1 is a config error: shard 1's tasks would never be consumed."""
+    with pytest.raises(ConfigError, match="no host serves shard"):
+        config.parse(
+            minimal(hosts=[{"name": "a", "shard": 0}, {"name": "b", "shard": 2}]),
+            Path("/etc/x.toml"),
+        )
+
+
+def test_missing_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """A config path that does not exist is reported, not a traceback."""
+    with pytest.raises(ConfigError, match="file not found"):
+        config.load(tmp_path / "nope.toml")
+
+
+def test_socket_path_too_long_is_refused() -> None:
+    """AF_UNIX paths longer than 107 bytes cannot be bound; say so at load time."""
+    with pytest.raises(ConfigError, match=r"control\.socket"):
+        config.parse(minimal(control={"socket": "/run/" + "x" * 120}), Path("/etc/x.toml"))
+
+
+def test_host_name_validation_accepts_dns_names_and_ip_addresses() -> None:
+    """DNS names and IP literals pass; shell metacharacters never do."""
+    for good in ("worker-0", "w0.cluster.local", "A-1"):
+        assert config.is_valid_host_name(good)
+    for bad in ("", "a b", "a;b", "$(x)", "a/b", "-a", "a-", "x" * 64, "ü"):
+        assert not config.is_valid_host_name(bad)
+    assert config.is_valid_address("10.0.0.1")
+    assert config.is_valid_address("::1")
+    assert not config.is_valid_address("10.0.0.1; id")
