@@ -341,18 +341,62 @@ class Host:
     deadline_at: float | None = None
 
 
-def new_host(name: str, now: float, *, stop_sentinel: bool = False) -> Host:
-    """A host just added to the fleet: find out what runs there before launching anything."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class History:
+    """Restart history that outlives the daemon (the shell stores it, converting instants)."""
+
+    failures: int = 0
+    restarts: int = 0
+    restart_times_at: tuple[float, ...] = ()
+    next_restart_at: float | None = None
+    cause: str | None = None
+    #: Why the host was ``failed`` when the previous daemon stopped; None if it was not.
+    failed: str | None = None
+
+
+def history_of(host: Host) -> History:
+    """What of ``host`` must survive a restart of the daemon."""
+    return History(
+        failures=host.failures,
+        restarts=host.restarts,
+        restart_times_at=host.restart_times_at,
+        next_restart_at=host.next_restart_at,
+        cause=host.cause,
+        failed=host.reason if host.state is S.FAILED else None,
+    )
+
+
+def new_host(
+    name: str, now: float, *, stop_sentinel: bool = False, history: History | None = None
+) -> Host:
+    """A host joining the fleet: find out what runs there before launching anything.
+
+    With ``history`` from a previous daemon, backoff and ``failed`` carry over, so a daemon
+    that keeps crashing cannot reset every host's cooldown.
+    """
+    history = history or History()
+    host = Host(
+        name=name,
+        state=S.STARTING,
+        reason="looking for a running worker",
+        since_at=now,
+        failures=history.failures,
+        restarts=history.restarts,
+        restart_times_at=history.restart_times_at,
+        next_restart_at=history.next_restart_at,
+        cause=history.cause,
+    )
     if stop_sentinel:
-        return Host(
-            name=name,
+        return replace(
+            host,
             state=S.STOPPING,
             reason="stop sentinel present",
-            since_at=now,
             stop_sentinel=True,
             stop_cause="sentinel",
         )
-    return Host(name=name, state=S.STARTING, reason="looking for a running worker", since_at=now)
+    if history.failed is not None:
+        return replace(host, state=S.FAILED, reason=history.failed)
+    return host
 
 
 def backoff_delay_s(failures: int, policy: Policy) -> float:
@@ -629,6 +673,9 @@ def _launch_refused(host: Host, event: Event, now: float, policy: Policy) -> Hos
 
 def _probe_answered(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.pid is None:
+        if host.next_restart_at is not None and now < host.next_restart_at:
+            # The previous daemon was waiting out a backoff: keep waiting.
+            return _enter(host, S.COOLING_DOWN, f"{host.cause}; restart deferred (backoff)", now)
         return replace(host, reason="no running worker found")  # _reconcile launches
     host = replace(host, launched_at=host.launched_at if host.launched_at is not None else now)
     host = _enter(host, S.STARTING, f"adopting pid {host.pid}: waiting for its heartbeat", now)

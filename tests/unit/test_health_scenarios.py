@@ -256,3 +256,30 @@ def test_early_wakeups_in_ready_change_nothing() -> None:
     assert host.state is S.READY
     assert not actions
     assert host.deadline_at == 11.0
+
+
+def test_restored_backoff_defers_the_launch_after_a_daemon_restart() -> None:
+    """A daemon restarted mid-cooldown keeps waiting instead of launching at once."""
+    history = h.History(failures=3, restarts=2, next_restart_at=50.0, cause="exited with code 1")
+    host = h.new_host("w", 10.0, history=history)
+    host, actions = run(host, (h.SshRestored(), 10.0), (h.ProbeResult(pid=None), 10.1))
+    assert host.state is S.COOLING_DOWN
+    assert not [a for a in actions if isinstance(a, h.Launch)]
+    host, actions = run(host, (h.DeadlinePassed(), 50.0))
+    assert [type(a) for a in remote(actions)] == [h.Launch]
+    assert host.restarts == 3
+
+
+def test_restored_failed_host_stays_failed_until_an_operator_acts() -> None:
+    """A host that had given up before the daemon restarted does not launch on its own."""
+    history = h.History(failures=5, restarts=3, failed="gave up after 3 restarts")
+    host = h.new_host("w", 0.0, history=history)
+    assert host.state is S.FAILED
+    host, actions = run(host, (h.SshRestored(), 0.0), (h.ProbeResult(pid=None), 0.1))
+    assert host.state is S.FAILED
+    assert not [a for a in actions if isinstance(a, h.Launch)]
+    assert h.history_of(host).failed == "gave up after 3 restarts"
+    host, actions = run(host, (h.StartRequested(), 1.0))
+    assert host.state is S.STARTING
+    assert h.history_of(host).failures == 0
+    assert h.history_of(host).failed is None
