@@ -222,6 +222,37 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    """What a reload changes, host by host."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    #: In both configs: their settings are refreshed in place.
+    updated: tuple[str, ...]
+    #: Of ``updated``, those whose worker must be replaced (launch parameters changed).
+    restarted: tuple[str, ...]
+
+
+def plan_reload(old: Config, new: Config) -> ReloadPlan:
+    """Compare two configs: add new hosts, stop removed ones, restart only changed ones."""
+    old_names = [h.name for h in old.hosts]
+    new_names = [h.name for h in new.hosts]
+    both = [n for n in new_names if n in old_names]
+    restarted = []
+    old_hosts = {h.name: h for h in old.hosts}
+    new_hosts = {h.name: h for h in new.hosts}
+    for name in both:
+        if launch_key(old, old_hosts[name]) != launch_key(new, new_hosts[name]):
+            restarted.append(name)
+    return ReloadPlan(
+        added=tuple(n for n in new_names if n not in old_names),
+        removed=tuple(n for n in old_names if n not in new_names),
+        updated=tuple(both),
+        restarted=tuple(restarted),
+    )
+
+
 def default_socket_path(config_path: Path) -> Path:
     """Where the control socket goes when ``[control] socket`` is not set."""
     stem = config_path.stem or "reward-supervisor"
@@ -536,6 +567,7 @@ class _Validator:
             "restart_window_s",
             "stop_grace_s",
             "kill_after_grace",
+            "auto_restart",
         )
         self.unknown_keys(t, keys, w)
         # A poller sees a change up to one interval late; the stale threshold must cover two.
@@ -553,6 +585,7 @@ class _Validator:
             restart_window_s=self.seconds(t, w, "restart_window_s", d.restart_window_s),
             stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
             kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
+            auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
         )
         if policy.backoff_max_s < policy.restart_cooldown_s:
             self.problem(

@@ -86,6 +86,8 @@ class Policy:
     restart_window_s: float = 3600.0
     stop_grace_s: float = 60.0
     kill_after_grace: bool = False
+    #: False: an unhealthy worker is never replaced automatically (the seed's --no-respawn).
+    auto_restart: bool = True
 
 
 # --------------------------------------------------------------------------------------
@@ -619,6 +621,8 @@ def _fail(host: Host, reason: str, now: float, policy: Policy) -> Host:
     host = replace(
         host, failures=failures, restart_times_at=window, restart_is_automatic=True, cause=reason
     )
+    if not policy.auto_restart:
+        return _enter(host, S.FAILED, f"{reason} (auto_restart is off)", now)
     if policy.max_restarts > 0 and len(window) >= policy.max_restarts:
         why = (
             f"gave up after {len(window)} restarts within {policy.restart_window_s:g}s"

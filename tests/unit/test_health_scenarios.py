@@ -283,3 +283,15 @@ def test_restored_failed_host_stays_failed_until_an_operator_acts() -> None:
     assert host.state is S.STARTING
     assert h.history_of(host).failures == 0
     assert h.history_of(host).failed is None
+
+
+def test_with_auto_restart_off_a_failure_is_final() -> None:
+    """The seed's --no-respawn: a dead worker is reported, not replaced."""
+    policy = h.Policy(auto_restart=False)
+    host = h.new_host("w", 0.0)
+    for event in (h.SshRestored(), h.ProbeResult(pid=None), h.Launched(pid=1)):
+        host, _ = h.step(host, event, 0.0, policy)
+    host, actions = h.step(host, h.WorkerExited(pid=1, exit_code=1), 1.0, policy)
+    assert host.state is S.FAILED
+    assert "auto_restart is off" in host.reason
+    assert not remote(actions)

@@ -1,0 +1,444 @@
+"""``reward-supervisor``: the command line (DESIGN §7). Parses arguments; the work is elsewhere.
+
+Exit codes: 0 success; 1 the operation failed; 2 bad usage or an invalid config;
+3 no daemon is running for this config (commands that need one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from supervisor import config as config_mod
+from supervisor.errors import ConfigError, ControlError
+
+CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_NO_DAEMON: Final = 3
+
+
+class CliError(Exception):
+    """A failure to report on stderr with an exit code (no traceback)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``reward-supervisor`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except CliError as exc:
+        print(f"reward-supervisor: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="reward-supervisor",
+        description="Keeps a fleet of file-sharded reward workers alive over persistent SSH.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_: str) -> Any:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        return p
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "-c",
+            "--config",
+            default=os.environ.get(CONFIG_ENV),
+            help=f"config file (default: ${CONFIG_ENV})",
+        )
+
+    def with_json(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    p = command("run", cmd_run, "run the daemon in the foreground (systemd runs this)")
+    with_config(p)
+    _log_args(p)
+
+    p = command("status", cmd_status, "show every host's state")
+    with_config(p)
+    with_json(p)
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=1.0, help="refresh interval for --watch")
+
+    for name, help_ in (
+        ("restart-host", "replace a host's worker now"),
+        ("stop-host", "stop a host's worker and keep it stopped (writes ctl/HOST.stop)"),
+        ("start-host", "start a stopped or failed host (removes ctl/HOST.stop)"),
+    ):
+        p = command(name, cmd_host_command, help_)
+        with_config(p)
+        with_json(p)
+        p.add_argument("host", metavar="HOST")
+
+    p = command("reload", cmd_reload, "re-read the config (same as SIGHUP)")
+    with_config(p)
+    with_json(p)
+
+    p = command("stop", cmd_stop, "stop every worker, then the daemon")
+    with_config(p)
+    with_json(p)
+    p.add_argument("--no-wait", action="store_true", help="return once the stop has begun")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the exit")
+
+    p = command("unfreeze", cmd_unfreeze, "lift a fleet-wide restart freeze")
+    with_config(p)
+    with_json(p)
+
+    p = command("events", cmd_events, "follow host state changes as they happen")
+    with_config(p)
+    with_json(p)
+
+    p = command("wait-ready", cmd_wait_ready, "wait until every host is ready (like seed start)")
+    with_config(p)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+
+    p = command("check-config", cmd_check_config, "validate a config file")
+    p.add_argument("config_file", metavar="CONFIG")
+
+    p = command("cleanup", cmd_cleanup, "delete the run directory (inside cleanup_prefix only)")
+    with_config(p)
+    p.add_argument("--yes", action="store_true", help="really delete")
+
+    p = command("import-seed", cmd_import_seed, "write a config from a reward_workers_ctl.py run")
+    p.add_argument("--root", help="seed run root (reads ROOT/ctl/launch_meta.json)")
+    p.add_argument("--launch-meta", help="path to a seed launch_meta.json")
+    p.add_argument("-o", "--output", help="write here instead of stdout")
+    p.add_argument("--known-hosts", default="/etc/reward-supervisor/known_hosts")
+    p.add_argument("--client-key", action="append", default=None)
+    p.add_argument("--username", default=None)
+
+    p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
+    p.add_argument("--hosts", type=int, default=4, help="number of simulated hosts (default 4)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of task stream")
+    p.add_argument("--keep", action="store_true", help="keep the run directory")
+    _log_args(p, default_format="off")
+
+    p = command("worker", cmd_worker, "the reference worker (for demo, tests, benchmarks)")
+    p.add_argument("worker_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _log_args(p: argparse.ArgumentParser, default_format: str = "auto") -> None:
+    choices = ["auto", "json", "console"] + (["off"] if default_format == "off" else [])
+    p.add_argument("--log-format", choices=choices, default=default_format)
+    p.add_argument("--log-level", default="info")
+
+
+# --------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``run -c CONFIG``: the daemon."""
+    from supervisor import logs
+    from supervisor.daemon import Daemon
+
+    logs.configure(args.log_format, args.log_level, cache=True)
+    cfg = _load_config(args.config)
+
+    async def serve() -> int:
+        return await Daemon(cfg).run()
+
+    return asyncio.run(serve())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``status -c CONFIG [--json] [--watch]``: from the daemon, or from the files alone."""
+    cfg = _load_config(args.config)
+    if args.watch:
+        return _watch_status(cfg, args)
+    status = _status_or_offline(cfg)
+    _print_status(status, as_json=args.json)
+    return EXIT_OK
+
+
+def _status_or_offline(cfg: config_mod.Config) -> dict[str, Any]:
+    from supervisor import control, view
+
+    try:
+        return control.request_sync(cfg.control.socket, "status")
+    except ControlError as exc:
+        status = view.offline_status(cfg)
+        status["daemon"]["why"] = str(exc)
+        return status
+
+
+def _print_status(status: dict[str, Any], *, as_json: bool) -> None:
+    from supervisor import view
+
+    if as_json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(view.render_table(status))
+
+
+def _watch_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
+    tty = sys.stdout.isatty() and not args.json
+    last: dict[str, Any] = {}
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            status = _status_or_offline(cfg)
+            if tty:
+                print("\x1b[H\x1b[2J", end="")
+                _print_status(status, as_json=False)
+                print(f"\n(refreshing every {args.interval:g}s; Ctrl-C to quit)", flush=True)
+            else:
+                for name, row in status.get("hosts", {}).items():
+                    brief = {k: row.get(k) for k in ("state", "pid", "ssh", "last_reason")}
+                    if last.get(name) != brief:
+                        last[name] = brief
+                        line = {"host": name, **brief} if args.json else None
+                        print(
+                            json.dumps(line)
+                            if line
+                            else f"{name}: {brief['state']} pid={brief['pid']} "
+                            f"ssh={brief['ssh']} ({brief['last_reason']})",
+                            flush=True,
+                        )
+            time.sleep(args.interval)
+    return EXIT_OK
+
+
+def cmd_host_command(args: argparse.Namespace) -> int:
+    """``restart-host|stop-host|start-host -c CONFIG HOST``."""
+    cfg = _load_config(args.config)
+    if cfg.host(args.host) is None:
+        known = ", ".join(h.name for h in cfg.hosts)
+        raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
+    reply = _request(cfg, args.command, host=args.host)
+    if args.json:
+        print(json.dumps(reply, indent=2, sort_keys=True))
+    else:
+        print(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})")
+    return EXIT_OK
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    """``reload -c CONFIG``: like SIGHUP, but reports the outcome."""
+    cfg = _load_config(args.config, check=False)
+    reply = _request(cfg, "reload", timeout_s=60.0)
+    if args.json:
+        print(json.dumps(reply, indent=2, sort_keys=True))
+    elif reply.get("reloaded"):
+        changes = ", ".join(
+            f"{k}: {', '.join(reply[k])}" for k in ("added", "removed", "restarted") if reply.get(k)
+        )
+        print(f"reloaded ({changes or 'no host changes'})")
+    else:
+        print("reload refused; the daemon keeps running on its previous config:")
+        for error in reply.get("errors", []):
+            print(f"  {error}")
+    return EXIT_OK if reply.get("reloaded") else EXIT_FAILED
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``stop -c CONFIG``: stop every worker, then the daemon; waits for it to exit."""
+    cfg = _load_config(args.config, check=False)
+    reply = _request(cfg, "stop")
+    if not args.no_wait:
+        timeout = args.timeout or cfg.health.stop_grace_s + 30
+        _wait_for_exit(cfg, timeout)
+    if args.json:
+        print(json.dumps({**reply, "stopped": not args.no_wait}, sort_keys=True))
+    else:
+        print("daemon stopped" if not args.no_wait else "daemon stopping")
+    return EXIT_OK
+
+
+def _wait_for_exit(cfg: config_mod.Config, timeout: float) -> None:
+    from supervisor import control
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            control.request_sync(cfg.control.socket, "ping", timeout_s=2.0)
+        except ControlError:
+            return
+        time.sleep(0.1)
+    raise CliError(f"the daemon did not exit within {timeout:g}s")
+
+
+def cmd_unfreeze(args: argparse.Namespace) -> int:
+    """``unfreeze -c CONFIG``."""
+    cfg = _load_config(args.config, check=False)
+    reply = _request(cfg, "unfreeze")
+    print(json.dumps(reply, sort_keys=True) if args.json else "restarts unfrozen")
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """``events -c CONFIG``: state changes as they happen."""
+    from supervisor import control
+
+    cfg = _load_config(args.config, check=False)
+
+    async def follow() -> None:
+        async with contextlib.aclosing(control.follow_events(cfg.control.socket)) as events:
+            async for event in events:
+                if args.json:
+                    print(json.dumps(event, sort_keys=True), flush=True)
+                else:
+                    print(_event_line(event), flush=True)
+
+    try:
+        asyncio.run(follow())
+    except ControlError as exc:
+        raise CliError(str(exc), _control_exit_code(exc)) from None
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_OK
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    if event.get("event") == "host.state":
+        return (
+            f"{event.get('timestamp', '')} {event.get('host')}: {event.get('from')} -> "
+            f"{event.get('to')} ({event.get('reason')})"
+        )
+    return json.dumps(event, sort_keys=True)
+
+
+def cmd_wait_ready(args: argparse.Namespace) -> int:
+    """``wait-ready -c CONFIG``: exit 0 once every host is ready, 1 at the timeout."""
+    from supervisor import control
+
+    cfg = _load_config(args.config, check=False)
+    deadline = time.monotonic() + args.timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            status = control.request_sync(cfg.control.socket, "status")
+        except ControlError:
+            status = {}
+        hosts = status.get("hosts", {})
+        if hosts and all(row.get("state") == "ready" for row in hosts.values()):
+            print(f"all {len(hosts)} hosts ready")
+            return EXIT_OK
+        time.sleep(0.25)
+    waiting = [n for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"]
+    raise CliError(f"not ready within {args.timeout:g}s: {', '.join(waiting) or 'no daemon'}")
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """``check-config FILE``: every problem and exit 2, or a one-line summary and exit 0."""
+    try:
+        cfg = config_mod.load(args.config_file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        count = len(exc.problems)
+        print(f"{args.config_file}: {count} problem{'s' * (count != 1)}", file=sys.stderr)
+        return EXIT_USAGE
+    print(cfg.summary())
+    return EXIT_OK
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    """``cleanup -c CONFIG --yes``: delete the run root after every safety check."""
+    from supervisor import cleanup
+
+    cfg = _load_config(args.config)
+    try:
+        return cleanup.run(cfg, yes=args.yes, out=print)
+    except cleanup.Refused as exc:
+        raise CliError(str(exc), EXIT_FAILED) from None
+
+
+def cmd_import_seed(args: argparse.Namespace) -> int:
+    """``import-seed``: a config for a run started by reward_workers_ctl.py."""
+    from supervisor import seedimport
+
+    try:
+        text = seedimport.config_from_seed(
+            root=args.root,
+            launch_meta=args.launch_meta,
+            environ=os.environ,
+            known_hosts=args.known_hosts,
+            client_keys=args.client_key,
+            username=args.username,
+        )
+    except seedimport.ImportProblem as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}; check it with: reward-supervisor check-config {args.output}")
+    else:
+        print(text, end="")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``demo``: the embedded demo."""
+    from supervisor import demo
+
+    return demo.main(
+        hosts=args.hosts,
+        duration_s=args.duration,
+        keep=args.keep,
+        log_format=args.log_format,
+        log_level=args.log_level,
+    )
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """``worker --root R --shard S --host H --concurrency C``: the reference worker."""
+    from supervisor import worker
+
+    return worker.main(args.worker_args)
+
+
+# --------------------------------------------------------------------------------------
+
+
+def _load_config(path: str | None, *, check: bool = True) -> config_mod.Config:
+    if not path:
+        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
+    try:
+        return config_mod.load(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
+
+
+def _request(cfg: config_mod.Config, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> Any:
+    from supervisor import control
+
+    try:
+        return control.request_sync(cfg.control.socket, cmd, timeout_s=timeout_s, **args)
+    except ControlError as exc:
+        raise CliError(str(exc), _control_exit_code(exc)) from None
+
+
+def _control_exit_code(exc: ControlError) -> int:
+    text = str(exc)
+    if "not running" in text or "no socket" in text:
+        return EXIT_NO_DAEMON
+    return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""What operators see: status rows and tables, from the daemon's hosts or from files alone.
+
+Pure presentation; the only I/O is ``offline_status``, which reads the run directory when
+no daemon is running (and says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from supervisor import health
+from supervisor.config import Config, HostConfig
+from supervisor.layout import RunLayout, layout_of
+from supervisor.statusfiles import StatusRecord, read_status
+
+# Order of states in summaries: the ones that need attention last, where the eye lands.
+_SUMMARY_ORDER = [s.value for s in health.HostState]
+
+
+def host_row(
+    host: health.Host, cfg: HostConfig, now: float, policy: health.Policy
+) -> dict[str, Any]:
+    """The status of one host as plain JSON (DESIGN §7 fields, plus more)."""
+    age = health.heartbeat_age_s(host, now)
+    next_in = None if host.next_restart_at is None else max(0.0, host.next_restart_at - now)
+    return {
+        "state": host.state.value,
+        "shard": cfg.shard,
+        "pid": host.pid,
+        "ssh": "connected" if host.ssh_up else "unreachable",
+        "ssh_reason": host.ssh_reason,
+        "heartbeat_age_s": None if age is None else round(age, 3),
+        "restarts": host.restarts,
+        "restarts_in_window": health.restarts_in_window(host, now, policy),
+        "failures": host.failures,
+        "last_reason": host.reason,
+        "next_restart_in_s": None if next_in is None else round(next_in, 3),
+        "in_state_s": round(max(0.0, now - host.since_at), 3),
+        "address": f"{cfg.address}:{cfg.port}",
+        "last_pid": host.last_pid,
+        "last_exit": host.last_exit,
+        "last_error": host.last_error,
+        "status_problem": host.status_problem,
+        "stop_sentinel": host.stop_sentinel,
+        "operation": host.op,
+    }
+
+
+def summary(states: Iterable[str]) -> str:
+    """``48/50 ready, 1 cooling_down, 1 starting``: the one line for STATUS= and humans."""
+    counts = Counter(states)
+    total = sum(counts.values())
+    parts = [f"{counts.get('ready', 0)}/{total} ready"]
+    parts += [f"{counts[s]} {s}" for s in _SUMMARY_ORDER if s != "ready" and counts.get(s)]
+    return ", ".join(parts)
+
+
+def render_table(status: Mapping[str, Any]) -> str:
+    """The status JSON as an aligned text table with a header line."""
+    daemon = status.get("daemon", {})
+    hosts: Mapping[str, Mapping[str, Any]] = status.get("hosts", {})
+    lines: list[str] = []
+    if daemon.get("running", True):
+        frozen = " FROZEN: restarts held" if daemon.get("frozen") else ""
+        lines.append(
+            f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
+            f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
+        )
+    else:
+        lines.append(str(daemon.get("note", "daemon not running")))
+    header = ("HOST", "SHARD", "STATE", "PID", "SSH", "BEAT", "RESTARTS", "NEXT", "LAST REASON")
+    rows = [header]
+    for name, row in hosts.items():
+        state = str(row.get("state"))
+        if row.get("ssh") == "unreachable" and state == "ready":
+            state = "ready*"
+        rows.append(
+            (
+                name,
+                str(row.get("shard", "")),
+                state,
+                _dash(row.get("pid")),
+                str(row.get("ssh", "")),
+                _age(row.get("heartbeat_age_s")),
+                _dash(row.get("restarts")),
+                _age(row.get("next_restart_in_s")),
+                _clip(str(row.get("last_reason") or row.get("last_error") or ""), 60),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)] + [r[-1]]
+        lines.append("  ".join(cells).rstrip())
+    if any(r[2] == "ready*" for r in rows[1:]):
+        lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
+    return "\n".join(lines)
+
+
+def offline_status(config: Config, *, now_wall: float | None = None) -> dict[str, Any]:
+    """Status from the run directory alone, for when no daemon answers.
+
+    Heartbeat age here is the status file's modification time against this machine's
+    clock: it cannot be skew-immune without a daemon watching the file change.
+    """
+    layout = layout_of(config)
+    now_wall = time.time() if now_wall is None else now_wall
+    hosts: dict[str, Any] = {}
+    for cfg in config.hosts:
+        hosts[cfg.name] = _offline_row(layout, cfg, now_wall)
+    return {
+        "daemon": {
+            "running": False,
+            "note": "daemon not running: state read from the run directory only",
+            "root": str(config.run.root),
+        },
+        "hosts": hosts,
+    }
+
+
+def _offline_row(layout: RunLayout, cfg: HostConfig, now_wall: float) -> dict[str, Any]:
+    status_path = layout.status(cfg.name)
+    record = read_status(status_path)
+    try:
+        age: float | None = max(0.0, now_wall - status_path.stat().st_mtime)
+    except OSError:
+        age = None
+    sentinel = layout.stop_sentinel(cfg.name).exists()
+    pid = _read_pid(layout, cfg.name)
+    ok = isinstance(record, StatusRecord)
+    return {
+        "state": "stopped" if sentinel else "unknown",
+        "shard": cfg.shard,
+        "pid": pid,
+        "ssh": "unknown",
+        "heartbeat_age_s": None if age is None else round(age, 3),
+        "restarts": None,
+        "last_reason": (
+            ("ready" if record.ready else "not ready") + f" (status pid {record.pid})"
+            if isinstance(record, StatusRecord)
+            else record.reason
+        ),
+        "status_ok": ok,
+        "stop_sentinel": sentinel,
+        "address": f"{cfg.address}:{cfg.port}",
+    }
+
+
+def _read_pid(layout: RunLayout, host: str) -> int | None:
+    try:
+        text = layout.pidfile(host).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _age(value: object) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value:.1f}s" if value < 100 else _duration(value)
+
+
+def _duration(value: object) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    seconds = int(value)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
