@@ -306,6 +306,82 @@ _SECTIONS: Final = (
 )
 
 
+#: Every key of every section: the validator rejects others (with a did-you-mean), and the
+#: README's configuration reference is checked against this table by a test.
+KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    "run": (
+        "root",
+        "experiment",
+        "trial",
+        "run_id",
+        "reward_fn",
+        "cleanup_prefix",
+        "forbid_hosts",
+        "allow_hosts",
+        "shard_count",
+        "pointer_file",
+        "on_exit",
+    ),
+    "worker": (
+        "argv",
+        "python",
+        "env",
+        "log_max_bytes",
+        "log_backups",
+    ),
+    "health": (
+        "heartbeat_stale_s",
+        "ready_timeout_s",
+        "restart_cooldown_s",
+        "backoff_max_s",
+        "backoff_reset_s",
+        "max_restarts",
+        "restart_window_s",
+        "stop_grace_s",
+        "kill_after_grace",
+        "auto_restart",
+    ),
+    "ssh": (
+        "username",
+        "client_keys",
+        "known_hosts",
+        "connect_timeout_s",
+        "keepalive_interval_s",
+        "keepalive_count_max",
+        "max_concurrent_handshakes",
+        "max_channels_per_host",
+        "reconnect_min_s",
+        "reconnect_max_s",
+    ),
+    "control": ("socket",),
+    "watch": (
+        "mode",
+        "poll_interval_s",
+        "debounce_ms",
+        "rescan_interval_s",
+    ),
+    "fleet": (
+        "freeze_fraction",
+        "freeze_window_s",
+        "max_concurrent_launches",
+        "max_launches_per_minute",
+    ),
+    "metrics": ("listen",),
+    "hosts": (
+        "name",
+        "address",
+        "port",
+        "shard",
+        "concurrency",
+        "username",
+    ),
+}
+
+
+def _section(where: str) -> str:
+    return where.split("[", 1)[0]
+
+
 class _Validator:
     """Walks the document, collecting problems instead of stopping at the first."""
 
@@ -455,20 +531,7 @@ class _Validator:
 
     def run(self, t: Mapping[str, Any], hosts: tuple[HostConfig, ...] | None) -> RunConfig | None:
         w = "run"
-        keys = (
-            "root",
-            "experiment",
-            "trial",
-            "run_id",
-            "reward_fn",
-            "cleanup_prefix",
-            "forbid_hosts",
-            "allow_hosts",
-            "shard_count",
-            "pointer_file",
-            "on_exit",
-        )
-        self.unknown_keys(t, keys, w)
+        self.unknown_keys(t, KEYS[_section(w)], w)
         root = self.abs_path(t, w, "root", required=True)
         prefix = self.abs_path(t, w, "cleanup_prefix", required=False)
         if root is not None and prefix is not None and not _is_within(root, prefix):
@@ -508,7 +571,7 @@ class _Validator:
 
     def worker(self, t: Mapping[str, Any]) -> WorkerConfig:
         w = "worker"
-        self.unknown_keys(t, ("argv", "python", "env", "log_max_bytes", "log_backups"), w)
+        self.unknown_keys(t, KEYS["worker"], w)
         argv = self.strings(t, w, "argv", DEFAULT_ARGV)
         if not argv:
             self.problem("worker.argv", "must not be empty")
@@ -557,19 +620,7 @@ class _Validator:
     def health(self, t: Mapping[str, Any], watch: WatchConfig) -> Policy:
         w = "health"
         d = Policy()
-        keys = (
-            "heartbeat_stale_s",
-            "ready_timeout_s",
-            "restart_cooldown_s",
-            "backoff_max_s",
-            "backoff_reset_s",
-            "max_restarts",
-            "restart_window_s",
-            "stop_grace_s",
-            "kill_after_grace",
-            "auto_restart",
-        )
-        self.unknown_keys(t, keys, w)
+        self.unknown_keys(t, KEYS[_section(w)], w)
         # A poller sees a change up to one interval late; the stale threshold must cover two.
         stale_min = max(MIN_HEARTBEAT_STALE_S, 2 * watch.poll_interval_s + 1)
         stale = self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s, stale_min)
@@ -597,19 +648,7 @@ class _Validator:
 
     def ssh(self, t: Mapping[str, Any]) -> SshConfig | None:
         w = "ssh"
-        keys = (
-            "username",
-            "client_keys",
-            "known_hosts",
-            "connect_timeout_s",
-            "keepalive_interval_s",
-            "keepalive_count_max",
-            "max_concurrent_handshakes",
-            "max_channels_per_host",
-            "reconnect_min_s",
-            "reconnect_max_s",
-        )
-        self.unknown_keys(t, keys, w)
+        self.unknown_keys(t, KEYS[_section(w)], w)
         username = self.get(t, w, "username", str, _current_user())
         if username is not None and not _USER_NAME.match(username):
             self.problem("ssh.username", f"{username!r} is not a valid user name")
@@ -654,7 +693,7 @@ class _Validator:
         )
 
     def control(self, t: Mapping[str, Any], source: Path) -> ControlConfig:
-        self.unknown_keys(t, ("socket",), "control")
+        self.unknown_keys(t, KEYS["control"], "control")
         socket = self.abs_path(t, "control", "socket", required=False)
         socket = socket or default_socket_path(source)
         if len(os.fsencode(str(socket))) > MAX_SOCKET_PATH:
@@ -666,7 +705,7 @@ class _Validator:
     def watch(self, t: Mapping[str, Any]) -> WatchConfig:
         w = "watch"
         d = WatchConfig()
-        self.unknown_keys(t, ("mode", "poll_interval_s", "debounce_ms", "rescan_interval_s"), w)
+        self.unknown_keys(t, KEYS["watch"], w)
         mode = cast(WatchMode, self.choice(t, w, "mode", ("auto", "inotify", "poll"), "auto"))
         return WatchConfig(
             mode=mode,
@@ -678,13 +717,7 @@ class _Validator:
     def fleet(self, t: Mapping[str, Any]) -> FleetConfig:
         w = "fleet"
         d = FleetConfig()
-        keys = (
-            "freeze_fraction",
-            "freeze_window_s",
-            "max_concurrent_launches",
-            "max_launches_per_minute",
-        )
-        self.unknown_keys(t, keys, w)
+        self.unknown_keys(t, KEYS[_section(w)], w)
         fraction = self.get(t, w, "freeze_fraction", float, d.freeze_fraction)
         if fraction is not None and not 0 < fraction <= 1:
             self.problem("fleet.freeze_fraction", f"must be in (0, 1], not {fraction}")
@@ -700,7 +733,7 @@ class _Validator:
         )
 
     def metrics(self, t: Mapping[str, Any]) -> MetricsConfig:
-        self.unknown_keys(t, ("listen",), "metrics")
+        self.unknown_keys(t, KEYS["metrics"], "metrics")
         listen = self.get(t, "metrics", "listen", str, None)
         if listen is not None and _split_host_port(listen) is None:
             self.problem("metrics.listen", f"must be HOST:PORT, not {listen!r}")
@@ -731,8 +764,7 @@ class _Validator:
         if not isinstance(entry, dict):
             self.problem(w, f"must be a table, not {_type_name(entry)}")
             return None
-        keys = ("name", "address", "port", "shard", "concurrency", "username")
-        self.unknown_keys(entry, keys, w)
+        self.unknown_keys(entry, KEYS["hosts"], w)
         name = self.get(entry, w, "name", str)
         shard = self.get(entry, w, "shard", int)
         if name is not None and not is_valid_host_name(name):

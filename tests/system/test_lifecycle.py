@@ -1,0 +1,234 @@
+"""The daemon as systemd runs it: READY, WATCHDOG, reload, stop, adoption, logs, poll mode."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sshd import OpenSsh
+from tests.system.daemonproc import (
+    FAST_HEALTH,
+    FAST_WORKER_ARGV,
+    DaemonProcess,
+    all_ready,
+    host_pids,
+    kill_quietly,
+    pid_alive,
+    write_config,
+)
+
+pytestmark = [pytest.mark.system, pytest.mark.openssh]
+
+
+def raw_config(openssh: OpenSsh, root: Path, hosts: int, **sections: Any) -> dict[str, Any]:
+    """A fast-timing config for ``hosts`` reference workers on the OpenSSH fixture."""
+    raw = openssh.config_dict(root, hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH)
+    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
+    raw["control"]["socket"] = str(root.parent / "control.sock")
+    for name, value in sections.items():
+        raw.setdefault(name, {}).update(value)
+    return raw
+
+
+@pytest.fixture
+async def daemons(tmp_path: Path) -> AsyncIterator[list[DaemonProcess]]:
+    """Daemon processes started by a test; killed, with their workers, at the end."""
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        await daemon.aclose()
+    for pidfile in tmp_path.rglob("ctl/*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            kill_quietly(int(pidfile.read_text().strip()))
+
+
+async def start_daemon(daemons: list[DaemonProcess], config: Path, **kwargs: Any) -> DaemonProcess:
+    """Start ``reward-supervisor run`` on ``config`` and remember it for cleanup."""
+    daemon = DaemonProcess(config, config.parent)
+    daemons.append(daemon)
+    await daemon.start(**kwargs)
+    return daemon
+
+
+async def test_ready_watchdog_reload_and_stop(
+    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+) -> None:
+    """READY only once every host has a worker; WATCHDOG pings; RELOADING/READY around
+    SIGHUP; STOPPING then exit 0 on SIGTERM with no worker left; every line is JSON."""
+    config = write_config(tmp_path / "rs.toml", raw_config(openssh, tmp_path / "run", 2))
+    daemon = await start_daemon(daemons, config, watchdog_usec=400_000)
+    ready_at = await daemon.wait_notify("READY=1")
+    status = await daemon.status()
+    assert all(row["pid"] is not None for row in status["hosts"].values()), status
+    launched = {line["host"] for line in daemon.lines if line.get("event") == "host.launched"}
+    assert launched == {"worker-0", "worker-1"}
+    await daemon.wait_until(
+        lambda: sum(m.splitlines() == ["WATCHDOG=1"] for m in daemon.notifications[ready_at:]) >= 4,
+        30,
+        "4 watchdog pings",
+    )
+    status = await daemon.wait_status(all_ready, 30, "all ready")
+    pids = host_pids(status)
+
+    before = len(daemon.notifications)
+    daemon.send_signal(signal.SIGHUP)
+    reloading = await daemon.wait_notify("RELOADING=1", after=before)
+    assert any(f.startswith("MONOTONIC_USEC=") for f in daemon.notifications[reloading].split())
+    await daemon.wait_notify("READY=1", after=reloading)
+    assert host_pids(await daemon.status()) == pids  # nothing changed, nothing restarted
+
+    daemon.send_signal(signal.SIGTERM)
+    await daemon.wait_notify("STOPPING=1", after=reloading)
+    assert await daemon.wait_exit(60) == 0
+    assert not [pid for pid in pids.values() if pid and pid_alive(pid)]
+    assert daemon.bad_lines == []
+    for line in daemon.lines:
+        assert {"timestamp", "level", "event"} <= line.keys(), line
+        assert line["timestamp"].endswith("Z"), line
+    changes = [line for line in daemon.lines if line["event"] == "host.state"]
+    assert changes
+    assert all({"host", "from", "to", "reason"} <= line.keys() for line in changes)
+
+
+async def test_reload_touches_only_added_removed_and_changed_hosts(
+    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+) -> None:
+    """SIGHUP: an unchanged host keeps its pid, a changed one is replaced, a removed one is
+    stopped, an added one (taking the removed host's shard) starts after it is gone."""
+    raw = raw_config(openssh, tmp_path / "run", 3)
+    config = write_config(tmp_path / "rs.toml", raw)
+    daemon = await start_daemon(daemons, config)
+    status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
+    before = host_pids(status)
+
+    raw["hosts"][1]["concurrency"] = 3  # a launch parameter: worker-1 must be replaced
+    removed = raw["hosts"].pop(2)
+    raw["hosts"].append({**removed, "name": "worker-9"})  # same shard, new host
+    write_config(config, raw)
+    daemon.send_signal(signal.SIGHUP)
+    await daemon.wait_log("config.reloaded")
+
+    status = await daemon.wait_status(
+        lambda s: (
+            all_ready(s, 3)
+            and "worker-9" in s["hosts"]
+            and s["hosts"]["worker-1"]["pid"] != before["worker-1"]
+        ),
+        60,
+        "worker-1 replaced and worker-9 ready",
+    )
+    after = host_pids(status)
+    assert after["worker-0"] == before["worker-0"]
+    assert set(after) == {"worker-0", "worker-1", "worker-9"}
+    assert not pid_alive(before["worker-2"] or -1)
+    assert not pid_alive(before["worker-1"] or -1)
+    stopped = await daemon.wait_log("host.state", host="worker-2", to="stopped")
+    started = await daemon.wait_log("host.launch", host="worker-9")
+    assert daemon.lines.index(stopped) < daemon.lines.index(started)  # one worker per shard
+
+
+async def test_broken_config_on_sighup_keeps_every_worker(
+    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+) -> None:
+    """A reload with an invalid file logs every error and changes nothing."""
+    config = write_config(tmp_path / "rs.toml", raw_config(openssh, tmp_path / "run", 2))
+    daemon = await start_daemon(daemons, config)
+    status = await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    pids = host_pids(status)
+    good = config.read_text()
+    config.write_text(good.replace("heartbeat_stale_s = 3.0", "heartbeat_stale_s = -1") + "[x]\n")
+    daemon.send_signal(signal.SIGHUP)
+    failed = await daemon.wait_log("config.reload_failed")
+    assert any("health.heartbeat_stale_s" in e for e in failed["errors"])
+    assert any(e.endswith("x: unknown key") for e in failed["errors"])
+    status = await daemon.status()
+    assert host_pids(status) == pids
+    assert all_ready(status, 2)
+    assert status["daemon"]["last_reload_errors"] == failed["errors"]
+
+
+async def test_sigkilled_daemon_is_replaced_by_one_that_adopts_every_worker(
+    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+) -> None:
+    """After SIGKILL, a new daemon adopts the same pids with no launch, and keeps the
+    restart history (a crash-looping daemon cannot reset backoff)."""
+    config = write_config(tmp_path / "rs.toml", raw_config(openssh, tmp_path / "run", 2))
+    first = await start_daemon(daemons, config)
+    status = await first.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    crashed = status["hosts"]["worker-1"]["pid"]
+    os.kill(crashed, signal.SIGKILL)
+    status = await first.wait_status(
+        lambda s: all_ready(s, 2) and s["hosts"]["worker-1"]["pid"] != crashed, 60, "restart"
+    )
+    assert status["hosts"]["worker-1"]["restarts"] == 1
+    pids = host_pids(status)
+    await first.wait_until(
+        lambda: (
+            (tmp_path / "run" / "ctl" / "supervisor-state.json").exists()
+            and '"restarts": 1' in (tmp_path / "run" / "ctl" / "supervisor-state.json").read_text()
+        ),
+        10,
+        "restart history saved",
+    )
+    first.send_signal(signal.SIGKILL)
+    assert await first.wait_exit() == -signal.SIGKILL
+    assert all(pid and pid_alive(pid) for pid in pids.values())
+
+    second = await start_daemon(daemons, config)
+    await second.wait_notify("READY=1")
+    status = await second.wait_status(lambda s: all_ready(s, 2), 60, "adopted and ready")
+    assert host_pids(status) == pids
+    assert status["hosts"]["worker-1"]["restarts"] == 1
+    assert not [line for line in second.lines if line.get("event") == "host.launch"]
+    adopted = [line for line in second.lines if line.get("event") == "host.state"]
+    assert {line["reason"] for line in adopted if line["to"] == "ready"} == {
+        "adopted running worker"
+    }
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A freshly mounted tmpfs (root only), unmounted afterwards."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+async def test_poll_mode_drives_the_state_machine_on_its_own_mount(
+    openssh: OpenSsh, tmp_path: Path, tmpfs: Path, daemons: list[DaemonProcess]
+) -> None:
+    """With watch.mode = "poll" on a separate mount, heartbeats and exit records still
+    arrive: a killed worker is replaced."""
+    raw = raw_config(openssh, tmpfs / "run", 1, watch={"mode": "poll", "poll_interval_s": 0.2})
+    raw["control"]["socket"] = str(tmp_path / "control.sock")  # tmpfs is 1777: not private
+    config = write_config(tmp_path / "rs.toml", raw)
+    daemon = await start_daemon(daemons, config)
+    status = await daemon.wait_status(lambda s: all_ready(s, 1), 60, "ready in poll mode")
+    assert status["daemon"]["watch_mode"] == "poll"
+    pid = status["hosts"]["worker-0"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    exited = await daemon.wait_log("host.state", host="worker-0", to="stale")
+    assert "signal 9" in exited["reason"]  # the exit record, not a heartbeat timeout
+    await daemon.wait_status(
+        lambda s: all_ready(s, 1) and s["hosts"]["worker-0"]["pid"] != pid, 60, "replaced"
+    )
+    daemon.send_signal(signal.SIGTERM)
+    assert await daemon.wait_exit() == 0
