@@ -228,7 +228,7 @@ def cmd_host_command(args: argparse.Namespace) -> int:
     if cfg.host(args.host) is None:
         known = ", ".join(h.name for h in cfg.hosts)
         raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
-    reply = _request(cfg, args.command, host=args.host)
+    reply = _request(cfg.control.socket, args.command, host=args.host)
     if args.json:
         print(json.dumps(reply, indent=2, sort_keys=True))
     else:
@@ -238,8 +238,7 @@ def cmd_host_command(args: argparse.Namespace) -> int:
 
 def cmd_reload(args: argparse.Namespace) -> int:
     """``reload -c CONFIG``: like SIGHUP, but reports the outcome."""
-    cfg = _load_config(args.config, check=False)
-    reply = _request(cfg, "reload", timeout_s=60.0)
+    reply = _request(_socket_of(args.config), "reload", timeout_s=60.0)
     if args.json:
         print(json.dumps(reply, indent=2, sort_keys=True))
     elif reply.get("reloaded"):
@@ -256,11 +255,12 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     """``stop -c CONFIG``: stop every worker, then the daemon; waits for it to exit."""
-    cfg = _load_config(args.config, check=False)
-    reply = _request(cfg, "stop")
+    socket = _socket_of(args.config)
+    status = _request(socket, "status")
+    reply = _request(socket, "stop")
     if not args.no_wait:
-        timeout = args.timeout or cfg.health.stop_grace_s + 30
-        _wait_for_exit(cfg, timeout)
+        grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
+        _wait_for_exit(socket, args.timeout or grace + 30)
     if args.json:
         print(json.dumps({**reply, "stopped": not args.no_wait}, sort_keys=True))
     else:
@@ -268,13 +268,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _wait_for_exit(cfg: config_mod.Config, timeout: float) -> None:
+def _wait_for_exit(socket: Path, timeout: float) -> None:
     from supervisor import control
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            control.request_sync(cfg.control.socket, "ping", timeout_s=2.0)
+            control.request_sync(socket, "ping", timeout_s=2.0)
         except ControlError:
             return
         time.sleep(0.1)
@@ -283,8 +283,7 @@ def _wait_for_exit(cfg: config_mod.Config, timeout: float) -> None:
 
 def cmd_unfreeze(args: argparse.Namespace) -> int:
     """``unfreeze -c CONFIG``."""
-    cfg = _load_config(args.config, check=False)
-    reply = _request(cfg, "unfreeze")
+    reply = _request(_socket_of(args.config), "unfreeze")
     print(json.dumps(reply, sort_keys=True) if args.json else "restarts unfrozen")
     return EXIT_OK
 
@@ -293,10 +292,14 @@ def cmd_events(args: argparse.Namespace) -> int:
     """``events -c CONFIG``: state changes as they happen."""
     from supervisor import control
 
-    cfg = _load_config(args.config, check=False)
+    socket = _socket_of(args.config)
+
+    def subscribed() -> None:
+        print(f"following events from {socket} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
     async def follow() -> None:
-        async with contextlib.aclosing(control.follow_events(cfg.control.socket)) as events:
+        stream = control.follow_events(socket, on_subscribed=subscribed)
+        async with contextlib.aclosing(stream) as events:
             async for event in events:
                 if args.json:
                     print(json.dumps(event, sort_keys=True), flush=True)
@@ -325,12 +328,12 @@ def cmd_wait_ready(args: argparse.Namespace) -> int:
     """``wait-ready -c CONFIG``: exit 0 once every host is ready, 1 at the timeout."""
     from supervisor import control
 
-    cfg = _load_config(args.config, check=False)
+    socket = _socket_of(args.config)
     deadline = time.monotonic() + args.timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
         try:
-            status = control.request_sync(cfg.control.socket, "status")
+            status = control.request_sync(socket, "status")
         except ControlError:
             status = {}
         hosts = status.get("hosts", {})
@@ -413,7 +416,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _load_config(path: str | None, *, check: bool = True) -> config_mod.Config:
+def _load_config(path: str | None) -> config_mod.Config:
     if not path:
         raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
     try:
@@ -424,11 +427,27 @@ def _load_config(path: str | None, *, check: bool = True) -> config_mod.Config:
         raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
 
 
-def _request(cfg: config_mod.Config, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> Any:
+def _socket_of(path: str | None) -> Path:
+    """The control socket named by a config, even one that does not validate.
+
+    ``reload`` is how an operator learns why an edited file is refused, so commands that
+    only talk to the daemon must not require the file on disk to be valid.
+    """
+    if not path:
+        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
+    with contextlib.suppress(ConfigError):
+        return config_mod.load(path).control.socket
+    socket = config_mod.socket_from_raw_file(Path(path))
+    if socket is None:
+        raise CliError(f"cannot find the control socket from {path}", EXIT_USAGE)
+    return socket
+
+
+def _request(socket: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> Any:
     from supervisor import control
 
     try:
-        return control.request_sync(cfg.control.socket, cmd, timeout_s=timeout_s, **args)
+        return control.request_sync(socket, cmd, timeout_s=timeout_s, **args)
     except ControlError as exc:
         raise CliError(str(exc), _control_exit_code(exc)) from None
 

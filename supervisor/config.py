@@ -253,6 +253,19 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     )
 
 
+def socket_from_raw_file(path: Path) -> Path | None:
+    """``control.socket`` of a config file that may not validate (or its default)."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return default_socket_path(path)
+    control = raw.get("control")
+    socket = control.get("socket") if isinstance(control, dict) else None
+    if isinstance(socket, str) and socket.startswith("/"):
+        return Path(socket)
+    return default_socket_path(path)
+
+
 def default_socket_path(config_path: Path) -> Path:
     """Where the control socket goes when ``[control] socket`` is not set."""
     stem = config_path.stem or "reward-supervisor"

@@ -832,12 +832,14 @@ def request_sync(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) 
 
 
 async def follow_events(
-    path: Path, *, timeout_s: float = 10.0
+    path: Path, *, timeout_s: float = 10.0, on_subscribed: Callable[[], None] | None = None
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the daemon's events as they happen, until the daemon ends the stream.
 
     Connecting and the first reply are bounded by ``timeout_s``; waiting for events is not.
     Wrap it in ``contextlib.aclosing`` so stopping early closes the connection at once.
+    ``on_subscribed`` runs once the daemon has confirmed the subscription: from then on no
+    event is missed.
     Raises ControlError as ``request`` does, and if the stream breaks.
     """
     try:
@@ -857,6 +859,8 @@ async def follow_events(
         if first is None:
             raise ControlError(f"the daemon at {path} closed the connection without replying")
         _unwrap(path, first)
+        if on_subscribed is not None:
+            on_subscribed()
         while (line := await _read_line(path, reader)) is not None:
             event = _decode(path, line)
             yield event

@@ -699,6 +699,7 @@ class Daemon:
                 "summary": self._summary,
                 "watch_mode": self._watcher.mode,
                 "on_exit": self._config.run.on_exit,
+                "stop_grace_s": self._config.health.stop_grace_s,
                 "reloads": self._reloads,
                 "last_reload_errors": self._last_reload_error,
                 "frozen": False,

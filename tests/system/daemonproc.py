@@ -237,6 +237,19 @@ class DaemonProcess:
         return "daemon output:\n" + "\n".join(shown)
 
 
+async def poll_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Re-check ``predicate`` every 50 ms until it holds; fail after ``timeout_s``."""
+    ticker = asyncio.Event()  # never set: each wait is a 50 ms tick bounded by timeout
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await ticker.wait()
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}") from None
+
+
 def pid_alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     try:

@@ -1,0 +1,341 @@
+"""The operator's commands against a running daemon (real OpenSSH), and without one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sshd import OpenSsh
+from tests.system.daemonproc import (
+    FAST_HEALTH,
+    FAST_WORKER_ARGV,
+    DaemonProcess,
+    all_ready,
+    kill_quietly,
+    pid_alive,
+    poll_until,
+    write_config,
+)
+
+pytestmark = [pytest.mark.system, pytest.mark.openssh]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``reward-supervisor ARGS`` as a separate process."""
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+async def acli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``cli`` without blocking the event loop (the daemon harness runs on it)."""
+    return await asyncio.to_thread(cli, *args)
+
+
+def fleet_config(openssh: OpenSsh, tmp_path: Path, hosts: int = 2) -> Path:
+    """A two-host config with a cleanup prefix, written to ``tmp_path/rs.toml``."""
+    raw = openssh.config_dict(
+        tmp_path / "runs" / "run-1", hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH
+    )
+    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
+    raw["run"]["cleanup_prefix"] = str(tmp_path / "runs")
+    raw["control"]["socket"] = str(tmp_path / "control.sock")
+    return write_config(tmp_path / "rs.toml", raw)
+
+
+@pytest.fixture
+async def running(openssh: OpenSsh, tmp_path: Path) -> AsyncIterator[tuple[DaemonProcess, Path]]:
+    """A daemon with two ready hosts; killed (with its workers) afterwards."""
+    config = fleet_config(openssh, tmp_path)
+    daemon = DaemonProcess(config, tmp_path)
+    await daemon.start()
+    try:
+        await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+        yield daemon, config
+    finally:
+        await daemon.aclose()
+        for pidfile in (tmp_path / "runs").rglob("ctl/*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                kill_quietly(int(pidfile.read_text().strip()))
+
+
+async def test_status_human_and_json(running: tuple[DaemonProcess, Path]) -> None:
+    """``status`` prints a table with every host; ``--json`` the DESIGN §7 fields."""
+    _daemon, config = running
+    human = await acli("status", "-c", str(config))
+    assert human.returncode == 0, human.stderr
+    assert "HOST" in human.stdout and "worker-0" in human.stdout and "worker-1" in human.stdout
+    assert "ready" in human.stdout
+    as_json = await acli("status", "-c", str(config), "--json")
+    status = json.loads(as_json.stdout)
+    for row in status["hosts"].values():
+        assert {
+            "state",
+            "shard",
+            "pid",
+            "ssh",
+            "heartbeat_age_s",
+            "restarts",
+            "last_reason",
+        } <= set(row)
+        assert row["state"] == "ready" and row["ssh"] == "connected"
+    assert status["daemon"]["running"] is True
+
+
+async def test_config_may_come_from_the_environment(running: tuple[DaemonProcess, Path]) -> None:
+    """``-c`` defaults to $REWARD_SUPERVISOR_CONFIG."""
+    _daemon, config = running
+    env = {**os.environ, "REWARD_SUPERVISOR_CONFIG": str(config)}
+    result = await asyncio.to_thread(cli, "status", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)["hosts"]) == {"worker-0", "worker-1"}
+
+
+async def test_restart_stop_and_start_host(running: tuple[DaemonProcess, Path]) -> None:
+    """restart-host replaces the pid; stop-host stops and writes the sentinel; start-host
+    removes it and the host comes back."""
+    daemon, config = running
+    before = (await daemon.status())["hosts"]["worker-1"]["pid"]
+    restarted = await acli("restart-host", "-c", str(config), "worker-1", "--json")
+    assert restarted.returncode == 0, restarted.stderr
+    assert json.loads(restarted.stdout)["host"] == "worker-1"
+    status = await daemon.wait_status(
+        lambda s: all_ready(s, 2) and s["hosts"]["worker-1"]["pid"] != before, 60, "restarted"
+    )
+    assert not pid_alive(before)
+    assert status["hosts"]["worker-1"]["restarts"] == 0  # operator restarts are not failures
+
+    stopped = await acli("stop-host", "-c", str(config), "worker-1")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.startswith("worker-1: ")
+    status = await daemon.wait_status(
+        lambda s: s["hosts"]["worker-1"]["state"] == "stopped", 60, "worker-1 stopped"
+    )
+    sentinel = Path(status["daemon"]["root"]) / "ctl" / "worker-1.stop"
+    assert sentinel.exists()
+    refused = await acli("restart-host", "-c", str(config), "worker-1")
+    assert refused.returncode == 1
+    assert "stop sentinel" in refused.stderr
+
+    started = await acli("start-host", "-c", str(config), "worker-1")
+    assert started.returncode == 0, started.stderr
+    await daemon.wait_status(lambda s: all_ready(s, 2), 60, "worker-1 back")
+    assert not sentinel.exists()
+
+
+async def test_reload_and_stop_commands(running: tuple[DaemonProcess, Path]) -> None:
+    """``reload`` reports its outcome (refusal included); ``stop`` ends workers and daemon."""
+    daemon, config = running
+    pids = [row["pid"] for row in (await daemon.status())["hosts"].values()]
+    ok = await acli("reload", "-c", str(config))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("reloaded")
+    good = config.read_text()
+    config.write_text(good + "\n[bogus]\n")
+    refused = await acli("reload", "-c", str(config), "--json")
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["reloaded"] is False
+    config.write_text(good)
+
+    stop = await acli("stop", "-c", str(config))
+    assert stop.returncode == 0, stop.stderr
+    assert await daemon.wait_exit() == 0
+    assert not [pid for pid in pids if pid_alive(pid)]
+
+
+async def test_events_follows_state_changes(running: tuple[DaemonProcess, Path]) -> None:
+    """``events --json`` prints host.state lines as a host restarts."""
+    daemon, config = running
+    follower = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "supervisor.cli",
+        "events",
+        "-c",
+        str(config),
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert follower.stdout is not None and follower.stderr is not None
+        async with asyncio.timeout(30):
+            announced = await follower.stderr.readline()
+        assert announced.startswith(b"following events from ")
+        pid = (await daemon.status())["hosts"]["worker-0"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        seen: list[dict[str, Any]] = []
+        async with asyncio.timeout(30):
+            while not any(e.get("to") == "ready" for e in seen):
+                seen.append(json.loads(await follower.stdout.readline()))
+    finally:
+        follower.terminate()
+        await follower.wait()
+    hosts = {e["host"] for e in seen}
+    assert hosts == {"worker-0"}
+    assert seen[0]["from"] == "ready" and "signal 9" in seen[0]["reason"]
+
+
+async def test_wait_ready_returns_once_the_fleet_is_ready(
+    running: tuple[DaemonProcess, Path],
+) -> None:
+    """``wait-ready`` is the seed's ``start`` waiting for heartbeats."""
+    _daemon, config = running
+    result = await acli("wait-ready", "-c", str(config), "--timeout", "30")
+    assert result.returncode == 0, result.stderr
+    assert "all 2 hosts ready" in result.stdout
+
+
+def test_commands_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -> None:
+    """No daemon: status works from files and says so; commands that need one exit 3;
+    an unknown host is a usage error (2)."""
+    config = fleet_config(openssh, tmp_path)
+    status = cli("status", "-c", str(config))
+    assert status.returncode == 0
+    assert "daemon not running" in status.stdout
+    as_json = json.loads(cli("status", "-c", str(config), "--json").stdout)
+    assert as_json["daemon"]["running"] is False
+    assert set(as_json["hosts"]) == {"worker-0", "worker-1"}
+    for command in (["restart-host", "worker-0"], ["stop"], ["reload"]):
+        result = cli(command[0], "-c", str(config), *command[1:])
+        assert result.returncode == 3, (command, result.stderr)
+        assert "not running" in result.stderr or "no socket" in result.stderr
+    unknown = cli("restart-host", "-c", str(config), "worker-7")
+    assert unknown.returncode == 2
+    assert "unknown host 'worker-7'" in unknown.stderr
+    missing = cli("status")
+    assert missing.returncode == 2
+    assert "REWARD_SUPERVISOR_CONFIG" in missing.stderr
+
+
+def test_check_config_exit_codes() -> None:
+    """check-config: 0 and a summary for a good file; 2 and every problem for a bad one."""
+    repo = Path(__file__).parent.parent.parent
+    good = cli("check-config", str(repo / "systemd" / "example.toml"))
+    assert good.returncode == 0
+    assert "ok: 2 hosts" in good.stdout
+    for path in sorted((repo / "tests" / "configs").glob("*.toml")):
+        if path.name.startswith("valid"):
+            continue
+        bad = cli("check-config", str(path))
+        assert bad.returncode == 2, path.name
+        expected = [
+            line.removeprefix("# expect:").strip()
+            for line in path.read_text().splitlines()
+            if line.startswith("# expect:")
+        ]
+        for line in expected:
+            assert line.split(":")[0] in bad.stderr, (path.name, line, bad.stderr)
+
+
+async def test_cleanup_refusals_and_success(openssh: OpenSsh, tmp_path: Path) -> None:
+    """cleanup refuses outside the prefix (also through a symlink), while a daemon runs
+    and while a worker lives; then, with --yes, deletes exactly the run root."""
+    config = fleet_config(openssh, tmp_path)
+    root = tmp_path / "runs" / "run-1"
+    daemon = DaemonProcess(config, tmp_path)
+    await daemon.start()
+    try:
+        await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+        running = await acli("cleanup", "-c", str(config), "--yes")
+        assert running.returncode == 1
+        assert "daemon" in running.stderr
+        text = config.read_text().replace('on_exit = "stop"', "")
+        config.write_text(text.replace("[run]", '[run]\non_exit = "detach"', 1))
+        await acli("reload", "-c", str(config))
+        await acli("stop", "-c", str(config))
+        assert await daemon.wait_exit() == 0
+    finally:
+        await daemon.aclose()
+    pids = [int(p.read_text()) for p in (root / "ctl").glob("*.pid")]
+    assert pids and all(pid_alive(pid) for pid in pids)  # detached: workers live on
+    alive = await acli("cleanup", "-c", str(config), "--yes")
+    assert alive.returncode == 1
+    assert "may be alive" in alive.stderr
+    for pid in pids:
+        kill_quietly(pid)
+
+    await poll_until(lambda: not [pid for pid in pids if pid_alive(pid)], 30, "workers dead")
+    # Status files must look old before cleanup believes nobody writes them.
+    for status in (root / "status").glob("*.json"):
+        os.utime(status, (0, 0))
+    no_yes = await acli("cleanup", "-c", str(config))
+    assert no_yes.returncode == 1
+    assert "--yes" in no_yes.stderr
+    assert root.exists()
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link = tmp_path / "runs" / "link"
+    link.symlink_to(outside)
+    escaped = config.read_text().replace(f'root = "{root}"', f'root = "{link}"')
+    escaped_config = tmp_path / "escaped.toml"
+    escaped_config.write_text(escaped)
+    refused = await acli("cleanup", "-c", str(escaped_config), "--yes")
+    assert refused.returncode == 1
+    assert "not inside run.cleanup_prefix" in refused.stderr
+    assert outside.exists()
+
+    done = await acli("cleanup", "-c", str(config), "--yes")
+    assert done.returncode == 0, done.stderr
+    assert not root.exists()
+    assert (tmp_path / "runs").exists() and outside.exists()
+
+
+def test_import_seed_writes_a_valid_config(tmp_path: Path) -> None:
+    """A seed run's launch_meta.json and environment become a config that validates."""
+    root = tmp_path / "reward" / "gsm8k" / "t1" / "run-7"
+    (root / "ctl").mkdir(parents=True)
+    meta = {
+        "root": str(root),
+        "run_id": "run-7",
+        "workers": [
+            {"host": "worker-0", "shard": 0, "concurrency": 48},
+            {"host": "worker-1", "shard": 1, "concurrency": 32},
+        ],
+        "shard_count": 2,
+        "reward_fn": "areal.reward.gsm8k.gsm8k_reward_fn",
+        "respawn": True,
+    }
+    (root / "ctl" / "launch_meta.json").write_text(json.dumps(meta))
+    (root / "manifest.json").write_text(
+        json.dumps({"experiment_name": "gsm8k", "trial_name": "t1"})
+    )
+    env = {
+        **os.environ,
+        "SAO_REWARD_WORKER_HOSTS": "worker-0 worker-1",
+        "SAO_WS": "/ws",
+        "REWARD_ROOT": str(tmp_path / "reward"),
+    }
+    out = tmp_path / "imported.toml"
+    result = cli("import-seed", "--root", str(root), "-o", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    check = cli("check-config", str(out))
+    assert check.returncode == 0, check.stderr
+    from supervisor.config import load
+
+    cfg = load(out)
+    assert [(h.name, h.shard, h.concurrency) for h in cfg.hosts] == [
+        ("worker-0", 0, 48),
+        ("worker-1", 1, 32),
+    ]
+    assert cfg.run.allow_hosts == ("worker-0", "worker-1")
+    assert cfg.run.experiment == "gsm8k"
+    assert cfg.worker.python == "/ws/tmp/runtime-venv/bin/python"
+    assert cfg.run.pointer_file == Path("/ws/tmp/sao-reward-current.json")
+    assert cfg.health.auto_restart is True
