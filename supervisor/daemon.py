@@ -21,7 +21,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import health, layout, view
+from supervisor import fleet, health, layout, view
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import ConfigError, ControlError, LaunchRefused, RemoteError
@@ -152,6 +152,10 @@ class Daemon:
         self._last_reload_error: list[str] = []
         self._tg: asyncio.TaskGroup | None = None
         self._run_lock: int | None = None
+        self._freeze = fleet.Freeze()
+        self._budget = fleet.Budget()
+        self._fleet_timer: asyncio.TimerHandle | None = None
+        self._tearing_down = False
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -215,8 +219,11 @@ class Daemon:
             log.info("daemon.ready", summary=self._summary, watch_mode=self._watcher.mode)
             await self._stop.wait()
             await self._shut_down()
+            self._tearing_down = True  # from here on nothing new may start in the group
             for task in background:
                 task.cancel()
+            if self._fleet_timer is not None:
+                self._fleet_timer.cancel()
             for member in self._members.values():
                 self._stop_member_tasks(member)
         self._tg = None
@@ -298,7 +305,7 @@ class Daemon:
     # Members
 
     def _group(self) -> asyncio.TaskGroup:
-        if self._tg is None:
+        if self._tg is None or self._tearing_down:
             raise RuntimeError("hosts act only while the daemon's task group runs")
         return self._tg
 
@@ -318,6 +325,10 @@ class Daemon:
             lambda up, reason: self._on_connection(name, up, reason),
         )
         host = health.new_host(name, now, stop_sentinel=sentinel, history=history)
+        if self._freeze.frozen:
+            host, _ = health.step(
+                host, health.FleetFrozen(reason=self._freeze.reason), now, self._config.health
+            )
         member = _Member(cfg=cfg, host=host, remote=remote)
         self._members[name] = member
         return member
@@ -361,6 +372,8 @@ class Daemon:
             self._after_change(member)
 
     def _after_change(self, member: _Member) -> None:
+        if member.host.state is not health.HostState.STARTING:
+            self._cancel_queued_launch(member)
         self._publish_status()
         self._change.set()
         if member.retiring and member.host.state is health.HostState.STOPPED:
@@ -377,6 +390,77 @@ class Daemon:
             event = _event_of(obs)
             if event is not None:
                 self._feed(obs.host, event)
+        self._assess_fleet()
+
+    # ------------------------------------------------------------------------------------
+    # Fleet: common-mode freeze and launch budget (decided in fleet.py)
+
+    def _fleet_policy(self) -> fleet.FleetPolicy:
+        f = self._config.fleet
+        return fleet.FleetPolicy(
+            freeze_fraction=f.freeze_fraction,
+            freeze_window_s=f.freeze_window_s,
+            heartbeat_stale_s=self._config.health.heartbeat_stale_s,
+            max_concurrent_launches=f.max_concurrent_launches,
+            max_launches_per_minute=f.max_launches_per_minute,
+        )
+
+    def _assess_fleet(self) -> None:
+        now = asyncio.get_running_loop().time()
+        hosts = [m.host for m in self._members.values()]
+        self._freeze, change = fleet.assess(self._freeze, hosts, now, self._fleet_policy())
+        if change is not None:
+            self._apply_freeze(change)
+        self._arm_fleet_timer()
+
+    def _apply_freeze(self, change: fleet.FreezeChanged) -> None:
+        if change.frozen:
+            log.error("fleet.frozen", reason=change.reason, hosts=sorted(self._freeze.hosts))
+        else:
+            log.warning("fleet.thawed", reason=change.reason)
+        self._events.publish(
+            {
+                "event": "fleet.frozen" if change.frozen else "fleet.thawed",
+                "timestamp": _utc_now(),
+                "reason": change.reason,
+            }
+        )
+        event: health.Event = (
+            health.FleetFrozen(reason=change.reason) if change.frozen else health.FleetThawed()
+        )
+        for name in list(self._members):
+            self._feed(name, event)
+        self._summary = ""  # force a fresh STATUS= line
+        self._publish_status()
+
+    def _arm_fleet_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        hosts = [m.host for m in self._members.values()]
+        policy = self._fleet_policy()
+        now = loop.time()
+        times = [
+            t
+            for t in (
+                fleet.next_assessment_at(self._freeze, hosts, now, policy),
+                fleet.next_grant_at(self._budget, policy),
+            )
+            if t is not None
+        ]
+        when = min(times) if times else None
+        if self._fleet_timer is not None:
+            if when is not None and self._fleet_timer.when() == when:
+                return
+            self._fleet_timer.cancel()
+            self._fleet_timer = None
+        if when is not None:
+            self._fleet_timer = loop.call_at(when, self._fleet_timer_fired)
+
+    def _fleet_timer_fired(self) -> None:
+        self._fleet_timer = None
+        if self._tg is None or self._tearing_down:
+            return
+        self._grant_launches()
+        self._assess_fleet()
 
     def _on_connection(self, name: str, up: bool, reason: str) -> None:
         member = self._members.get(name)
@@ -414,7 +498,9 @@ class Daemon:
                 self._log_state_change(member, action)
             case health.Launch():
                 log.info("host.launch", host=name, reason=action.reason, restart=action.is_restart)
-                self._spawn(member, self._launch(member), "launch")
+                now = asyncio.get_running_loop().time()
+                self._budget = fleet.want_launch(self._budget, name, now)
+                self._grant_launches()
             case health.Terminate():
                 log.info("host.terminate", host=name, pid=action.pid, grace_s=action.grace_s)
                 self._spawn(member, self._terminate(member, action), "terminate")
@@ -439,7 +525,39 @@ class Daemon:
         getattr(log, level)("host.state", **fields)
         self._events.publish({"event": "host.state", "timestamp": _utc_now(), **fields})
 
+    def _grant_launches(self) -> None:
+        """Start the queued launches the fleet budget allows now (longest waiting first)."""
+        now = asyncio.get_running_loop().time()
+        self._budget, granted = fleet.grant(self._budget, now, self._fleet_policy())
+        for name in granted:
+            member = self._members.get(name)
+            if member is None:
+                self._budget = fleet.launch_done(self._budget, name)
+                continue
+            log.info("host.launch_begin", host=name)
+            self._feed(name, health.LaunchBegan())
+            self._spawn(member, self._launch(member), "launch")
+        if self._budget.waiting:
+            log.info("fleet.launches_queued", waiting=len(self._budget.waiting))
+        self._arm_fleet_timer()
+
+    def _cancel_queued_launch(self, member: _Member) -> None:
+        """A host that left ``starting`` while its launch waited in the queue gives it up."""
+        name = member.cfg.name
+        if not any(n == name for n, _ in self._budget.waiting):
+            return
+        self._budget = fleet.launch_done(self._budget, name)
+        self._feed(name, health.LaunchFailed(reason="cancelled before it began"))
+
     async def _launch(self, member: _Member) -> None:
+        try:
+            await self._launch_now(member)
+        finally:
+            self._budget = fleet.launch_done(self._budget, member.cfg.name)
+            if self._tg is not None and not self._tearing_down:
+                self._grant_launches()
+
+    async def _launch_now(self, member: _Member) -> None:
         name, spec = member.cfg.name, self._spec(member)
         started = time.monotonic()
         event: health.Event
@@ -668,6 +786,8 @@ class Daemon:
 
     def _publish_status(self) -> None:
         text = view.summary(m.host.state.value for m in self._members.values())
+        if self._freeze.frozen:
+            text = f"FROZEN (restarts held: {self._freeze.reason}); {text}"
         if text != self._summary:
             self._summary = text
             if self._ready:
@@ -702,7 +822,10 @@ class Daemon:
                 "stop_grace_s": self._config.health.stop_grace_s,
                 "reloads": self._reloads,
                 "last_reload_errors": self._last_reload_error,
-                "frozen": False,
+                "frozen": self._freeze.frozen,
+                "frozen_reason": self._freeze.reason or None,
+                "launches_waiting": len(self._budget.waiting),
+                "launches_in_flight": len(self._budget.in_flight),
             },
             "hosts": hosts,
         }
@@ -740,8 +863,13 @@ class Daemon:
         return {"stopping": True, "on_exit": self._config.run.on_exit}
 
     async def unfreeze(self) -> dict[str, Any]:
-        """Request ``{"cmd": "unfreeze"}``: lift a fleet-wide restart freeze."""
-        return {"frozen": False}
+        """Request ``{"cmd": "unfreeze"}``; response ``{"frozen": false, "was_frozen": bool}``."""
+        was = self._freeze.frozen
+        now = asyncio.get_running_loop().time()
+        self._freeze, change = fleet.unfreeze(self._freeze, now)
+        if change is not None:
+            self._apply_freeze(change)
+        return {"frozen": False, "was_frozen": was}
 
     def subscribe(self) -> EventSubscription:
         """A live stream of ``host.state`` events for ``reward-supervisor events``."""

@@ -20,7 +20,10 @@ Rules (DESIGN §4); everything that decides a host's health lives in this file:
    resets after ``backoff_reset_s`` in ``ready``. More than ``max_restarts`` (when > 0)
    automatic restarts within ``restart_window_s`` means ``failed``: no more restarts until
    an operator asks.
-6. Odd input is an observation, not an error: an event that does not apply in a state is
+6. Common-mode failures are not worker failures. While the fleet is frozen (``FleetFrozen``,
+   decided by ``fleet.py``), a silent heartbeat or a missing ready report causes no restart
+   and a stale worker is not terminated; an observed exit is still acted on.
+7. Odd input is an observation, not an error: an event that does not apply in a state is
    recorded (stamps, pids, SSH) and otherwise ignored. Only impossible input raises.
 
 Theory of operation. The shell feeds every observation as an event with ``now`` (a
@@ -221,6 +224,23 @@ class StopSentinelRemoved:
     """``ctl/<host>.stop`` is gone."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetFrozen:
+    """Most of the fleet fell silent at once: hold restarts that silence alone would cause."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetThawed:
+    """The fleet-wide freeze is over (heartbeats returned, or an operator said so)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchBegan:
+    """The fleet's launch budget let our queued launch start: readiness is timed from now."""
+
+
 Event = (
     HeartbeatSeen
     | StatusMissing
@@ -240,6 +260,9 @@ Event = (
     | RestartRequested
     | StopSentinelAppeared
     | StopSentinelRemoved
+    | FleetFrozen
+    | FleetThawed
+    | LaunchBegan
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -339,6 +362,8 @@ class Host:
     restart_is_automatic: bool = True
     stop_sentinel: bool = False
     stop_cause: StopCause | None = None
+    #: A fleet-wide freeze holds restarts that only a silent heartbeat would justify.
+    frozen: bool = False
     #: When ``DeadlinePassed`` should be fed next; None when only events can change things.
     deadline_at: float | None = None
 
@@ -530,6 +555,14 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return replace(host, stop_sentinel=True), True
         case StopSentinelRemoved():
             return replace(host, stop_sentinel=False), True
+        case FleetFrozen():
+            return replace(host, frozen=True), True
+        case FleetThawed():
+            return replace(host, frozen=False), True
+        case LaunchBegan():
+            if host.op != "launch" or host.state is not S.STARTING:
+                return host, False
+            return replace(host, launched_at=now), True
         case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
             return host, True
         case _:
@@ -687,6 +720,8 @@ def _probe_answered(host: Host, event: Event, now: float, policy: Policy) -> Hos
 
 
 def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.frozen:
+        return host  # a worker cannot report ready through a stalled filesystem
     if host.launched_at is not None and now >= host.launched_at + policy.ready_timeout_s:
         return _fail(
             host, f"not ready within ready_timeout_s={policy.ready_timeout_s:g}", now, policy
@@ -696,7 +731,7 @@ def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) 
 
 def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
     base = host.alive_at if host.alive_at is not None else host.since_at
-    if now >= base + policy.heartbeat_stale_s:
+    if now >= base + policy.heartbeat_stale_s and not host.frozen:
         return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
     since = host.not_ready_since_at
     if since is not None and now >= since + policy.ready_timeout_s:
@@ -782,6 +817,9 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     (S.STARTING, DeadlinePassed): _ready_timeout_passed,
     (S.READY, DeadlinePassed): _heartbeat_deadline_passed,
     (S.COOLING_DOWN, DeadlinePassed): _cooldown_passed,
+    # Thawing re-checks at once what the freeze held back.
+    (S.STARTING, FleetThawed): _ready_timeout_passed,
+    (S.READY, FleetThawed): _heartbeat_deadline_passed,
     **_each(ALL_STATES, StartRequested, _start),
     **_each(STOP_STATES, StopSentinelRemoved, _start),
     **_each(ALL_STATES, RestartRequested, _restart),
@@ -801,7 +839,10 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
     host = replace(host, op_retry_at=None)  # the wait, if any, is over
     if host.needs_probe:
         return replace(host, op="probe"), [Probe(pid=host.pid)]
-    if host.state in (S.STALE, S.STOPPING) and host.pid is not None:
+    # Frozen: an automatic restart of a live worker waits (a dead one is still replaced, and
+    # an operator's restart goes ahead).
+    held = host.frozen and host.state is S.STALE and host.restart_is_automatic
+    if host.state in (S.STALE, S.STOPPING) and host.pid is not None and not held:
         terminate = Terminate(
             pid=host.pid, grace_s=policy.stop_grace_s, kill=policy.kill_after_grace
         )
@@ -838,11 +879,12 @@ def _deadline(host: Host, policy: Policy) -> float | None:
     if host.op_retry_at is not None and host.op is None and host.ssh_up:
         candidates.append(host.op_retry_at)
     match host.state:
-        case S.STARTING if host.launched_at is not None:
+        case S.STARTING if host.launched_at is not None and not host.frozen:
             candidates.append(host.launched_at + policy.ready_timeout_s)
         case S.READY:
             base = host.alive_at if host.alive_at is not None else host.since_at
-            candidates.append(base + policy.heartbeat_stale_s)
+            if not host.frozen:
+                candidates.append(base + policy.heartbeat_stale_s)
             if host.not_ready_since_at is not None:
                 candidates.append(host.not_ready_since_at + policy.ready_timeout_s)
         case S.COOLING_DOWN if host.next_restart_at is not None:

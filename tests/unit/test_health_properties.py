@@ -55,6 +55,7 @@ class FleetOfOne(RuleBasedStateMachine):
         self.pending: h.Action | None = None
         self.restart_times: list[float] = []
         self.stamp_offset = 0.0
+        self.frozen = False
 
     @rule(policy=policies, offset=st.floats(-1e6, 1e6))
     @precondition(lambda self: self.now == 0.0 and self.pending is None)
@@ -83,7 +84,12 @@ class FleetOfOne(RuleBasedStateMachine):
                             ]
                             assert len(recent) <= self.policy.max_restarts
                     self._take(action)
-                case h.Terminate() | h.Probe():
+                case h.Terminate():
+                    # While frozen, only a stop or an operator may terminate: never silence.
+                    automatic = host.state is S.STALE and host.restart_is_automatic
+                    assert not (host.frozen and automatic), "terminated for silence while frozen"
+                    self._take(action)
+                case h.Probe():
                     self._take(action)
                 case h.StateChanged(to=S.FAILED):
                     assert self.policy.max_restarts > 0, "failed although max_restarts is 0"
@@ -189,6 +195,12 @@ class FleetOfOne(RuleBasedStateMachine):
             self.feed(h.LaunchFailed(reason="exec failed"))
         else:
             self.feed(h.LaunchFailed(reason="connection lost", uncertain=True))
+
+    @rule(frozen=st.booleans())
+    def fleet_freezes_or_thaws(self, frozen: bool) -> None:
+        """The fleet policy freezes or thaws restarts for silence."""
+        self.feed(h.FleetFrozen(reason="most hosts silent") if frozen else h.FleetThawed())
+        self.frozen = frozen
 
     @rule(request=st.sampled_from(["start", "stop", "restart", "sentinel+", "sentinel-"]))
     def operator_acts(self, request: str) -> None:

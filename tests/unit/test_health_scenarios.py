@@ -295,3 +295,74 @@ def test_with_auto_restart_off_a_failure_is_final() -> None:
     assert host.state is S.FAILED
     assert "auto_restart is off" in host.reason
     assert not remote(actions)
+
+
+def ready_host(pid: int = 1) -> h.Host:
+    """A host whose worker ``pid`` is ready at t=1."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=pid), 0.0),
+        (beat(pid, 1.0), 1.0),
+    )
+    assert host.state is S.READY
+    return host
+
+
+def test_a_frozen_fleet_holds_restarts_for_silence_until_it_thaws() -> None:
+    """Frozen: a silent heartbeat causes nothing (no timer even); thawed: the host is
+    found stale at once and its worker terminated."""
+    host, actions = run(ready_host(), (h.FleetFrozen(reason="18/20 silent"), 5.0))
+    assert host.deadline_at is None
+    host, actions = run(host, (h.DeadlinePassed(), 100.0))
+    assert host.state is S.READY
+    assert not actions
+    host, actions = run(host, (h.FleetThawed(), 101.0))
+    assert host.state is S.STALE
+    assert [type(a) for a in remote(actions)] == [h.Terminate]
+
+
+def test_a_frozen_fleet_still_replaces_a_worker_that_exited() -> None:
+    """An observed crash is a real failure whatever the rest of the fleet does."""
+    host, _ = run(ready_host(), (h.FleetFrozen(reason="silent"), 5.0))
+    host, actions = run(host, (h.WorkerExited(pid=1, exit_code=1), 6.0))
+    assert host.state is S.STARTING
+    assert [type(a) for a in remote(actions)] == [h.Launch]
+
+
+def test_a_stale_worker_is_not_terminated_while_frozen() -> None:
+    """A host that went stale with SSH down waits, frozen, instead of being terminated."""
+    host, _ = run(ready_host(), (h.SshLost(reason="eof"), 2.0), (h.DeadlinePassed(), 11.0))
+    assert host.state is S.STALE
+    host, actions = run(host, (h.FleetFrozen(reason="silent"), 11.5), (h.SshRestored(), 12.0))
+    assert not remote(actions)
+    host, actions = run(host, (h.FleetThawed(), 13.0))
+    assert [type(a) for a in remote(actions)] == [h.Terminate]
+
+
+def test_a_starting_worker_is_not_failed_while_frozen() -> None:
+    """A new worker cannot report ready through a stalled filesystem: no ready timeout."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=3), 0.1),
+        (h.FleetFrozen(reason="silent"), 1.0),
+    )
+    host, actions = run(host, (h.DeadlinePassed(), 50.0))
+    assert host.state is S.STARTING
+    assert not actions
+    host, _ = run(host, (h.FleetThawed(), 51.0))
+    assert host.state is S.STALE
+
+
+def test_readiness_is_timed_from_when_a_queued_launch_began() -> None:
+    """A launch that waited in the fleet's queue gets its full ready_timeout_s."""
+    host, _ = run(h.new_host("w", 0.0), (h.SshRestored(), 0.0), (h.ProbeResult(pid=None), 0.0))
+    assert host.deadline_at == 20.0
+    host, _ = run(host, (h.LaunchBegan(), 15.0))
+    assert host.deadline_at == 35.0
+    host, _ = run(host, (h.Launched(pid=4), 15.2), (h.DeadlinePassed(), 30.0))
+    assert host.state is S.STARTING

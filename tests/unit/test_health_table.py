@@ -114,6 +114,9 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
     h.RestartRequested: lambda host: h.RestartRequested(),
     h.StopSentinelAppeared: lambda host: h.StopSentinelAppeared(),
     h.StopSentinelRemoved: lambda host: h.StopSentinelRemoved(),
+    h.FleetFrozen: lambda host: h.FleetFrozen(reason="most hosts silent"),
+    h.FleetThawed: lambda host: h.FleetThawed(),
+    h.LaunchBegan: lambda host: h.LaunchBegan(),
 }
 
 E = h
@@ -138,6 +141,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ()),
         E.StopSentinelAppeared: (S.STOPPING, ()),
         E.StopSentinelRemoved: (S.STARTING, ()),
+        E.FleetFrozen: (S.STARTING, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STARTING, ()),
+        E.LaunchBegan: (S.STARTING, ()),
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -158,6 +164,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ()),
         E.StopSentinelAppeared: (S.STOPPING, ()),
         E.StopSentinelRemoved: (S.STARTING, ()),
+        E.FleetFrozen: (S.STARTING, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STARTING, ()),
+        E.LaunchBegan: (S.STARTING, ()),
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -178,6 +187,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ("Terminate",)),
         E.StopSentinelAppeared: (S.STOPPING, ("Terminate",)),
         E.StopSentinelRemoved: (S.STARTING, ()),
+        E.FleetFrozen: (S.STARTING, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STARTING, ()),
+        E.LaunchBegan: (S.STARTING, ()),
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -198,6 +210,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ("Terminate",)),
         E.StopSentinelAppeared: (S.STOPPING, ("Terminate",)),
         E.StopSentinelRemoved: (S.READY, ()),
+        E.FleetFrozen: (S.READY, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.READY, ()),
+        E.LaunchBegan: (S.READY, ()),
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -218,6 +233,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ()),
         E.StopSentinelAppeared: (S.STOPPING, ()),
         E.StopSentinelRemoved: (S.STALE, ()),
+        E.FleetFrozen: (S.STALE, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STALE, ()),
+        E.LaunchBegan: (S.STALE, ()),
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -238,6 +256,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ()),
         E.StopSentinelAppeared: (S.STOPPING, ()),
         E.StopSentinelRemoved: (S.STALE, ()),
+        E.FleetFrozen: (S.STALE, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STALE, ()),
+        E.LaunchBegan: (S.STALE, ()),
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -258,6 +279,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STARTING, ("Launch",)),
         E.StopSentinelAppeared: (S.STOPPED, ()),
         E.StopSentinelRemoved: (S.COOLING_DOWN, ()),
+        E.FleetFrozen: (S.COOLING_DOWN, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.COOLING_DOWN, ()),
+        E.LaunchBegan: (S.COOLING_DOWN, ()),
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -278,6 +302,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STARTING, ("Launch",)),
         E.StopSentinelAppeared: (S.STOPPED, ()),
         E.StopSentinelRemoved: (S.FAILED, ()),
+        E.FleetFrozen: (S.FAILED, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.FAILED, ()),
+        E.LaunchBegan: (S.FAILED, ()),
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -298,6 +325,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STALE, ()),
         E.StopSentinelAppeared: (S.STOPPING, ()),
         E.StopSentinelRemoved: (S.STOPPING, ()),  # stopped by an operator, not by a file
+        E.FleetFrozen: (S.STOPPING, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STOPPING, ()),
+        E.LaunchBegan: (S.STOPPING, ()),
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -318,6 +348,9 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartRequested: (S.STARTING, ("Launch",)),
         E.StopSentinelAppeared: (S.STOPPED, ()),
         E.StopSentinelRemoved: (S.STOPPED, ()),
+        E.FleetFrozen: (S.STOPPED, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.STOPPED, ()),
+        E.LaunchBegan: (S.STOPPED, ()),
     },
 }
 

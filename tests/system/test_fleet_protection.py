@@ -1,0 +1,150 @@
+"""Fleet protection end to end: a common-mode stall freezes restarts; launches come in waves."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sshd import OpenSsh
+from tests.system.daemonproc import (
+    FAST_HEALTH,
+    FAST_WORKER_ARGV,
+    DaemonProcess,
+    all_ready,
+    host_pids,
+    kill_quietly,
+    write_config,
+)
+
+pytestmark = [pytest.mark.system, pytest.mark.openssh]
+
+
+def config(openssh: OpenSsh, tmp_path: Path, hosts: int, **sections: Any) -> Path:
+    """A fast-timing config for ``hosts`` reference workers."""
+    raw = openssh.config_dict(tmp_path / "run", hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH)
+    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
+    raw["control"]["socket"] = str(tmp_path / "control.sock")
+    for name, value in sections.items():
+        raw.setdefault(name, {}).update(value)
+    return write_config(tmp_path / "rs.toml", raw)
+
+
+@pytest.fixture
+async def cleanup(tmp_path: Path) -> AsyncIterator[list[DaemonProcess]]:
+    """Daemons to kill afterwards, and any worker left behind."""
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        await daemon.aclose()
+    for pidfile in tmp_path.rglob("ctl/*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(pidfile.read_text().strip())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            kill_quietly(pid)
+
+
+async def test_whole_fleet_stalling_at_once_freezes_restarts_then_thaws(
+    openssh: OpenSsh, tmp_path: Path, cleanup: list[DaemonProcess]
+) -> None:
+    """SIGSTOP every worker: the fleet freezes before any stale deadline, restarts nobody,
+    says so on STATUS=; SIGCONT: it thaws and every original worker is still the one."""
+    daemon = DaemonProcess(config(openssh, tmp_path, 3), tmp_path)
+    cleanup.append(daemon)
+    await daemon.start()
+    status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
+    pids = host_pids(status)
+    for pid in pids.values():
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+    frozen = await daemon.wait_log("fleet.frozen", timeout_s=30)
+    assert sorted(frozen["hosts"]) == sorted(pids)
+    assert any(n.startswith("STATUS=FROZEN") for n in daemon.notifications)
+    status = await daemon.status()
+    assert status["daemon"]["frozen"] is True
+    # Wait well past heartbeat_stale_s: frozen, nobody goes stale or is terminated.
+    stale_s = FAST_HEALTH["heartbeat_stale_s"]
+    await daemon.wait_status(
+        lambda s: all((row["heartbeat_age_s"] or 0) > 2 * stale_s for row in s["hosts"].values()),
+        60,
+        "heartbeats older than twice the stale threshold",
+    )
+    assert all(row["state"] == "ready" for row in (await daemon.status())["hosts"].values())
+    assert not [
+        line
+        for line in daemon.lines
+        if line.get("event") in ("host.terminate", "host.launch")
+        and line["timestamp"] > frozen["timestamp"]
+    ]
+    for pid in pids.values():
+        assert pid is not None
+        os.kill(pid, signal.SIGCONT)
+    await daemon.wait_log("fleet.thawed", timeout_s=30)
+    status = await daemon.wait_status(lambda s: all_ready(s, 3), 30, "ready again")
+    assert host_pids(status) == pids
+    assert all(row["restarts"] == 0 for row in status["hosts"].values())
+
+
+async def test_a_real_crash_is_still_handled_while_frozen_and_unfreeze_releases_the_rest(
+    openssh: OpenSsh, tmp_path: Path, cleanup: list[DaemonProcess]
+) -> None:
+    """Frozen fleet: a killed worker is still replaced; ``unfreeze`` then lets the stalled
+    ones be restarted."""
+    daemon = DaemonProcess(config(openssh, tmp_path, 3), tmp_path)
+    cleanup.append(daemon)
+    await daemon.start()
+    status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
+    pids = host_pids(status)
+    stopped = [pids["worker-0"], pids["worker-1"]]
+    for pid in stopped:
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+    await daemon.wait_log("fleet.frozen", timeout_s=30)
+    crashed = pids["worker-2"]
+    assert crashed is not None
+    os.kill(crashed, signal.SIGKILL)
+    await daemon.wait_status(
+        lambda s: (
+            s["hosts"]["worker-2"]["state"] == "ready" and s["hosts"]["worker-2"]["pid"] != crashed
+        ),
+        60,
+        "worker-2 replaced while frozen",
+    )
+    from supervisor import control
+
+    reply = await control.request(daemon.socket, "unfreeze")
+    assert reply == {"frozen": False, "was_frozen": True}
+    status = await daemon.wait_status(
+        lambda s: all_ready(s, 3) and all(s["hosts"][h]["pid"] != pids[h] for h in pids),
+        90,
+        "stalled workers replaced after unfreeze",
+    )
+    assert status["daemon"]["frozen"] is False
+
+
+async def test_launches_obey_the_fleet_budget(
+    openssh: OpenSsh, tmp_path: Path, cleanup: list[DaemonProcess]
+) -> None:
+    """With max_concurrent_launches = 1, launches begin one after another, never overlapping."""
+    path = config(openssh, tmp_path, 3, fleet={"max_concurrent_launches": 1})
+    daemon = DaemonProcess(path, tmp_path)
+    cleanup.append(daemon)
+    await daemon.start()
+    await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
+    sequence = [
+        (line["event"], line["host"])
+        for line in daemon.lines
+        if line.get("event") in ("host.launch_begin", "host.launched", "host.launch_failed")
+    ]
+    assert len(sequence) == 6
+    in_flight = 0
+    for event, _host in sequence:
+        in_flight += 1 if event == "host.launch_begin" else -1
+        assert 0 <= in_flight <= 1, sequence
+    assert any(line.get("event") == "fleet.launches_queued" for line in daemon.lines)

@@ -1,0 +1,189 @@
+"""The fleet policy: freeze on common-mode silence, thaw on return, launch in fair waves."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor import fleet
+from supervisor import health as h
+from supervisor.health import HostState as S
+
+POLICY = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30, heartbeat_stale_s=60)
+
+
+def host(name: str, alive_at: float | None, state: S = S.READY) -> h.Host:
+    """A host in ``state`` whose current worker last beat at ``alive_at``."""
+    return replace(h.new_host(name, 0.0), state=state, alive_at=alive_at, pid=1)
+
+
+def test_most_hosts_falling_silent_together_freezes_before_any_stale_deadline() -> None:
+    """6 of 10 silent for half the stale threshold: frozen, 30 s before they would restart."""
+    hosts = [host(f"w{i}", 100.0 + i * 0.1) for i in range(6)] + [
+        host(f"w{i}", 135.0) for i in range(6, 10)
+    ]
+    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    assert change is not None
+    assert change.frozen
+    assert freeze.hosts == {f"w{i}" for i in range(6)}
+    assert "shared filesystem" in change.reason
+
+
+def test_a_few_silent_hosts_are_ordinary_failures() -> None:
+    """4 of 10 silent is below the fraction: no freeze, each host is handled alone."""
+    hosts = [host(f"w{i}", 100.0) for i in range(4)] + [host(f"w{i}", 135.0) for i in range(4, 10)]
+    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    assert change is None
+    assert not freeze.frozen
+
+
+def test_silences_spread_wider_than_the_window_are_not_common_mode() -> None:
+    """Hosts dying one by one over minutes do not freeze the fleet."""
+    hosts = [host(f"w{i}", 100.0 + 40.0 * i) for i in range(6)] + [
+        host(f"w{i}", 400.0) for i in range(6, 10)
+    ]
+    _freeze, change = fleet.assess(fleet.Freeze(), hosts, 400.0, POLICY)
+    assert change is None
+
+
+def test_a_single_host_fleet_never_freezes() -> None:
+    """One silent host of one is a worker problem; freezing needs at least two."""
+    _freeze, change = fleet.assess(fleet.Freeze(), [host("w0", 0.0)], 100.0, POLICY)
+    assert change is None
+
+
+def test_thaws_when_heartbeats_return() -> None:
+    """Once enough of the frozen hosts beat again, the fleet thaws."""
+    hosts = [host(f"w{i}", 100.0) for i in range(8)] + [host("w8", 135.0), host("w9", 135.0)]
+    frozen, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    assert change is not None and change.frozen
+    hosts = [host(f"w{i}", 200.0) for i in range(5)] + hosts[5:]
+    thawed, change = fleet.assess(frozen, hosts, 201.0, POLICY)
+    assert change is not None and not change.frozen
+    assert not thawed.frozen
+    assert "heartbeats returned" in change.reason
+
+
+def test_stays_frozen_while_the_silence_lasts() -> None:
+    """A stall that goes on keeps the fleet frozen, however long it lasts."""
+    hosts = [host(f"w{i}", 100.0) for i in range(8)]
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    later, change = fleet.assess(frozen, hosts, 5000.0, POLICY)
+    assert change is None
+    assert later.frozen
+
+
+def test_operator_unfreeze_sticks_for_old_silences() -> None:
+    """After an operator thaw, the same silent hosts do not freeze the fleet again."""
+    hosts = [host(f"w{i}", 100.0) for i in range(8)]
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    thawed, change = fleet.unfreeze(frozen, 140.0)
+    assert change is not None and change.reason == "operator unfreeze"
+    again, change = fleet.assess(thawed, hosts, 141.0, POLICY)
+    assert change is None
+    assert not again.frozen
+    assert fleet.unfreeze(again, 150.0)[1] is None
+
+
+def test_next_assessment_is_when_the_next_host_would_fall_silent() -> None:
+    """The timer for the freeze check is the earliest silence crossing, not a poll."""
+    hosts = [host("a", 10.0), host("b", 20.0), host("c", None), host("d", 5.0, S.STOPPED)]
+    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 11.0, POLICY) == 40.0
+    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 100.0, POLICY) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(2, 40),
+    silent=st.data(),
+    now=st.floats(100, 10_000),
+)
+def test_freezing_needs_the_fraction_and_at_least_two(
+    n: int, silent: st.DataObject, now: float
+) -> None:
+    """Frozen exactly when the largest group of recent silences reaches the threshold."""
+    flags = silent.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    hosts = [
+        host(f"w{i}", now - (POLICY.silent_after_s + 1 if quiet else 1))
+        for i, quiet in enumerate(flags)
+    ]
+    freeze, change = fleet.assess(fleet.Freeze(), hosts, now, POLICY)
+    assert freeze.frozen == (sum(flags) >= fleet.threshold(n, POLICY))
+    assert (change is not None) == freeze.frozen
+
+
+def test_budget_grants_longest_waiting_first_within_concurrency() -> None:
+    """Three slots: the three oldest requests go first; the next goes when one finishes."""
+    policy = fleet.FleetPolicy(max_concurrent_launches=3, max_launches_per_minute=100)
+    budget = fleet.Budget()
+    for i, name in enumerate(["d", "a", "c", "b", "e"]):
+        budget = fleet.want_launch(budget, name, float(i))
+    budget = fleet.want_launch(budget, "a", 9.0)  # asking again keeps its place
+    budget, granted = fleet.grant(budget, 10.0, policy)
+    assert granted == ["d", "a", "c"]
+    budget, granted = fleet.grant(budget, 11.0, policy)
+    assert granted == []
+    budget = fleet.launch_done(budget, "a")
+    budget, granted = fleet.grant(budget, 12.0, policy)
+    assert granted == ["b"]
+
+
+def test_budget_limits_launches_per_minute_and_says_when_to_retry() -> None:
+    """Past the per-minute limit, the rest wait for the window; the deadline says when."""
+    policy = fleet.FleetPolicy(max_concurrent_launches=100, max_launches_per_minute=2)
+    budget = fleet.Budget()
+    for name in "abcd":
+        budget = fleet.want_launch(budget, name, 0.0)
+    budget, granted = fleet.grant(budget, 1.0, policy)
+    assert granted == ["a", "b"]
+    budget = fleet.launch_done(fleet.launch_done(budget, "a"), "b")
+    assert fleet.next_grant_at(budget, policy) == 61.0
+    budget, granted = fleet.grant(budget, 60.0, policy)
+    assert granted == []
+    budget, granted = fleet.grant(budget, 61.0, policy)
+    assert granted == ["c", "d"]
+    assert fleet.next_grant_at(budget, policy) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["want", "done", "grant", "time"]), st.integers(0, 9)),
+        max_size=200,
+    ),
+    concurrent=st.integers(1, 5),
+    per_minute=st.integers(1, 8),
+)
+def test_budget_is_never_exceeded_and_every_waiting_host_is_served(
+    ops: list[tuple[str, int]], concurrent: int, per_minute: int
+) -> None:
+    """Whatever the sequence: in-flight and per-minute limits hold; waiting ends eventually."""
+    policy = fleet.FleetPolicy(
+        max_concurrent_launches=concurrent, max_launches_per_minute=per_minute
+    )
+    budget, now = fleet.Budget(), 0.0
+    starts: list[float] = []
+    for op, k in ops:
+        name = f"h{k}"
+        if op == "want":
+            budget = fleet.want_launch(budget, name, now)
+        elif op == "done":
+            budget = fleet.launch_done(budget, name)
+        elif op == "time":
+            now += k * 7.0
+        else:
+            budget, granted = fleet.grant(budget, now, policy)
+            starts += [now] * len(granted)
+        assert len(budget.in_flight) <= concurrent
+        assert sum(1 for t in starts if now - t < fleet.BUDGET_WINDOW_S) <= per_minute
+    # Drain: finishing every launch and letting time pass serves everyone still waiting.
+    for _ in range(200):
+        for name in list(budget.in_flight):
+            budget = fleet.launch_done(budget, name)
+        if not budget.waiting:
+            break
+        now = max(now, fleet.next_grant_at(budget, policy) or now)
+        budget, _granted = fleet.grant(budget, now, policy)
+    assert not budget.waiting
