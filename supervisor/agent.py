@@ -1,0 +1,600 @@
+"""The remote side: an agent serving JSON-lines requests on one SSH channel, and the shepherd
+that launches, holds the shard lock for, and reaps one worker.
+
+This file is never imported by the daemon: ``remote.py`` sends its text as the ``-c``
+argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.8 (no
+``match``, no runtime ``X | Y``, nothing newer unless guarded). Two modes:
+
+``python -X utf8 -u -c SRC agent``
+    Reads one JSON request per line on stdin, ``{"id": N, "op": OP, ...}``, serves each in its
+    own thread (a terminate waiting out its grace does not hold up a probe) and answers one
+    line ``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "kind":
+    "error"|"refused", "error": TEXT, "holder_pid": PID|null}``. The first line it writes is
+    ``{"hello": {...}}``. It exits at EOF. Ops: ``ping``, ``probe``, ``launch``, ``terminate``.
+
+``python -X utf8 -c SRC shepherd``
+    Started by ``launch`` with the launch spec on stdin; detaches (new session, double fork),
+    takes the shard lock, starts the worker in its own process group, writes the pidfile and
+    launch record, reports ``{pid, start_time}`` on stdout and closes it, then waits for the
+    worker and writes the exit record. It ignores SIGTERM/SIGINT/SIGHUP so the exit is always
+    recorded.
+
+Processes are identified by pid *and* start time (field 22 of ``/proc/PID/stat``, clock ticks
+since boot); a process in state ``Z`` (zombie) or ``X`` is dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+PROTOCOL = 1
+#: How often terminate looks at /proc while waiting for a pid to die: fast enough that a
+#: confirmed death is reported within a few tens of ms, cheap enough to be invisible.
+POLL_S = 0.02
+#: After SIGKILL a process dies at once unless it is in uninterruptible sleep (a hung NFS
+#: read): give it this long, then report it as still alive rather than lie.
+KILL_CONFIRM_S = 10.0
+#: A shepherd reports within milliseconds; this bounds a shared filesystem that hangs.
+SHEPHERD_REPORT_S = 60.0
+
+#: A launch spec (``supervisor.layout.LaunchSpec`` as JSON). Annotations only: this file
+#: must not subscript builtin types at run time, which Python 3.8 cannot do.
+
+
+class OpError(Exception):
+    """A request that could not be served; ``kind`` tells the daemon how to read it."""
+
+    kind = "error"
+
+    def __init__(self, message: str, holder_pid: int | None = None) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
+
+
+class Refused(OpError):
+    """A launch refused because a live worker holds the shard."""
+
+    kind = "refused"
+
+
+# --- /proc ------------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, pgid, start_time)`` of ``pid``, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ESRCH, errno.ENOENT):
+            return None
+        raise
+    # The command name (field 2) is in parentheses and may itself contain ") ".
+    fields = data[data.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 (state), fields[2] field 5 (pgrp), fields[19] field 22 (starttime).
+    return fields[0].decode("ascii"), int(fields[2]), int(fields[19])
+
+
+def is_dead(stat: tuple[str, int, int] | None) -> bool:
+    """Gone, or a zombie that only waits to be reaped (its code can no longer run)."""
+    return stat is None or stat[0] in ("Z", "X", "x")
+
+
+def cmdline(pid: int) -> list[str]:
+    """The argv of ``pid`` (empty for a zombie or a vanished process)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    return [os.fsdecode(arg) for arg in data.split(b"\0")[:-1]]
+
+
+_BOOT_ID: list[str] = []
+
+
+def boot_id() -> str:
+    """This boot of this host: a launch record from another boot names another process."""
+    if not _BOOT_ID:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            _BOOT_ID.append(f.read().strip())
+    return _BOOT_ID[0]
+
+
+def read_pidfile(path: str) -> int | None:
+    """The pid in a pidfile, or None when it is missing or not a positive integer."""
+    try:
+        with open(path) as f:
+            text = f.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """A small JSON object from a file, or None when missing, unreadable or not an object."""
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace ``path`` so a reader on any host sees the old file or the new one, whole."""
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+# --- identity ---------------------------------------------------------------------------
+
+
+def argv_matches(spec: dict[str, Any], args: list[str]) -> bool:
+    """``args`` is a run of the spec's worker: the elements after the interpreter appear in
+    order, and the host name appears as a whole argument (when the template has one)."""
+    if not args:
+        return False
+    wanted = list(spec["argv"][1:])
+    rest = iter(args[1:])
+    if not all(any(arg == want for arg in rest) for want in wanted):
+        return False
+    host = spec["host"]
+    return host not in spec["argv"] or host in args[1:]
+
+
+def identify(spec: dict[str, Any], pid: int) -> str:
+    """What ``pid`` is to this shard: ``ours``, ``dead``, ``zombie``, ``reused``, ``foreign``.
+
+    When the launch record (of this boot) names ``pid``, pid + start time is the identity and
+    decides alone: it survives a reload that changed the argv, and tells a reused pid from
+    ours. Without one (a worker started by the old script), the command line must match.
+    """
+    stat = proc_stat(pid)
+    if stat is None:
+        return "dead"
+    if is_dead(stat):
+        return "zombie"
+    record = read_json(spec["launch_record"])
+    if record is not None and record.get("pid") == pid and record.get("boot_id") == boot_id():
+        return "ours" if record.get("start_time") == stat[2] else "reused"
+    return "ours" if argv_matches(spec, cmdline(pid)) else "foreign"
+
+
+# --- ops --------------------------------------------------------------------------------
+
+
+def op_ping(request: dict[str, Any]) -> dict[str, Any]:
+    """Liveness and facts about this agent."""
+    return hello()
+
+
+def op_probe(request: dict[str, Any]) -> dict[str, Any]:
+    """The live worker of the shard among the given pid and the pidfile's, or null."""
+    spec: dict[str, Any] = request["spec"]
+    candidates: list[int] = []
+    given = request.get("pid")
+    if isinstance(given, int) and given > 0:
+        candidates.append(given)
+    recorded = read_pidfile(spec["pidfile"])
+    if recorded is not None and recorded not in candidates:
+        candidates.append(recorded)
+    checked = []
+    for pid in candidates:
+        verdict = identify(spec, pid)
+        checked.append([pid, verdict])
+        if verdict == "ours":
+            return {"pid": pid, "checked": checked}
+    return {"pid": None, "checked": checked}
+
+
+def op_terminate(request: dict[str, Any]) -> dict[str, Any]:
+    """SIGTERM (+SIGCONT) the worker's group, wait ``grace_s``, SIGKILL if ``kill``; returns
+    only once the pid is confirmed dead, raises OpError otherwise."""
+    spec: dict[str, Any] = request["spec"]
+    pid = int(request["pid"])
+    grace_s = float(request["grace_s"])
+    kill = bool(request["kill"])
+    verdict = identify(spec, pid)
+    if verdict != "ours":
+        # Gone, a zombie, or a pid now used by an unrelated process: ours is dead either way.
+        return {"outcome": verdict}
+    stat = proc_stat(pid)
+    if stat is None or is_dead(stat):
+        return {"outcome": "dead"}
+    start_time = stat[2]
+    # Our workers lead their own group (their verifier subprocesses are in it); a worker that
+    # does not (the old script's nohup) is signalled alone so we never hit its parent's group.
+    group = stat[1] == pid
+    _signal(pid, group, signal.SIGTERM)
+    # A stopped process keeps SIGTERM pending until it is continued.
+    _signal(pid, group, signal.SIGCONT)
+    if _wait_dead(pid, start_time, grace_s):
+        if kill and group:
+            _signal(pid, True, signal.SIGKILL)  # stragglers left in the group
+        return {"outcome": "terminated"}
+    if not kill:
+        raise OpError(f"pid {pid} still alive after {grace_s:g}s; kill_after_grace=false")
+    _signal(pid, group, signal.SIGKILL)
+    if _wait_dead(pid, start_time, KILL_CONFIRM_S):
+        return {"outcome": "killed"}
+    state = proc_stat(pid)
+    raise OpError(
+        f"pid {pid} still alive {KILL_CONFIRM_S:g}s after SIGKILL"
+        f" (state {state[0] if state else '?'})"
+    )
+
+
+def _signal(pid: int, group: bool, sig: int) -> None:
+    """Send ``sig`` to ``pid`` or its process group; a vanished target is not an error."""
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError as exc:
+        raise OpError(f"not permitted to signal pid {pid}: {exc}") from None
+
+
+def _wait_dead(pid: int, start_time: int, timeout_s: float) -> bool:
+    """Poll until ``pid`` (of ``start_time``) is gone or a zombie; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stat = proc_stat(pid)
+        if is_dead(stat) or (stat is not None and stat[2] != start_time):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+
+
+_SOURCE: list[str] = []
+
+
+def own_source() -> str:
+    """This program's text: the argument after ``-c`` in our own command line."""
+    if not _SOURCE:
+        args = cmdline(os.getpid())
+        if "-c" not in args or args.index("-c") + 1 >= len(args):
+            raise OpError("cannot find the agent source in /proc/self/cmdline")
+        _SOURCE.append(args[args.index("-c") + 1])
+    return _SOURCE[0]
+
+
+def op_launch(request: dict[str, Any]) -> dict[str, Any]:
+    """Start a shepherd for the spec and return the worker's ``{pid, start_time}``."""
+    spec: dict[str, Any] = request["spec"]
+    python = sys.executable or spec["python"]
+    shepherd = subprocess.Popen(
+        [python, "-X", "utf8", "-c", own_source(), "shepherd"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+        close_fds=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = shepherd.communicate(json.dumps(spec).encode("utf-8"), SHEPHERD_REPORT_S)
+    except subprocess.TimeoutExpired:
+        # The detached shepherd still holds the pipes: close our ends rather than wait.
+        for pipe in (shepherd.stdin, shepherd.stdout, shepherd.stderr):
+            if pipe is not None:
+                pipe.close()
+        shepherd.kill()
+        shepherd.wait()
+        raise OpError(f"the shepherd did not report within {SHEPHERD_REPORT_S:g}s") from None
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = err.decode("utf-8", "replace").strip()[-2000:]
+        raise OpError(
+            f"the shepherd exited {shepherd.returncode} without a report: {tail or '-'}"
+        ) from None
+    if report.get("ok"):
+        return {"pid": report["pid"], "start_time": report["start_time"]}
+    if report.get("kind") == "refused":
+        raise Refused(report["error"], report.get("holder_pid"))
+    raise OpError(report["error"])
+
+
+def _unknown_op(request: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a request we cannot read or do not know."""
+    raise OpError(f"unknown op {request.get('op')!r}: {request.get('error', '')}")
+
+
+OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "ping": op_ping,
+    "probe": op_probe,
+    "launch": op_launch,
+    "terminate": op_terminate,
+}
+
+
+def hello() -> dict[str, Any]:
+    """What the agent says first: enough to tell which python and host answered."""
+    return {
+        "protocol": PROTOCOL,
+        "pid": os.getpid(),
+        "python": ".".join(str(n) for n in sys.version_info[:3]),
+        "boot_id": boot_id(),
+    }
+
+
+# --- agent ------------------------------------------------------------------------------
+
+
+def serve() -> int:
+    """Answer requests from stdin until EOF."""
+    out = sys.stdout.buffer
+    lock = threading.Lock()
+
+    def send(message: dict[str, Any]) -> None:
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8")
+        try:
+            with lock:
+                out.write(data)
+                out.flush()
+        except (BrokenPipeError, ValueError):
+            # The channel is gone; nobody can hear the answer, and nobody will ask again.
+            os._exit(0)
+
+    def handle(request: dict[str, Any]) -> None:
+        rid = request.get("id")
+        op = OPS.get(str(request.get("op")), _unknown_op)
+        try:
+            result = op(request)
+        except OpError as exc:
+            send(
+                {
+                    "id": rid,
+                    "ok": False,
+                    "kind": exc.kind,
+                    "error": str(exc),
+                    "holder_pid": exc.holder_pid,
+                }
+            )
+        except Exception as exc:  # noqa: BLE001 - thread root: every request gets an answer
+            send(
+                {
+                    "id": rid,
+                    "ok": False,
+                    "kind": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+            )
+        else:
+            send({"id": rid, "ok": True, "result": result})
+
+    send({"hello": hello()})
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line.decode("utf-8"))
+        except ValueError as exc:
+            request = {"op": "bad request", "error": str(exc)}
+        if not isinstance(request, dict):
+            request = {"op": "bad request", "error": "not a JSON object"}
+        threading.Thread(target=handle, args=(request,), daemon=True).start()
+    return 0
+
+
+# --- shepherd ---------------------------------------------------------------------------
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN: handlers reset to the default on exec, so the worker gets
+    ordinary signal dispositions while the shepherd shrugs them off."""
+
+
+def shepherd() -> int:
+    """Detach, launch the worker, report, wait, record its exit."""
+    spec: dict[str, Any] = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    # Double fork: the launching agent reaps the first child at once, and the shepherd, not a
+    # session leader, is a child of init that survives the channel, connection and daemon.
+    if os.fork() > 0:
+        os._exit(0)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _ignore)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    try:
+        lock_fd, log_fd, worker = _start(spec)
+    except OpError as exc:
+        _report({"ok": False, "kind": exc.kind, "error": str(exc), "holder_pid": exc.holder_pid})
+        return 1
+    except Exception as exc:  # noqa: BLE001 - process root: the agent must hear why
+        _report({"ok": False, "kind": "error", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    stat = proc_stat(worker.pid)
+    start_time = stat[2] if stat else 0
+    _report({"ok": True, "pid": worker.pid, "start_time": start_time})
+    # From here on our own words go to the worker's log; the agent's pipe reads EOF.
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    status = worker.wait()
+    exit_code = status if status >= 0 else None
+    signum = -status if status < 0 else None
+    record = {
+        "pid": worker.pid,
+        "start_time": start_time,
+        "exit_code": exit_code,
+        "signal": signum,
+        "exited_at": time.time(),
+        "host": spec["host"],
+        "shard": spec["shard"],
+    }
+    try:
+        write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n")
+    finally:
+        _log(
+            log_fd,
+            f"worker pid {worker.pid} exited"
+            f" ({f'code {status}' if status >= 0 else f'signal {-status}'})",
+        )
+        os.close(lock_fd)  # releases the shard lock (the process exit would too)
+    return 0
+
+
+def _report(message: dict[str, Any]) -> None:
+    """Tell the launching agent (one line on stdout), then let go of its pipe."""
+    os.write(1, (json.dumps(message) + "\n").encode("utf-8"))
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def _log(fd: int, text: str) -> None:
+    """One line from the shepherd in the worker's log."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    os.write(fd, f"[shepherd {os.getpid()} {stamp}] {text}\n".encode())
+
+
+def _start(spec: dict[str, Any]) -> tuple[int, int, subprocess.Popen[bytes]]:
+    """Lock the shard, check the pidfile, rotate the log, start the worker and record it."""
+    os.makedirs(os.path.dirname(spec["lock"]), exist_ok=True)
+    # fcntl/lockf locks are per process and released by *any* close of the file in this
+    # process, so the lock file is opened once, here, and never elsewhere in the shepherd.
+    lock_fd = os.open(spec["lock"], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+        holder = _lock_holder(lock_fd)
+        raise Refused(
+            f"shard {spec['shard']} is locked by a live shepherd ({_describe_holder(holder)})",
+            holder.get("pid") if holder.get("alive") else None,
+        ) from None
+    recorded = read_pidfile(spec["pidfile"])
+    if recorded is not None and identify(spec, recorded) == "ours":
+        # The lock was free but a worker of ours runs: its shepherd was killed (SIGKILL,
+        # OOM). Starting another would put two workers on one shard.
+        raise Refused(
+            f"pid {recorded} from {spec['pidfile']} is alive and ours,"
+            " but no shepherd holds the shard lock",
+            recorded,
+        )
+    _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]))
+    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    env = dict(os.environ)
+    env.update(spec["env"])
+    _log(log_fd, f"starting worker: {json.dumps(spec['argv'])}")
+    try:
+        worker = subprocess.Popen(
+            spec["argv"],
+            env=env,
+            cwd=spec["root"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            close_fds=True,
+            # Its own session and process group: terminate signals the group, which holds
+            # the worker's verifier subprocesses too.
+            start_new_session=True,
+        )
+    except OSError as exc:
+        _log(log_fd, f"cannot start worker: {exc}")
+        raise OpError(f"cannot start worker {spec['argv'][0]}: {exc}") from None
+    stat = proc_stat(worker.pid)
+    start_time = stat[2] if stat else 0
+    write_atomic(spec["pidfile"], f"{worker.pid}\n")
+    record = {
+        "pid": worker.pid,
+        "start_time": start_time,
+        "boot_id": boot_id(),
+        "argv": spec["argv"],
+        "host": spec["host"],
+        "shard": spec["shard"],
+        "shepherd_pid": os.getpid(),
+        "launched_at": time.time(),
+    }
+    write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n")
+    holder = {
+        "pid": worker.pid,
+        "host": spec["host"],
+        "boot_id": boot_id(),
+        "shepherd_pid": os.getpid(),
+    }
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
+    _log(log_fd, f"worker pid {worker.pid} started")
+    return lock_fd, log_fd, worker
+
+
+def _lock_holder(lock_fd: int) -> dict[str, Any]:
+    """Who holds the lock, from what the holder wrote into the lock file."""
+    try:
+        data = os.pread(lock_fd, 4096, 0)
+        holder = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(holder, dict) or not isinstance(holder.get("pid"), int):
+        return {}
+    # On a shared filesystem the holder may run on another machine, where our /proc can
+    # say nothing about its pid.
+    holder["here"] = holder.get("boot_id") == boot_id()
+    holder["alive"] = holder["here"] and not is_dead(proc_stat(holder["pid"]))
+    return holder
+
+
+def _describe_holder(holder: dict[str, Any]) -> str:
+    """The lock holder, for the refusal message."""
+    if not holder:
+        return "holder unknown"
+    if not holder["here"]:
+        return f"worker pid {holder['pid']} on {holder.get('host', '?')}, another machine"
+    state = "alive" if holder["alive"] else "exiting"
+    return f"worker pid {holder['pid']} on {holder.get('host', '?')}, {state}"
+
+
+def _rotate(path: str, max_bytes: int, backups: int) -> None:
+    """``log`` -> ``log.1`` -> ... -> ``log.N`` when ``log`` is over ``max_bytes``."""
+    try:
+        if os.stat(path).st_size <= max_bytes:
+            return
+    except FileNotFoundError:
+        return
+    if backups <= 0:
+        os.truncate(path, 0)
+        return
+    for i in range(backups - 1, 0, -1):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(f"{path}.{i}", f"{path}.{i + 1}")
+    os.replace(path, path + ".1")
+
+
+def main(argv: list[str]) -> int:
+    """``agent`` (the default) or ``shepherd``."""
+    mode = argv[0] if argv else "agent"
+    if mode == "shepherd":
+        return shepherd()
+    if mode == "agent":
+        return serve()
+    sys.stderr.write("usage: agent | shepherd\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

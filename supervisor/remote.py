@@ -1,0 +1,770 @@
+"""Persistent SSH to each worker host: one connection, one long-lived agent channel and
+bounded one-shot commands. The only importer of asyncssh; nothing read from ``$HOME``.
+
+Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent as the
+``-c`` argument of the host's python), so an operation costs one round trip on an open
+channel instead of a handshake or a new channel (and the remote user's rc files) each time.
+
+One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
+``fcntl.lockf(LOCK_EX | LOCK_NB)`` on ``ctl/shard-N.lock`` and holds it for the worker's
+whole life; a second launch finds it held and is refused with ``LaunchRefused``. Why lockf:
+
+- On Linux NFS clients, ``lockf``/``fcntl`` byte-range locks go to the server (NLM for
+  NFSv3, the protocol's own locks for NFSv4), so they exclude across every host mounting
+  the run directory. ``flock()`` has been emulated with the same byte-range locks on NFS
+  since Linux 2.6.12, and either way these locks belong to a *process* and vanish when any
+  of its descriptors for the file is closed: so the long-lived shepherd takes the lock and
+  never opens the file again, rather than the short-lived agent or an SSH command.
+- When a host dies, the server frees its locks by lease or NLM recovery: NFSv4 locks go when
+  the client's lease expires (90 s by default on Linux nfsd); NFSv3 (NLM) locks only when
+  the client reboots and its statd notifies the server, or an admin clears them. Until then
+  a launch of that shard on *another* host is refused (the host's own launches are moot).
+- A SIGKILLed shepherd frees the lock while its worker lives on. So, as defence in depth,
+  the shepherd also refuses when the pidfile names a live process that is ours (pid, and
+  start time from the launch record, or the command line for the old script's workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import shlex
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+import asyncssh
+import structlog
+
+from supervisor.config import HostConfig, SshConfig
+from supervisor.errors import LaunchRefused, RemoteError
+from supervisor.layout import LaunchSpec
+
+log = structlog.get_logger()
+
+AGENT_PATH: Final = Path(__file__).with_name("agent.py")
+#: Probe and launch touch the shared filesystem and fork a python; a healthy host answers
+#: in ~0.1 s, an NFS server that is failing over can take a minute (the agent itself gives
+#: a shepherd 60 s to report).
+RPC_TIMEOUT_S: Final = 75.0
+#: Terminate may wait ``grace_s``, then 10 s for SIGKILL to be confirmed, then answer.
+TERMINATE_SLACK_S: Final = 20.0
+#: Starting the agent: the user's shell and rc files, then python's startup and imports.
+AGENT_START_TIMEOUT_S: Final = 30.0
+#: A connection that stayed up this long resets the reconnect backoff; one that drops
+#: sooner (auth then disconnect, a flapping link) keeps backing off.
+STABLE_S: Final = 10.0
+#: ``wait_closed()`` can hang on a peer that never answers our close.
+CLOSE_TIMEOUT_S: Final = 5.0
+#: sshd frees a finished session's slot only after it has processed our close, in a later
+#: turn of its loop; an open sent right behind the close can be refused with "open failed"
+#: although we never exceed MaxSessions. Nothing ran, so opening again is safe.
+OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A launched worker: its pid and start time (field 22 of /proc/PID/stat)."""
+
+    pid: int
+    start_time: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """A finished one-shot command; ``exit_status`` is minus the signal number if killed."""
+
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+@cache
+def agent_source() -> str:
+    """The text of ``agent.py``, as sent to every host."""
+    return AGENT_PATH.read_text(encoding="utf-8")
+
+
+def agent_command(python: str) -> str:
+    """The shell command that runs the agent with ``python``."""
+    # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
+    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(agent_source())} agent"
+
+
+class Backoff:
+    """Decorrelated jitter: each delay is uniform in [min, 3 x previous], capped at max.
+
+    Hosts that fail together (a network blip) spread their retries out, and the delay grows
+    about threefold per failure without ever collapsing back to a busy loop.
+    """
+
+    def __init__(self, min_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.min_s = min_s
+        self.max_s = max_s
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
+        self._previous = min_s
+
+    def next_delay(self) -> float:
+        """The next delay, in seconds."""
+        high = min(self.max_s, max(self.min_s, self._previous * 3))
+        self._previous = self._rng.uniform(self.min_s, high)
+        return self._previous
+
+    def reset(self) -> None:
+        """Start again from ``min_s`` (after a connection that stayed up)."""
+        self._previous = self.min_s
+
+
+class RemoteHost:
+    """One worker host: a persistent connection (``maintain()``) and the operations on it.
+
+    ``on_connection(up, reason)`` is called on every transition of the connection (the first
+    outcome included), never repeatedly for the same state, and not for ``aclose()``.
+    Operations raise ``RemoteError(connection_lost=False)`` at once when not connected
+    (nothing was sent), and ``RemoteError(connection_lost=True)`` when the connection or the
+    agent went away under them (the outcome is unknown). Cancelling an operation abandons
+    its reply, not the remote action: a cancelled launch may still start a worker.
+    """
+
+    def __init__(
+        self,
+        host: HostConfig,
+        ssh: SshConfig,
+        *,
+        python: str,
+        handshakes: asyncio.Semaphore,
+        on_connection: Callable[[bool, str], None],
+    ) -> None:
+        self.name = host.name
+        self._host = host
+        self._ssh = ssh
+        self._python = python
+        self._handshakes = handshakes
+        self._on_connection = on_connection
+        self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
+        self._link: _Link | None = None
+        self._reported: bool | None = None
+        self._closed = asyncio.Event()
+        # Cuts a backoff pause short: set by update() and aclose().
+        self._kick = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        """The connection is up (operations can be sent)."""
+        return self._link is not None and not self._link.ended.is_set()
+
+    # --- connection -------------------------------------------------------------------
+
+    async def maintain(self) -> None:
+        """Connect, and reconnect with jittered backoff whenever the connection is lost;
+        returns after ``aclose()``, runs until cancelled otherwise."""
+        backoff = Backoff(self._ssh.reconnect_min_s, self._ssh.reconnect_max_s)
+        failures = 0
+        while not self._closed.is_set():
+            self._kick.clear()
+            ssh = self._ssh
+            backoff.min_s, backoff.max_s = ssh.reconnect_min_s, ssh.reconnect_max_s
+            ended = _Ended()
+            try:
+                conn = await self._connect(ended)
+            except _ConnectFailed as failed:
+                failures += 1
+                delay = backoff.next_delay()
+                (log.warning if failures == 1 else log.info)(
+                    "ssh.connect_failed",
+                    host=self.name,
+                    address=self._host.address,
+                    port=self._host.port,
+                    attempt=failures,
+                    reason=failed.reason,
+                    retry_in_s=round(delay, 3),
+                )
+                self._report(False, failed.reason)
+                await self._pause(delay)
+                continue
+            failures = 0
+            if self._closed.is_set():
+                await _close(conn)
+                break
+            up_at = time.monotonic()
+            await self._serve(conn, ended)
+            if time.monotonic() - up_at >= STABLE_S:
+                backoff.reset()
+            if self._closed.is_set():
+                break
+            self._report(False, ended.reason)
+            log.warning("ssh.disconnected", host=self.name, reason=ended.reason)
+            if not ended.reconnect_now:
+                await self._pause(backoff.next_delay())
+
+    async def _connect(self, ended: _Ended) -> asyncssh.SSHClientConnection:
+        """One attempt, within the fleet's handshake budget; raises _ConnectFailed."""
+        host, ssh = self._host, self._ssh
+        async with self._handshakes:
+            if self._closed.is_set():
+                raise _ConnectFailed("closed")
+            try:
+                conn = await asyncssh.connect(
+                    host.address,
+                    host.port,
+                    username=host.username or ssh.username,
+                    known_hosts=str(ssh.known_hosts),
+                    client_keys=[str(key) for key in ssh.client_keys] or None,
+                    # Nothing from $HOME: no ~/.ssh/config, agent, default keys or CAs.
+                    config=None,
+                    agent_path=None,
+                    x509_trusted_certs=None,
+                    gss_host=None,
+                    keepalive_interval=ssh.keepalive_interval_s,
+                    keepalive_count_max=ssh.keepalive_count_max,
+                    connect_timeout=ssh.connect_timeout_s,
+                    login_timeout=ssh.connect_timeout_s,
+                    client_factory=lambda: _Client(ended),
+                )
+            except (OSError, asyncssh.Error, ValueError) as exc:
+                # ValueError: an unreadable or encrypted client key (asyncssh.KeyImportError).
+                raise _ConnectFailed(_connect_failure(exc, host, ssh)) from None
+        return conn
+
+    async def _serve(self, conn: asyncssh.SSHClientConnection, ended: _Ended) -> None:
+        """Hold the connection until it ends; its agent and channel tasks live in here."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                link = _Link(self.name, conn, ended, tasks)
+                self._link = link
+                log.info(
+                    "ssh.connected",
+                    host=self.name,
+                    address=self._host.address,
+                    port=self._host.port,
+                )
+                self._report(True, f"connected to {self._host.address}:{self._host.port}")
+                try:
+                    await ended.wait()
+                finally:
+                    self._link = None
+                    link.shutdown(ended.reason or "closed")
+        finally:
+            await _close(conn)
+
+    def _report(self, up: bool, reason: str) -> None:
+        """Call on_connection if ``up`` is a change (and we are not closing)."""
+        if self._closed.is_set() or self._reported == up:
+            return
+        self._reported = up
+        self._on_connection(up, reason)
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, or less if update() or aclose() kicks us."""
+        try:
+            async with asyncio.timeout(delay):
+                await self._kick.wait()
+        except TimeoutError:
+            pass
+
+    def update(self, host: HostConfig, ssh: SshConfig, python: str) -> None:
+        """Apply reloaded settings: a new address, port, user or key set reconnects now; a
+        new keepalive applies to the live connection; a new python restarts the agent."""
+        old_host, old_ssh, old_python = self._host, self._ssh, self._python
+        self._host, self._ssh, self._python = host, ssh, python
+        if ssh.max_channels_per_host != old_ssh.max_channels_per_host:
+            # Callers holding the old semaphore release it; new ones queue on the new size.
+            self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
+        changed = [
+            name
+            for name, old, new in (
+                ("address", old_host.address, host.address),
+                ("port", old_host.port, host.port),
+                ("username", old_host.username or old_ssh.username, host.username or ssh.username),
+                ("known_hosts", old_ssh.known_hosts, ssh.known_hosts),
+                ("client_keys", old_ssh.client_keys, ssh.client_keys),
+                ("connect_timeout_s", old_ssh.connect_timeout_s, ssh.connect_timeout_s),
+            )
+            if old != new
+        ]
+        link = self._link
+        if changed:
+            log.info("ssh.reconfigured", host=self.name, changed=changed)
+            self._kick.set()
+            if link is not None:
+                link.ended.set(f"reconnecting: {', '.join(changed)} changed", reconnect_now=True)
+            return
+        if link is None:
+            return
+        keepalive = (ssh.keepalive_interval_s, ssh.keepalive_count_max)
+        if keepalive != (old_ssh.keepalive_interval_s, old_ssh.keepalive_count_max):
+            link.conn.set_keepalive(*keepalive)
+        if python != old_python:
+            link.retire_agent()
+
+    async def aclose(self) -> None:
+        """Close the connection (bounded wait); ``maintain()`` then returns. Idempotent."""
+        self._closed.set()
+        self._kick.set()
+        link = self._link
+        if link is not None:
+            link.ended.set("closed by the supervisor")
+            await _close(link.conn)
+
+    # --- operations -------------------------------------------------------------------
+
+    async def launch(self, spec: LaunchSpec) -> Started:
+        """Start the worker under a detached shepherd; returns once it is forked.
+
+        Raises LaunchRefused when a live worker holds the shard, RemoteError otherwise.
+        """
+        result = await self._call("launch", {"spec": _spec_json(spec)}, RPC_TIMEOUT_S)
+        started = Started(pid=int(result["pid"]), start_time=int(result["start_time"]))
+        log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
+        return started
+
+    async def terminate(self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool) -> None:
+        """Stop ``pid`` (SIGTERM to its group, SIGKILL after ``grace_s`` if ``kill``); returns
+        only once it is confirmed dead (or was not ours), raises RemoteError otherwise."""
+        payload = {"spec": _spec_json(spec), "pid": pid, "grace_s": grace_s, "kill": kill}
+        result = await self._call("terminate", payload, grace_s + TERMINATE_SLACK_S)
+        log.info("remote.terminated", host=self.name, pid=pid, outcome=result.get("outcome"))
+
+    async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
+        """The live worker of ``spec``'s shard on this host (``pid`` or the pidfile's), if
+        any: alive, not a zombie, and ours by start time or command line."""
+        payload = {"spec": _spec_json(spec), "pid": pid}
+        result = await self._call("probe", payload, RPC_TIMEOUT_S)
+        found = result.get("pid")
+        log.debug("remote.probed", host=self.name, pid=found, checked=result.get("checked"))
+        return int(found) if found is not None else None
+
+    async def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
+        """Run one command (each argv element quoted) on its own channel.
+
+        At most ``ssh.max_channels_per_host`` run at once; more callers queue. On timeout or
+        cancellation the channel is closed and its slot stays taken until sshd confirms the
+        close (sshd keeps a session whose command still runs), so callers never exceed
+        ``MaxSessions``.
+        """
+        if not argv:
+            raise ValueError("run() needs a command")
+        command = shlex.join(argv)
+        self._require_link("run")
+        channels = self._channels
+        await channels.acquire()
+        release = True
+        process: asyncssh.SSHClientProcess[str] | None = None
+        finished = False
+        link: _Link | None = None
+        try:
+            link = self._require_link("run")
+            try:
+                async with asyncio.timeout(timeout_s):
+                    process = await _open_process(link.conn, command, stdin=asyncssh.DEVNULL)
+                    completed = await process.wait()
+                    finished = True  # wait() returns once the channel is closed both ways
+            except TimeoutError:
+                raise RemoteError(
+                    self.name, f"{argv[0]!r} did not finish within {timeout_s:g}s"
+                ) from None
+            except asyncssh.ChannelOpenError as exc:
+                # Refused before anything ran: the command was not started.
+                raise RemoteError(self.name, f"cannot open a channel: {exc.reason}") from None
+            except (asyncssh.Error, OSError) as exc:
+                raise RemoteError(
+                    self.name, f"{argv[0]!r}: {_describe(exc)}", connection_lost=True
+                ) from None
+            if completed.exit_status is None or completed.returncode is None:
+                # asyncssh reports a connection lost under a command as "no exit status".
+                raise RemoteError(
+                    self.name,
+                    f"{argv[0]!r}: connection lost before it finished: {link.ended.reason}",
+                    connection_lost=True,
+                )
+            return CommandResult(
+                exit_status=completed.returncode,
+                stdout=_text(completed.stdout),
+                stderr=_text(completed.stderr),
+            )
+        finally:
+            if process is not None and link is not None and not finished:
+                # Cut off (timeout, cancellation): close, and keep the slot until sshd
+                # confirms, which it does only when the command has exited.
+                process.close()
+                release = not link.spawn(_release_when_closed(process, channels))
+            if release:
+                channels.release()
+
+    def _require_link(self, op: str) -> _Link:
+        """The live connection; raises RemoteError(connection_lost=False) if there is none."""
+        link = self._link
+        if link is None or link.ended.is_set():
+            raise RemoteError(self.name, f"{op}: not connected", connection_lost=False)
+        return link
+
+    async def _call(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One agent request; its result, or LaunchRefused / RemoteError."""
+        link = self._require_link(op)
+        agent = await link.agent(self._python)
+        reply = await agent.call(op, payload, timeout_s)
+        if reply.get("ok"):
+            result = reply.get("result")
+            return result if isinstance(result, dict) else {}
+        error = str(reply.get("error"))
+        if reply.get("kind") == "refused":
+            holder = reply.get("holder_pid")
+            raise LaunchRefused(
+                self.name, error, holder_pid=holder if isinstance(holder, int) else None
+            )
+        raise RemoteError(self.name, f"{op}: {error}")
+
+
+# --- the connection and its agent -------------------------------------------------------
+
+
+class _Ended:
+    """Why and whether a connection ended; set once, by whoever notices first."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+        self.reconnect_now = False
+
+    def is_set(self) -> bool:
+        """The connection has ended."""
+        return self._event.is_set()
+
+    def set(self, reason: str, *, reconnect_now: bool = False) -> None:
+        """End it for ``reason``; the first reason given wins."""
+        if not self._event.is_set():
+            self.reason = reason
+            self.reconnect_now = reconnect_now
+            self._event.set()
+
+    async def wait(self) -> None:
+        """Until it has ended."""
+        await self._event.wait()
+
+
+class _ConnectFailed(Exception):
+    """A connection attempt failed; ``reason`` says why in an operator's words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Client(asyncssh.SSHClient):
+    """Turns asyncssh's connection-lost callback into ``_Ended``."""
+
+    def __init__(self, ended: _Ended) -> None:
+        self._ended = ended
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """asyncssh's callback: the connection is gone, with ``exc`` as the cause."""
+        self._ended.set(f"connection lost: {_describe(exc)}" if exc else "connection closed")
+
+
+class _Link:
+    """A live connection, the tasks that hang on it, and its agent."""
+
+    def __init__(
+        self,
+        host: str,
+        conn: asyncssh.SSHClientConnection,
+        ended: _Ended,
+        tasks: asyncio.TaskGroup,
+    ) -> None:
+        self.host = host
+        self.conn = conn
+        self.ended = ended
+        self._tasks = tasks
+        self._running: set[asyncio.Task[None]] = set()
+        self._agent: _Agent | None = None
+        self._agent_lock = asyncio.Lock()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
+        """Run ``coro`` for the life of the connection; False (and closed) if it ended."""
+        if self.ended.is_set():
+            coro.close()
+            return False
+        task = self._tasks.create_task(coro)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return True
+
+    async def agent(self, python: str) -> _Agent:
+        """The running agent, started first if there is none (or it died)."""
+        async with self._agent_lock:
+            if self._agent is not None and self._agent.accepting:
+                return self._agent
+            if self.ended.is_set():
+                raise RemoteError(self.host, f"not connected: {self.ended.reason}")
+            agent = await _Agent.start(self, python)
+            self._agent = agent
+            return agent
+
+    def retire_agent(self) -> None:
+        """New requests go to a new agent; this one finishes what it has, then exits."""
+        if self._agent is not None:
+            self._agent.retire()
+            self._agent = None
+
+    def shutdown(self, reason: str) -> None:
+        """Fail what is in flight and stop every task of this connection."""
+        if self._agent is not None:
+            self._agent.close(reason)
+        for task in self._running:
+            task.cancel()
+
+
+class _Agent:
+    """The agent on one channel: requests out, replies matched to them by id."""
+
+    def __init__(self, link: _Link, process: asyncssh.SSHClientProcess[str]) -> None:
+        self._link = link
+        self._host = link.host
+        self._process = process
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._retiring = False
+        self.closed_reason: str | None = None
+        self.hello: dict[str, Any] = {}
+
+    @property
+    def accepting(self) -> bool:
+        """New requests may be sent."""
+        return self.closed_reason is None and not self._retiring
+
+    @classmethod
+    async def start(cls, link: _Link, python: str) -> _Agent:
+        """Open the channel, run the agent and wait for its hello."""
+        try:
+            process = await _open_process(link.conn, agent_command(python), stdin=asyncssh.PIPE)
+        except (asyncssh.Error, OSError) as exc:
+            raise RemoteError(link.host, f"cannot start the agent: {_describe(exc)}") from None
+        agent = cls(link, process)
+        try:
+            async with asyncio.timeout(AGENT_START_TIMEOUT_S):
+                message = await agent._read_hello()
+        except TimeoutError:
+            process.close()
+            raise RemoteError(
+                link.host, f"the agent did not start within {AGENT_START_TIMEOUT_S:g}s"
+            ) from None
+        except (asyncssh.Error, OSError, ValueError) as exc:
+            process.close()
+            raise RemoteError(link.host, f"the agent did not start: {_describe(exc)}") from None
+        except BaseException:
+            process.close()
+            raise
+        if message is None:
+            raise RemoteError(link.host, await agent._failed_start())
+        agent.hello = message
+        log.info(
+            "agent.started",
+            host=link.host,
+            python=python,
+            agent_pid=message.get("pid"),
+            python_version=message.get("python"),
+        )
+        if not (link.spawn(agent._read_replies()) and link.spawn(agent._read_stderr())):
+            agent.close(link.ended.reason)
+        return agent
+
+    async def _read_hello(self) -> dict[str, Any] | None:
+        """The agent's hello, skipping whatever the user's rc files print first; None at EOF."""
+        while line := await self._process.stdout.readline():
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+            if isinstance(message, dict) and isinstance(message.get("hello"), dict):
+                hello: dict[str, Any] = message["hello"]
+                return hello
+            self._stderr.append(line.rstrip())
+        return None
+
+    async def _failed_start(self) -> str:
+        """Why the agent said no hello: its exit status and what it printed."""
+        self._process.close()
+        try:
+            async with asyncio.timeout(2.0):
+                self._stderr.extend((await self._process.stderr.read()).splitlines())
+                await self._process.wait_closed()
+        except (TimeoutError, asyncssh.Error, OSError):
+            pass
+        text = " ".join(" ".join(self._stderr).split())[-1000:]
+        return f"the agent did not start (exit status {self._process.exit_status}): {text or '-'}"
+
+    async def call(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait for its reply (a dict with ``ok``)."""
+        if not self.accepting:
+            raise RemoteError(self._host, f"{op}: agent gone: {self.closed_reason or 'retired'}")
+        rid = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (op, future)
+        try:
+            self._process.stdin.write(json.dumps({"id": rid, "op": op, **payload}) + "\n")
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            raise RemoteError(
+                self._host, f"{op}: no reply within {timeout_s:g}s; outcome unknown"
+            ) from None
+        except (asyncssh.Error, OSError) as exc:
+            raise RemoteError(
+                self._host, f"{op}: outcome unknown: {_describe(exc)}", connection_lost=True
+            ) from None
+        finally:
+            self._pending.pop(rid, None)
+            if self._retiring and not self._pending:
+                self.close("retired")
+
+    def retire(self) -> None:
+        """Take no new requests; close once the pending ones are answered."""
+        self._retiring = True
+        if not self._pending:
+            self.close("retired")
+
+    def close(self, reason: str) -> None:
+        """Fail every pending request (outcome unknown) and close the channel."""
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        pending, self._pending = self._pending, {}
+        for op, future in pending.values():
+            if not future.done():
+                future.set_exception(
+                    RemoteError(
+                        self._host, f"{op}: outcome unknown: {reason}", connection_lost=True
+                    )
+                )
+        self._process.close()
+
+    async def _read_replies(self) -> None:
+        """Hand each reply to its caller until the channel ends; then fail the rest."""
+        reason = "the agent channel closed"
+        try:
+            while line := await self._process.stdout.readline():
+                self._dispatch(line)
+        except (asyncssh.Error, OSError) as exc:
+            reason = f"the agent channel failed: {_describe(exc)}"
+        finally:
+            if self._link.ended.is_set():
+                reason = self._link.ended.reason
+            elif self._stderr:
+                reason = f"{reason}; it said: {self._stderr[-1]}"
+            self.close(reason)
+        if self.closed_reason not in ("retired",):
+            log.warning("agent.closed", host=self._host, reason=self.closed_reason)
+
+    def _dispatch(self, line: str) -> None:
+        """Resolve the request ``line`` answers."""
+        try:
+            reply = json.loads(line)
+            entry = self._pending.pop(int(reply["id"]), None)
+        except (ValueError, TypeError, KeyError):
+            log.warning("agent.noise", host=self._host, line=line[:500])
+            return
+        if entry is not None and not entry[1].done():
+            entry[1].set_result(reply)
+
+    async def _read_stderr(self) -> None:
+        """Log what the agent says on stderr and keep the last lines for error messages."""
+        try:
+            while line := await self._process.stderr.readline():
+                self._stderr.append(line.rstrip())
+                log.warning("agent.stderr", host=self._host, line=line.rstrip()[:500])
+        except (asyncssh.Error, OSError):
+            return  # the stdout reader reports why the channel ended
+
+
+async def _open_process(
+    conn: asyncssh.SSHClientConnection, command: str, *, stdin: Any
+) -> asyncssh.SSHClientProcess[str]:
+    """A process on a new channel; retries sshd's transient "open failed" refusals."""
+    for delay in OPEN_RETRY_DELAYS_S:
+        try:
+            process: asyncssh.SSHClientProcess[str] = await conn.create_process(
+                command, stdin=stdin, encoding="utf-8", errors="replace"
+            )
+        except asyncssh.ChannelOpenError as exc:
+            if exc.code != asyncssh.OPEN_CONNECT_FAILED:
+                raise
+            log.debug("ssh.open_refused", reason=exc.reason, retry_in_s=delay)
+            await asyncio.sleep(delay)
+        else:
+            return process
+    process = await conn.create_process(command, stdin=stdin, encoding="utf-8", errors="replace")
+    return process
+
+
+async def _release_when_closed(
+    process: asyncssh.SSHClientProcess[str], channels: asyncio.Semaphore
+) -> None:
+    """Give a channel slot back once sshd has really closed the session."""
+    try:
+        await process.wait_closed()
+    finally:
+        channels.release()
+
+
+async def _close(conn: asyncssh.SSHClientConnection) -> None:
+    """Close ``conn``; abort it if the peer does not answer in time."""
+    conn.close()
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await conn.wait_closed()
+    except TimeoutError:
+        conn.abort()
+
+
+def _spec_json(spec: LaunchSpec) -> dict[str, Any]:
+    """The launch spec as the agent reads it."""
+    data = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    data["argv"] = list(spec.argv)
+    data["env"] = dict(spec.env)
+    return data
+
+
+def _text(data: object) -> str:
+    """Command output as text."""
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data if isinstance(data, str) else ""
+
+
+def _describe(exc: BaseException | None) -> str:
+    """The short reason of an exception."""
+    if exc is None:
+        return "closed"
+    if isinstance(exc, asyncssh.Error):
+        return exc.reason or type(exc).__name__
+    return str(exc) or type(exc).__name__
+
+
+def _connect_failure(exc: BaseException, host: HostConfig, ssh: SshConfig) -> str:
+    """One line an operator can act on."""
+    where = f"{host.address}:{host.port}"
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return (
+            f"host key of {where} is not trusted by {ssh.known_hosts} ({exc.reason});"
+            " unknown or changed keys are never accepted: check the host, then fix known_hosts"
+        )
+    if isinstance(exc, asyncssh.PermissionDenied):
+        user = host.username or ssh.username
+        return f"{where} refused our keys for user {user}: {exc.reason}"
+    if isinstance(exc, asyncssh.Error):
+        return f"{where}: {_describe(exc)}"
+    if isinstance(exc, TimeoutError):
+        return f"{where}: no SSH handshake within {ssh.connect_timeout_s:g}s"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"{where}: connection refused"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot read {exc.filename}: {exc.strerror}"
+    if isinstance(exc, OSError):
+        return f"{where}: {exc.strerror or exc}"
+    return f"{where}: {type(exc).__name__}: {exc}"

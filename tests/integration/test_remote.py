@@ -1,0 +1,1038 @@
+"""RemoteHost against a real OpenSSH sshd on loopback, with real workers, signals and files.
+
+The "remote" hosts are loopback aliases of this machine, so the tests can look at the
+worker processes directly in /proc and kill them, or kill the sshd serving a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from supervisor.config import Config, HostConfig, parse
+from supervisor.errors import LaunchRefused, RemoteError
+from supervisor.layout import LaunchSpec, launch_spec, write_run_files
+from supervisor.remote import RemoteHost, Started
+from tests.sshd import OpenSsh
+
+pytestmark = pytest.mark.openssh
+
+#: Polling interval of the wait loops below; every wait has a deadline.
+POLL_S = 0.02
+#: Generous: a loaded 2-core CI box starts a python worker in well under this.
+DEADLINE_S = 30.0
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+async def wait_until(
+    predicate: Callable[[], object], what: str, timeout_s: float = DEADLINE_S
+) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            # /proc and files written by other processes have no event to await.
+            while not predicate():  # noqa: ASYNC110
+                await asyncio.sleep(POLL_S)  # wait-ok: polling an observable under a deadline
+    except TimeoutError:
+        pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def stat_of(pid: int) -> tuple[str, int] | None:
+    """``(state, start_time)`` from /proc/PID/stat, or None when the pid is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[19])
+
+
+def is_alive(pid: int) -> bool:
+    """Running (or stopped), not gone and not a zombie."""
+    stat = stat_of(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def boot_id() -> str:
+    """This machine's boot id, as the agent records it."""
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None while it is missing or not yet whole."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def ignores_term(pid: int) -> bool:
+    """``pid`` has SIGTERM set to SIG_IGN (the ``hang_ignore_term`` fault is armed)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & SIGTERM_BIT)
+    return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            kids = [
+                int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+            ]
+        except OSError:
+            kids = []
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    """The argv of ``pid``."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def agent_pids(openssh: OpenSsh, address: str) -> list[int]:
+    """The agent processes serving connections that came in on ``address``."""
+    return [
+        pid
+        for session in openssh.session_pids(address)
+        for pid in descendants(session)
+        if cmdline(pid)[-1:] == ["agent"]
+    ]
+
+
+@dataclass
+class Harness:
+    """A RemoteHost being maintained, the config it came from and what it reported."""
+
+    remote: RemoteHost
+    config: Config
+    host: HostConfig
+    events: list[tuple[bool, str]] = field(default_factory=list)
+
+    @property
+    def spec(self) -> LaunchSpec:
+        """The launch spec of this host."""
+        return launch_spec(self.config, self.host)
+
+    def status(self) -> dict[str, Any] | None:
+        """The worker's status file, if readable."""
+        return read_json(self.config.run.root / "status" / f"{self.host.name}.json")
+
+    async def wait_ready(self, pid: int) -> dict[str, Any]:
+        """Wait for a ready heartbeat from ``pid``; return it."""
+        await wait_until(
+            lambda: (s := self.status()) is not None and s.get("pid") == pid and s.get("ready"),
+            f"a ready heartbeat from pid {pid}",
+        )
+        status = self.status()
+        assert status is not None
+        return status
+
+    async def exit_record(self, pid: int, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        """Wait for the shepherd's exit record of ``pid`` (written just after it is reaped)."""
+        path = Path(self.spec.exit_record)
+        await wait_until(
+            lambda: (r := read_json(path)) is not None and r.get("pid") == pid,
+            f"the exit record of pid {pid}",
+            timeout_s,
+        )
+        record = read_json(path)
+        assert record is not None
+        return record
+
+    async def wait_beat_after(self, seq: int) -> None:
+        """Wait until the worker has written a heartbeat newer than ``seq``."""
+        await wait_until(
+            lambda: (s := self.status()) is not None and int(s.get("seq", -1)) > seq,
+            f"a heartbeat after seq {seq}",
+        )
+
+
+@contextlib.asynccontextmanager
+async def maintained(
+    config: Config, name: str = "worker-0", *, connect: bool = True
+) -> AsyncIterator[Harness]:
+    """Run ``RemoteHost.maintain()`` for ``name`` in a task group; aclose() on the way out."""
+    host = config.host(name)
+    assert host is not None
+    harness: Harness
+
+    def on_connection(up: bool, reason: str) -> None:
+        """Record every connection transition, in order."""
+        harness.events.append((up, reason))
+
+    remote = RemoteHost(
+        host,
+        config.ssh,
+        python=config.worker.python,
+        handshakes=asyncio.Semaphore(config.ssh.max_concurrent_handshakes),
+        on_connection=on_connection,
+    )
+    harness = Harness(remote, config, host)
+    async with asyncio.TaskGroup() as tasks:
+        maintainer = tasks.create_task(remote.maintain())
+        try:
+            if connect:
+                await wait_until(lambda: remote.connected, f"a connection to {host.address}")
+            yield harness
+        finally:
+            await remote.aclose()
+            maintainer.cancel()
+
+
+@dataclass
+class Reaper:
+    """Kills, at the end of a test, every worker it was told about (pid + start time)."""
+
+    pids: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, started: Started) -> Started:
+        """Remember ``started``; return it."""
+        self.pids.append((started.pid, started.start_time))
+        return started
+
+    def reap(self) -> None:
+        """SIGKILL every remembered process group still alive as the same process."""
+        for pid, start_time in self.pids:
+            stat = stat_of(pid)
+            if stat is not None and stat[1] == start_time:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def reaper() -> Iterator[Reaper]:
+    """Workers launched by a test die with it, whatever the test did."""
+    keeper = Reaper()
+    try:
+        yield keeper
+    finally:
+        keeper.reap()
+
+
+@pytest.fixture
+def run_root(tmp_path: Path) -> Path:
+    """A run directory on the "shared" path, with a space in its name."""
+    return tmp_path / "shared fs" / "run 1"
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated live process (a ``sleep``), killed at the end of the test."""
+    with subprocess.Popen(["sleep", "300"]) as process:
+        try:
+            yield process
+        finally:
+            process.kill()
+
+
+@pytest.fixture
+def unreaped_child() -> Iterator[int]:
+    """The pid of a ``sleep`` whose parent will never reap it (killed, it stays a zombie)."""
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"  # wait-ok: the parent idles in its own process, not in the test
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+    ) as parent:
+        try:
+            assert parent.stdout is not None
+            yield int(parent.stdout.readline())
+        finally:
+            parent.kill()
+
+
+def make_config(openssh: OpenSsh, root: Path, **overrides: Any) -> Config:
+    """A one-host config for ``root`` with the run directories written."""
+    config = openssh.config(root, 1, **overrides)
+    write_run_files(config)
+    return config
+
+
+def hosts_on(config: Config, address: str) -> Config:
+    """``config`` with its host moved to ``address`` (another loopback alias)."""
+    host = replace(config.hosts[0], address=address)
+    return replace(config, hosts=(host,))
+
+
+# --- launch, probe, terminate -----------------------------------------------------------
+
+
+async def test_launched_worker_heartbeats_and_terminate_confirms_its_exit(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A launch returns the pid of a worker that becomes ready with the spec's env, cwd and
+    own process group, writes pidfile and launch record, and terminate confirms its exit."""
+    env = {"REWARD_TEST_VALUE": "a b $(touch nothing) 'q'"}
+    config = make_config(openssh, run_root, env=env)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+
+        spec = h.spec
+        assert Path(spec.pidfile).read_text().strip() == str(started.pid)
+        record = read_json(Path(spec.launch_record))
+        assert record is not None
+        assert record["pid"] == started.pid
+        assert record["start_time"] == started.start_time == stat_of(started.pid)[1]  # type: ignore[index]
+        assert record["boot_id"] == boot_id()
+        assert record["argv"] == list(spec.argv)
+        assert (record["host"], record["shard"]) == ("worker-0", 0)
+        environ = Path(f"/proc/{started.pid}/environ").read_bytes().split(b"\0")
+        assert f"REWARD_TEST_VALUE={env['REWARD_TEST_VALUE']}".encode() in environ
+        assert Path(f"/proc/{started.pid}/cwd").resolve() == run_root.resolve()
+        assert os.getpgid(started.pid) == started.pid
+
+        assert await h.remote.probe(spec, None) == started.pid
+        await h.remote.terminate(spec, started.pid, grace_s=20, kill=False)
+        assert not is_alive(started.pid)
+        # SIGTERM is a clean stop for the reference worker: exit code 0, recorded.
+        exit_record = await h.exit_record(started.pid)
+        assert (exit_record["pid"], exit_record["exit_code"], exit_record["signal"]) == (
+            started.pid,
+            0,
+            None,
+        )
+        assert await h.remote.probe(spec, started.pid) is None
+        assert h.events == [(True, f"connected to 127.0.0.1:{openssh.port}")]
+
+
+async def test_worker_survives_aclose_and_is_adopted_by_a_fresh_connection(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """Closing the supervisor's side leaves the worker running; a new RemoteHost's probe
+    finds it from the pidfile alone."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        status = await h.wait_ready(started.pid)
+    await h.wait_beat_after(int(status["seq"]))
+    assert is_alive(started.pid)
+    async with maintained(config) as fresh:
+        assert await fresh.remote.probe(fresh.spec, None) == started.pid
+        await fresh.remote.terminate(fresh.spec, started.pid, grace_s=20, kill=True)
+    assert not is_alive(started.pid)
+
+
+async def test_second_launch_is_refused_with_the_holder_pid(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """While a shepherd holds the shard lock, another launch is refused naming the worker."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        with pytest.raises(LaunchRefused) as refused:
+            await h.remote.launch(h.spec)
+        assert refused.value.holder_pid == started.pid
+        assert "locked" in refused.value.reason
+        assert not refused.value.connection_lost
+        assert Path(h.spec.pidfile).read_text().strip() == str(started.pid)
+
+
+async def test_launch_refused_by_pidfile_when_the_shepherd_was_killed(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """With its shepherd SIGKILLed (lock released), a live worker named by the pidfile still
+    blocks a second launch."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        record = read_json(Path(h.spec.launch_record))
+        assert record is not None
+        shepherd = int(record["shepherd_pid"])
+        os.kill(shepherd, signal.SIGKILL)
+        await wait_until(lambda: not is_alive(shepherd), "the shepherd to die")
+        with pytest.raises(LaunchRefused) as refused:
+            await h.remote.launch(h.spec)
+        assert refused.value.holder_pid == started.pid
+        assert "no shepherd holds" in refused.value.reason
+        assert is_alive(started.pid)
+
+
+async def test_reused_pid_in_pidfile_is_not_adopted_and_does_not_block_launch(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper, stranger: subprocess.Popen[bytes]
+) -> None:
+    """A pidfile + launch record naming a live unrelated process with another start time is
+    not our worker: probe says none, and a launch goes ahead."""
+    config = make_config(openssh, run_root)
+    stat = stat_of(stranger.pid)
+    assert stat is not None
+    async with maintained(config) as h:
+        spec = h.spec
+        Path(spec.pidfile).write_text(f"{stranger.pid}\n")
+
+        def record(start_time: int) -> None:
+            """Write a launch record naming the stranger with ``start_time``."""
+            data = {"pid": stranger.pid, "start_time": start_time, "boot_id": boot_id()}
+            Path(spec.launch_record).write_text(json.dumps(data))
+
+        # Control: with the right start time the record makes it "ours".
+        record(stat[1])
+        assert await h.remote.probe(spec, None) == stranger.pid
+        record(stat[1] + 1)
+        assert await h.remote.probe(spec, None) is None
+        assert await h.remote.probe(spec, stranger.pid) is None
+        started = reaper.add(await h.remote.launch(spec))
+        assert started.pid != stranger.pid
+        await h.wait_ready(started.pid)
+        # Terminating the stale pid is a no-op: it is not ours, so ours is dead.
+        await h.remote.terminate(spec, stranger.pid, grace_s=1, kill=True)
+        assert is_alive(stranger.pid)
+
+
+async def test_old_script_worker_is_recognised_by_its_whole_command_line(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """Without a launch record a pidfile's pid counts when its argv carries the worker's argv
+    with the host as a whole argument (worker-00 is not worker-0), and terminate signals that
+    pid alone when it does not lead its own process group."""
+    config = make_config(openssh, run_root)
+    spec = launch_spec(config, config.hosts[0])
+    idle = "import time; time.sleep(300)"  # wait-ok: run by the child processes, not the test
+
+    async def old_worker(host: str) -> asyncio.subprocess.Process:
+        """A process whose argv looks like the old script's worker for ``host``."""
+        argv = [a if a != "worker-0" else host for a in spec.argv[1:]]
+        return await asyncio.create_subprocess_exec(sys.executable, "-c", idle, *argv)
+
+    ours, lookalike = await old_worker("worker-0"), await old_worker("worker-00")
+    try:
+        assert os.getpgid(ours.pid) == os.getpgid(0)  # in the test's own process group
+        async with maintained(config) as h:
+            Path(spec.pidfile).write_text(f"{lookalike.pid}\n")
+            assert await h.remote.probe(spec, None) is None
+            Path(spec.pidfile).write_text(f"{ours.pid}\n")
+            assert await h.remote.probe(spec, None) == ours.pid
+            await h.remote.terminate(spec, ours.pid, grace_s=20, kill=False)
+            assert await ours.wait() == -signal.SIGTERM
+            assert lookalike.returncode is None
+    finally:
+        for process in (ours, lookalike):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def test_zombie_counts_as_dead_for_probe_and_terminate(
+    openssh: OpenSsh, run_root: Path, unreaped_child: int
+) -> None:
+    """A killed process its parent has not reaped (state Z) is dead to probe and terminate,
+    even when the launch record names it with the right start time."""
+    config = make_config(openssh, run_root)
+    child = unreaped_child
+    stat = stat_of(child)
+    assert stat is not None
+    async with maintained(config) as h:
+        spec = h.spec
+        Path(spec.pidfile).write_text(f"{child}\n")
+        Path(spec.launch_record).write_text(
+            json.dumps({"pid": child, "start_time": stat[1], "boot_id": boot_id()})
+        )
+        assert await h.remote.probe(spec, child) == child  # control: alive and ours
+        os.kill(child, signal.SIGKILL)
+        await wait_until(lambda: (s := stat_of(child)) is not None and s[0] == "Z", "a zombie")
+        assert await h.remote.probe(spec, child) is None
+        await h.remote.terminate(spec, child, grace_s=5, kill=False)
+        assert stat_of(child) == ("Z", stat[1])  # still unreaped: the zombie itself was judged
+
+
+async def test_kill9_is_recorded_in_the_exit_record(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A worker killed with SIGKILL gets an exit record with signal 9 from its shepherd, and
+    is then dead to probe and terminate."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        os.kill(started.pid, signal.SIGKILL)
+        record = await h.exit_record(started.pid, timeout_s=10)
+        assert (record["exit_code"], record["signal"]) == (None, signal.SIGKILL)
+        assert record["start_time"] == started.start_time
+        assert await h.remote.probe(h.spec, started.pid) is None
+        await h.remote.terminate(h.spec, started.pid, grace_s=1, kill=False)
+        # The shard lock went with the shepherd: a new launch is allowed.
+        again = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(again.pid)
+
+
+async def test_stopped_worker_is_continued_and_terminated(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A SIGSTOPped worker gets SIGCONT with its SIGTERM, so it stops cleanly within grace."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        os.kill(started.pid, signal.SIGSTOP)
+        await wait_until(lambda: (s := stat_of(started.pid)) is not None and s[0] == "T", "T")
+        await h.remote.terminate(h.spec, started.pid, grace_s=20, kill=False)
+        assert not is_alive(started.pid)
+        record = await h.exit_record(started.pid)
+        assert (record["pid"], record["exit_code"]) == (started.pid, 0)
+
+
+async def test_sigterm_ignoring_worker_survives_without_kill_and_dies_with_it(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """terminate(kill=False) on a worker that ignores SIGTERM raises and leaves it alive;
+    terminate(kill=True) SIGKILLs it and confirms it dead."""
+    config = make_config(openssh, run_root, env={"REWARD_WORKER_FAULT": "hang_ignore_term"})
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+
+        await wait_until(lambda: ignores_term(started.pid), "the worker to ignore SIGTERM")
+        with pytest.raises(RemoteError) as failed:
+            await h.remote.terminate(h.spec, started.pid, grace_s=0.5, kill=False)
+        assert f"pid {started.pid} still alive after 0.5s" in failed.value.reason
+        assert not failed.value.connection_lost
+        assert is_alive(started.pid)
+        await h.remote.terminate(h.spec, started.pid, grace_s=0.5, kill=True)
+        assert not is_alive(started.pid)
+        record = await h.exit_record(started.pid)
+        assert record["signal"] == signal.SIGKILL
+
+
+async def test_log_is_rotated_before_launch(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A log over ``log_max_bytes`` moves to ``.1`` (and ``.1`` to ``.2``) before the worker
+    appends to a fresh one."""
+    config = make_config(openssh, run_root, worker={"log_max_bytes": 4096, "log_backups": 2})
+    spec = launch_spec(config, config.hosts[0])
+    log = Path(spec.log)
+    log.write_text("old " * 2000)
+    Path(f"{spec.log}.1").write_text("older\n")
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(spec))
+        await h.wait_ready(started.pid)
+    assert Path(f"{spec.log}.1").read_text() == "old " * 2000
+    assert Path(f"{spec.log}.2").read_text() == "older\n"
+    assert f"worker pid {started.pid} started" in log.read_text()
+
+
+async def test_hostile_paths_work_and_inject_nothing(
+    openssh: OpenSsh, tmp_path: Path, reaper: Reaper
+) -> None:
+    """Roots, arguments and values with spaces, quotes, $(...), backticks, ; and non-ASCII are
+    passed as data: the worker runs there, and no command hidden in them runs."""
+    marker = tmp_path / "injected"
+    hostile = f"run 'q' \"d\" $(touch {marker}) `touch {marker}` ; touch {marker} ü"
+    root = tmp_path / "shared fs" / hostile
+    config = make_config(openssh, root, env={"HOSTILE": hostile})
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        assert Path(f"/proc/{started.pid}/cwd").resolve() == root.resolve()
+        assert await h.remote.probe(h.spec, None) == started.pid
+        echoed = await h.remote.run(["printf", "%s", hostile], timeout_s=20)
+        assert (echoed.exit_status, echoed.stdout) == (0, hostile)
+        name = "file 'q' \"d\" $(id) `id` ; id ü"
+        touched = await h.remote.run(["touch", str(root / name)], timeout_s=20)
+        assert touched.exit_status == 0
+        assert (root / name).is_file()
+        await h.remote.terminate(h.spec, started.pid, grace_s=20, kill=True)
+    assert not marker.exists()
+
+
+async def test_thirty_concurrent_operations_share_one_connection(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """30 agent requests and 30 commands at once all succeed on one connection to an sshd
+    with the stock MaxSessions 10: commands queue for channel slots."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        spec = h.spec
+        async with asyncio.TaskGroup() as tasks:
+            probes = [tasks.create_task(h.remote.probe(spec, None)) for _ in range(30)]
+            runs = [
+                tasks.create_task(h.remote.run(["sh", "-c", f"echo {i}"], timeout_s=60))
+                for i in range(30)
+            ]
+        assert [p.result() for p in probes] == [None] * 30
+        assert [(r.result().exit_status, r.result().stdout) for r in runs] == [
+            (0, f"{i}\n") for i in range(30)
+        ]
+        assert h.events == [(True, f"connected to 127.0.0.1:{openssh.port}")]
+
+
+async def test_timed_out_commands_keep_their_slot_until_sshd_frees_it(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """A command that times out has its channel closed, but sshd keeps the session until the
+    command exits: its slot stays taken, so later commands queue instead of being refused."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        await h.remote.probe(h.spec, None)  # the agent holds one of sshd's 10 sessions
+        stuck = await asyncio.gather(
+            *(h.remote.run(["sleep", "30"], timeout_s=0.5) for _ in range(3)),
+            return_exceptions=True,
+        )
+        for outcome in stuck:
+            assert isinstance(outcome, RemoteError)
+            assert "did not finish within 0.5s" in outcome.reason
+        # 1 agent + 3 stuck sessions leave 6; a 7th command must wait for one to end, which
+        # takes longer than the open retries would cover if it were sent at once.
+        async with asyncio.TaskGroup() as tasks:
+            runs = [
+                tasks.create_task(h.remote.run(["sh", "-c", "sleep 1.5; echo ok"], timeout_s=30))
+                for _ in range(7)
+            ]
+        assert [r.result().stdout for r in runs] == ["ok\n"] * 7
+
+
+async def test_run_reports_exit_status_output_and_signal(openssh: OpenSsh, run_root: Path) -> None:
+    """run() returns the exit status, stdout and stderr; a command killed by a signal has
+    minus the signal number."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        done = await h.remote.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=20)
+        assert (done.exit_status, done.stdout, done.stderr) == (3, "out\n", "err\n")
+        killed = await h.remote.run(["sh", "-c", "kill -9 $$"], timeout_s=20)
+        assert killed.exit_status == -signal.SIGKILL
+
+
+async def test_operations_fail_fast_when_not_connected(openssh: OpenSsh, run_root: Path) -> None:
+    """Without a connection every operation raises RemoteError(connection_lost=False) at once."""
+    config = make_config(openssh, run_root)
+    host = config.hosts[0]
+    remote = RemoteHost(
+        host,
+        config.ssh,
+        python=config.worker.python,
+        handshakes=asyncio.Semaphore(1),
+        on_connection=lambda up, reason: None,
+    )
+    spec = launch_spec(config, host)
+    assert not remote.connected
+    for operation in (
+        remote.probe(spec, None),
+        remote.launch(spec),
+        remote.terminate(spec, 1, grace_s=1, kill=False),
+        remote.run(["true"], timeout_s=1),
+    ):
+        with pytest.raises(RemoteError) as failed:
+            await operation
+        assert not failed.value.connection_lost
+        assert "not connected" in failed.value.reason
+    await remote.aclose()
+
+
+# --- the agent --------------------------------------------------------------------------
+
+
+async def test_agent_death_fails_in_flight_requests_and_agent_restarts(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """Killing the agent mid-request fails that request as connection_lost (outcome unknown);
+    the next request starts a new agent on the same connection."""
+    config = make_config(openssh, run_root, env={"REWARD_WORKER_FAULT": "hang_ignore_term"})
+    address = config.hosts[0].address
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await wait_until(lambda: ignores_term(started.pid), "the worker to ignore SIGTERM")
+        [agent] = agent_pids(openssh, address)
+        terminating = asyncio.create_task(
+            h.remote.terminate(h.spec, started.pid, grace_s=60, kill=False)
+        )
+        # The agent serves the request in a thread of its own: wait for it to exist.
+        await wait_until(lambda: len(os.listdir(f"/proc/{agent}/task")) > 1, "the request thread")
+        os.kill(agent, signal.SIGKILL)
+        with pytest.raises(RemoteError) as lost:
+            await terminating
+        assert lost.value.connection_lost
+        assert await h.remote.probe(h.spec, None) == started.pid
+        [new_agent] = agent_pids(openssh, address)
+        assert new_agent != agent
+        assert h.events == [(True, f"connected to {address}:{openssh.port}")]
+
+
+def test_agent_source_is_python38_syntax_and_fits_one_argument() -> None:
+    """agent.py parses as Python 3.8 and is far below Linux's 128 KiB limit on one argv string."""
+    import ast
+
+    source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
+    ast.parse(source, feature_version=(3, 8))
+    assert len(source.encode()) < 100_000
+
+
+PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python"
+
+
+@pytest.mark.skipif(not PYTHON38.exists(), reason="no Python 3.8 interpreter on this machine")
+async def test_agent_runs_on_python38(openssh: OpenSsh, run_root: Path, reaper: Reaper) -> None:
+    """With a Python 3.8 ``worker.python`` the agent and shepherd launch, probe and terminate."""
+    argv = [sys.executable, *openssh.config_dict(run_root)["worker"]["argv"][1:]]
+    config = make_config(openssh, run_root, python=str(PYTHON38), argv=argv)
+    with capture_logs() as logs:
+        async with maintained(config) as h:
+            started = reaper.add(await h.remote.launch(h.spec))
+            await h.wait_ready(started.pid)
+            assert await h.remote.probe(h.spec, None) == started.pid
+            await h.remote.terminate(h.spec, started.pid, grace_s=20, kill=True)
+            assert not is_alive(started.pid)
+    [hello] = [e for e in logs if e["event"] == "agent.started"]
+    assert hello["python_version"].startswith("3.8.")
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not SYSTEM_PYTHON.exists(),
+    reason="needs root (to become nobody) and a python nobody may run",
+)
+def test_agent_running_as_another_user_says_it_may_not_signal(
+    stranger: subprocess.Popen[bytes],
+) -> None:
+    """An agent (as user nobody) asked to terminate a worker it may not signal reports that,
+    instead of calling it dead, and still probes it."""
+    shared = Path(tempfile.mkdtemp(prefix="remote-nonroot-"))
+    try:
+        shared.chmod(0o755)
+        stat = stat_of(stranger.pid)
+        assert stat is not None
+        spec: dict[str, Any] = {
+            "host": "worker-0",
+            "argv": ["sleep", "300"],
+            "pidfile": str(shared / "worker-0.pid"),
+            "launch_record": str(shared / "worker-0.launch.json"),
+        }
+        Path(spec["launch_record"]).write_text(
+            json.dumps({"pid": stranger.pid, "start_time": stat[1], "boot_id": boot_id()})
+        )
+        source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
+        requests = [
+            {"id": 1, "op": "probe", "spec": spec, "pid": stranger.pid},
+            {
+                "id": 2,
+                "op": "terminate",
+                "spec": spec,
+                "pid": stranger.pid,
+                "grace_s": 1,
+                "kill": True,
+            },
+        ]
+        # The agent drops what it is doing at EOF, so stdin stays open until it has answered.
+        with subprocess.Popen(
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                str(SYSTEM_PYTHON),
+                "-X",
+                "utf8",
+                "-u",
+                "-c",
+                source,
+                "agent",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as agent:
+            assert agent.stdin is not None
+            assert agent.stdout is not None
+            agent.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
+            agent.stdin.flush()
+            lines = [agent.stdout.readline() for _ in range(3)]
+            agent.stdin.close()
+            assert agent.wait(timeout=DEADLINE_S) == 0
+        replies = {r.get("id"): r for r in map(json.loads, lines)}
+        assert replies[None]["hello"]["pid"] > 0
+        assert replies[1] == {
+            "id": 1,
+            "ok": True,
+            "result": {"pid": stranger.pid, "checked": [[stranger.pid, "ours"]]},
+        }
+        assert replies[2]["ok"] is False
+        assert f"not permitted to signal pid {stranger.pid}" in replies[2]["error"]
+        assert stranger.poll() is None
+    finally:
+        shutil.rmtree(shared)
+
+
+async def test_agent_that_cannot_start_is_reported(openssh: OpenSsh, run_root: Path) -> None:
+    """A ``worker.python`` that does not exist makes operations fail with the shell's words,
+    and the connection stays up."""
+    config = make_config(openssh, run_root, python="/nonexistent/python3")
+    async with maintained(config) as h:
+        with pytest.raises(RemoteError) as failed:
+            await h.remote.probe(h.spec, None)
+        assert "agent did not start" in failed.value.reason
+        assert "/nonexistent/python3" in failed.value.reason
+        assert h.remote.connected
+
+
+# --- update ---------------------------------------------------------------------------
+
+
+async def test_update_reconnects_on_address_change_and_restarts_agent_on_python_change(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """A new address reconnects there at once (down, then up); a new python only replaces the
+    agent, on the same connection."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        await h.remote.probe(h.spec, None)
+        [first_agent] = agent_pids(openssh, "127.0.0.1")
+
+        moved = hosts_on(config, "127.0.0.3")
+        h.remote.update(moved.hosts[0], config.ssh, config.worker.python)
+        await wait_until(lambda: len(h.events) == 3 and h.remote.connected, "the reconnect")
+        assert [up for up, _ in h.events] == [True, False, True]
+        assert "address changed" in h.events[1][1]
+        assert openssh.session_pids("127.0.0.3")
+        await wait_until(lambda: not openssh.session_pids("127.0.0.1"), "the old session to end")
+        await wait_until(lambda: not is_alive(first_agent), "the old agent to exit")
+
+        other_python = os.path.realpath(sys.executable)
+        assert other_python != config.worker.python
+        h.remote.update(moved.hosts[0], config.ssh, other_python)
+        await h.remote.probe(h.spec, None)
+        # The retired agent had nothing pending: it is closed and exits at EOF.
+        await wait_until(
+            lambda: [cmdline(p)[0] for p in agent_pids(openssh, "127.0.0.3")] == [other_python],
+            "only an agent running the new python",
+        )
+        assert len(h.events) == 3
+
+
+# --- faults: sshd sessions killed, frozen or gone; hosts unreachable or unknown ----------
+
+
+@pytest.mark.faults
+async def test_worker_survives_its_sshd_session_being_killed_and_the_connection_returns(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """Killing the per-connection sshd leaves the detached worker heartbeating; maintain()
+    reports down then up, and the new connection finds the worker."""
+    config = make_config(openssh, run_root)
+    address = config.hosts[0].address
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        sessions = openssh.session_pids(address)
+        assert sessions
+        assert not {started.pid} & {p for s in sessions for p in descendants(s)}
+        openssh.kill_sessions(address)
+        await wait_until(lambda: len(h.events) == 3 and h.remote.connected, "a reconnect")
+        assert [up for up, _ in h.events] == [True, False, True]
+        assert "connection lost" in h.events[1][1]
+        status = h.status()
+        assert status is not None
+        await h.wait_beat_after(int(status["seq"]))
+        assert await h.remote.probe(h.spec, None) == started.pid
+
+
+@pytest.mark.faults
+async def test_connection_lost_under_a_command_or_request_is_reported_as_lost(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper, tmp_path: Path
+) -> None:
+    """A run() and an agent request in flight when the connection drops both raise
+    RemoteError(connection_lost=True), never a result."""
+    config = make_config(openssh, run_root, env={"REWARD_WORKER_FAULT": "hang_ignore_term"})
+    address = config.hosts[0].address
+    flag = tmp_path / "command started"
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await wait_until(lambda: ignores_term(started.pid), "the worker to ignore SIGTERM")
+        [agent] = agent_pids(openssh, address)
+        command = asyncio.create_task(
+            h.remote.run(["sh", "-c", 'echo > "$0"; exec sleep 30', str(flag)], timeout_s=60)
+        )
+        request = asyncio.create_task(
+            h.remote.terminate(h.spec, started.pid, grace_s=60, kill=False)
+        )
+        await wait_until(flag.exists, "the command to start")
+        await wait_until(lambda: len(os.listdir(f"/proc/{agent}/task")) > 1, "the request thread")
+        openssh.kill_sessions(address)
+        for task in (command, request):
+            with pytest.raises(RemoteError) as lost:
+                await task
+            assert lost.value.connection_lost
+        assert is_alive(started.pid)
+        await wait_until(lambda: h.remote.connected, "a reconnect")
+        await h.remote.terminate(h.spec, started.pid, grace_s=0.1, kill=True)
+        assert not is_alive(started.pid)
+
+
+@pytest.mark.faults
+async def test_frozen_sshd_session_is_detected_by_keepalive_set_live(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """A keepalive shortened by update() applies to the live connection: a peer that stops
+    answering (its sshd SIGSTOPped) is then declared lost within seconds and replaced."""
+    # With the configured 30 s x 3 the loss would take two minutes to notice.
+    config = make_config(openssh, run_root, ssh={"keepalive_interval_s": 30.0})
+    address = config.hosts[0].address
+    async with maintained(config) as h:
+        quick = replace(config.ssh, keepalive_interval_s=0.5, keepalive_count_max=2)
+        h.remote.update(config.hosts[0], quick, config.worker.python)
+        frozen = openssh.session_pids(address)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            await wait_until(lambda: len(h.events) >= 2, "keepalive to give up", timeout_s=15)
+            assert h.events[1][0] is False
+            assert "keepalive" in h.events[1][1]
+            await wait_until(lambda: h.remote.connected, "a new connection")
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.faults
+async def test_sshd_down_then_up_reconnects_by_itself(openssh: OpenSsh, run_root: Path) -> None:
+    """With sshd stopped the host reports down once while retrying; when sshd returns the
+    connection comes back without help and operations work again."""
+    config = make_config(openssh, run_root)
+    with capture_logs() as logs:
+        async with maintained(config) as h:
+            openssh.stop()
+            try:
+                await wait_until(
+                    lambda: sum(e["event"] == "ssh.connect_failed" for e in logs) >= 2,
+                    "two failed reconnects",
+                )
+            finally:
+                openssh.start()
+            await wait_until(lambda: h.remote.connected, "the reconnect")
+            assert await h.remote.probe(h.spec, None) is None
+    assert [up for up, _ in h.events] == [True, False, True]
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("trust", ["changed key", "unknown host"])
+async def test_untrusted_host_key_is_refused_with_a_clear_reason(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path, trust: str
+) -> None:
+    """A host whose key differs from known_hosts, or is not in it, is never connected to; the
+    reason names the host and the known_hosts file."""
+    if trust == "changed key":
+        known_hosts = openssh.wrong_known_hosts
+    else:
+        known_hosts = tmp_path / "known_hosts.empty"
+        known_hosts.write_text("")
+    config = make_config(openssh, run_root, ssh={"known_hosts": str(known_hosts)})
+    with capture_logs() as logs:
+        async with maintained(config, connect=False) as h:
+            await wait_until(lambda: h.events, "the first outcome")
+            with pytest.raises(RemoteError) as failed:
+                await h.remote.probe(h.spec, None)
+            assert not failed.value.connection_lost
+    [(up, reason)] = h.events
+    assert not up
+    assert f"host key of 127.0.0.1:{openssh.port} is not trusted by {known_hosts}" in reason
+    assert not [e for e in logs if e["event"] == "ssh.connected"]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: Backoff bounds for the unreachable-host tests: short enough to see several attempts.
+FAST_RETRY = {"reconnect_min_s": 0.2, "reconnect_max_s": 0.4}
+#: How long the unreachable-host tests watch the retry loop.
+WINDOW_S = 3.0
+
+
+@pytest.mark.faults
+async def test_refused_connections_back_off_without_spinning(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """Against a port with nothing listening, attempts are spaced by the backoff (bounded
+    count, little CPU) and "down" is reported once, not per attempt."""
+    raw = openssh.config_dict(run_root, ssh=FAST_RETRY)
+    raw["hosts"][0]["port"] = free_port()
+    config = parse(raw, run_root.parent / "config.toml")
+    with capture_logs() as logs:
+        async with maintained(config, connect=False) as h:
+            await wait_until(lambda: h.events, "the first failure")
+            cpu_before = time.process_time()
+            attempts_before = sum(e["event"] == "ssh.connect_failed" for e in logs)
+            await asyncio.sleep(WINDOW_S)  # wait-ok: a measurement window over the retry loop
+            attempts = sum(e["event"] == "ssh.connect_failed" for e in logs) - attempts_before
+            cpu = time.process_time() - cpu_before
+    assert 3 <= attempts <= WINDOW_S / FAST_RETRY["reconnect_min_s"] + 2
+    assert cpu < WINDOW_S / 2
+    [(up, reason)] = h.events
+    assert not up
+    assert "connection refused" in reason
+
+
+@pytest.mark.faults
+async def test_listener_that_never_speaks_times_out_and_backs_off(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """A TCP listener that accepts and never sends a banner costs one connect_timeout per
+    attempt, with backoff between attempts and little CPU."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Accept, keep the socket open, and never say a word."""
+        accepted.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        raw = openssh.config_dict(run_root, ssh={**FAST_RETRY, "connect_timeout_s": 0.5})
+        raw["hosts"][0]["port"] = port
+        config = parse(raw, run_root.parent / "config.toml")
+        async with maintained(config, connect=False) as h:
+            await wait_until(lambda: h.events, "the first timeout")
+            cpu_before = time.process_time()
+            accepted_before = len(accepted)
+            await asyncio.sleep(WINDOW_S)  # wait-ok: a measurement window over the retry loop
+            attempts = len(accepted) - accepted_before
+            cpu = time.process_time() - cpu_before
+        # Each attempt costs the 0.5 s timeout plus at least reconnect_min_s of backoff.
+        assert 2 <= attempts <= int(WINDOW_S / (0.5 + FAST_RETRY["reconnect_min_s"])) + 1
+        assert cpu < WINDOW_S / 2
+        [(up, reason)] = h.events
+        assert not up
+        assert f"127.0.0.1:{port}" in reason
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
