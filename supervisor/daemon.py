@@ -26,6 +26,7 @@ from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import ConfigError, ControlError, LaunchRefused, RemoteError
 from supervisor.layout import LaunchSpec
+from supervisor.metrics import Metrics, restart_reason, snapshot_on_loop
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.statusfiles import (
     ExitObserved,
@@ -156,6 +157,7 @@ class Daemon:
         self._budget = fleet.Budget()
         self._fleet_timer: asyncio.TimerHandle | None = None
         self._tearing_down = False
+        self._metrics: Metrics | None = None
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -185,10 +187,13 @@ class Daemon:
             self._release_run_lock()
             return 1
         self._install_signal_handlers(loop)
+        self._start_metrics(loop)
         try:
             await self._serve()
         finally:
             self._remove_signal_handlers(loop)
+            if self._metrics is not None:
+                await asyncio.to_thread(self._metrics.stop)
             await control.aclose()
             self._events.close()
             self._release_run_lock()
@@ -233,6 +238,20 @@ class Daemon:
             await asyncio.to_thread(self._write_history, snapshot)
         except OSError as exc:
             log.error("history.not_saved", reason=str(exc))
+
+    def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
+        listen = self._config.metrics.listen
+        if listen is None:
+            return
+        host, port = config_mod.split_host_port(listen)
+        metrics = Metrics(snapshot_on_loop(loop, self.status))
+        try:
+            metrics.start(host, port)
+        except OSError as exc:
+            # Supervision matters more than its dashboard: run on, and say so loudly.
+            log.error("metrics.not_started", listen=listen, reason=str(exc))
+            return
+        self._metrics = metrics
 
     def _prepare_run_directory(self) -> None:
         layout.ensure_run_dirs(self._config)
@@ -498,6 +517,9 @@ class Daemon:
                 self._log_state_change(member, action)
             case health.Launch():
                 log.info("host.launch", host=name, reason=action.reason, restart=action.is_restart)
+                if action.is_restart and self._metrics is not None:
+                    reason = restart_reason(action.reason)
+                    self._metrics.restarts.labels(host=name, reason=reason).inc()
                 now = asyncio.get_running_loop().time()
                 self._budget = fleet.want_launch(self._budget, name, now)
                 self._grant_launches()
@@ -577,7 +599,10 @@ class Daemon:
             log.exception("host.launch_failed", host=name, reason=repr(exc))
             event = health.LaunchFailed(reason=f"internal error: {exc!r}", uncertain=True)
         else:
-            elapsed_ms = round((time.monotonic() - started) * 1000, 1)
+            elapsed = time.monotonic() - started
+            if self._metrics is not None:
+                self._metrics.launch_seconds.observe(elapsed)
+            elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.launched", host=name, pid=result.pid, elapsed_ms=elapsed_ms)
             event = health.Launched(pid=result.pid)
         self._feed(name, event)
@@ -597,7 +622,10 @@ class Daemon:
             log.exception("host.terminate_failed", host=name, pid=action.pid)
             event = health.TerminateFailed(pid=action.pid, reason=f"internal error: {exc!r}")
         else:
-            elapsed_ms = round((time.monotonic() - started) * 1000, 1)
+            elapsed = time.monotonic() - started
+            if self._metrics is not None:
+                self._metrics.terminate_seconds.observe(elapsed)
+            elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.terminated", host=name, pid=action.pid, elapsed_ms=elapsed_ms)
             event = health.TerminateConfirmed(pid=action.pid)
         self._feed(name, event)
@@ -644,10 +672,14 @@ class Daemon:
                 errors = [str(p) for p in exc.problems]
                 self._last_reload_error = errors
                 log.error("config.reload_failed", errors=errors, kept=str(self._config.source))
+                if self._metrics is not None:
+                    self._metrics.reloads.labels(result="error").inc()
                 self._notifier.ready()
                 return {"reloaded": False, "errors": errors}
             result = await self._apply(new)
             self._reloads += 1
+            if self._metrics is not None:
+                self._metrics.reloads.labels(result="ok").inc()
             self._last_reload_error = []
             self._notifier.ready()
             log.info("config.reloaded", **result)
@@ -826,6 +858,7 @@ class Daemon:
                 "frozen_reason": self._freeze.reason or None,
                 "launches_waiting": len(self._budget.waiting),
                 "launches_in_flight": len(self._budget.in_flight),
+                "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
             },
             "hosts": hosts,
         }
