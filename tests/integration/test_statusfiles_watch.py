@@ -1,0 +1,604 @@
+"""The status watcher on real files: real inotify, real polling, real mounts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from structlog.testing import capture_logs
+
+from supervisor.layout import write_json_atomic
+from supervisor.statusfiles import (
+    ExitObserved,
+    ExitRecord,
+    Observation,
+    SentinelObserved,
+    StatusObserved,
+    StatusProblem,
+    StatusRecord,
+    Watcher,
+    filesystem_type,
+    read_exit,
+    read_status,
+)
+
+Mode = Literal["inotify", "poll"]
+#: Generous: the machines are shared and noisy; a pass takes well under a second.
+WAIT_S = 20.0
+POLL_INTERVAL_S = 0.1
+
+
+class Seen:
+    """Collects what the watcher delivers; lets a test wait for a matching observation."""
+
+    def __init__(self) -> None:
+        """Nothing seen yet."""
+        self.batches: list[list[Observation]] = []
+        self._changed = asyncio.Event()
+
+    def sink(self, batch: list[Observation]) -> None:
+        """The watcher's sink: keep the batch, wake waiters."""
+        self.batches.append(list(batch))
+        self._changed.set()
+
+    @property
+    def all(self) -> list[Observation]:
+        """Every observation so far, in delivery order."""
+        return [o for batch in self.batches for o in batch]
+
+    def mark(self) -> int:
+        """A position: wait_for(after=mark) only looks at later observations."""
+        return len(self.all)
+
+    async def wait_for(self, wanted: Observation, *, after: int = 0) -> int:
+        """Wait until ``wanted`` is delivered after position ``after``; its position."""
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                seen = self.all
+                for i in range(after, len(seen)):
+                    if seen[i] == wanted:
+                        return i
+                self._changed.clear()
+                await self._changed.wait()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until ``condition()`` holds (polled: it reads state the loop updates)."""
+    async with asyncio.timeout(WAIT_S):
+        # The watcher exposes state (watching, counters), not events: poll it.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # wait-ok: polling interval of a condition loop
+
+
+def at_least(count: Callable[[], int], n: int) -> Callable[[], bool]:
+    """A condition: ``count()`` has reached ``n``."""
+    return lambda: count() >= n
+
+
+@pytest.fixture(params=["inotify", "poll"])
+def mode(request: pytest.FixtureRequest) -> Mode:
+    """Every behaviour holds with inotify and with polling."""
+    value: Mode = request.param
+    return value
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A run directory with status/, ctl/, inbox/0 and outbox/."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl", "inbox/0", "outbox"):
+        (run / sub).mkdir(parents=True)
+    return run
+
+
+def beat(root: Path, host: str, seq: int, *, pid: int = 4242, ready: bool = True) -> StatusRecord:
+    """Write a heartbeat the way workers do (temp file + rename); the record it should give."""
+    write_json_atomic(
+        root / "status" / f"{host}.json",
+        {"pid": pid, "ready": ready, "heartbeat_at": 1000.0 + seq, "seq": seq},
+    )
+    return StatusRecord(pid=pid, ready=ready, heartbeat_at=1000.0 + seq, seq=seq)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    run: Path,
+    hosts: Callable[[], Collection[str]],
+    mode: Mode,
+    *,
+    rescan_interval_s: float = 3600.0,
+    initial: bool = True,
+    watcher: Watcher | None = None,
+) -> AsyncIterator[tuple[Watcher, Seen]]:
+    """Run a watcher until the block ends; by default wait until it watches and has reported
+    every host once."""
+    if watcher is None:
+        watcher = Watcher(
+            run,
+            hosts,
+            mode=mode,
+            poll_interval_s=POLL_INTERVAL_S,
+            debounce_ms=20,
+            rescan_interval_s=rescan_interval_s,
+        )
+    seen = Seen()
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(watcher.run(seen.sink))
+        await until(lambda: watcher.watching)
+        if initial:
+            await until(
+                lambda: {o.host for o in seen.all if isinstance(o, StatusObserved)} >= set(hosts())
+            )
+        yield watcher, seen
+        task.cancel()
+
+
+async def test_atomic_rewrite_is_observed(root: Path, mode: Mode) -> None:
+    """A heartbeat rewritten by temp file and rename is reported with its fields."""
+    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+        assert watcher.mode == mode
+        mark = seen.mark()
+        record = beat(root, "h1", 1)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        record = beat(root, "h1", 2)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+
+
+async def test_rewrites_in_quick_succession_are_each_seen(root: Path, mode: Mode) -> None:
+    """Heartbeats rewritten within the same second are all reported, polling included."""
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        for seq in range(1, 6):
+            record = beat(root, "h1", seq)
+            mark = await seen.wait_for(StatusObserved("h1", record), after=mark)
+
+
+async def test_a_run_root_created_after_start_is_watched(tmp_path: Path, mode: Mode) -> None:
+    """Started before the run root exists, the watcher reports "missing", stays healthy, and
+    watches the root once it appears."""
+    run = tmp_path / "later"
+    watcher = Watcher(
+        run,
+        lambda: ["h1"],
+        mode=mode,
+        poll_interval_s=POLL_INTERVAL_S,
+        debounce_ms=20,
+        rescan_interval_s=3600,
+    )
+    seen = Seen()
+    clock = asyncio.get_running_loop().time
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(watcher.run(seen.sink))
+        await seen.wait_for(StatusObserved("h1", StatusProblem("missing")))
+        start = clock()
+        await until(lambda: watcher.healthy(start + 5.5))  # ticking while it waits
+        assert not watcher.watching
+        (run / "status").mkdir(parents=True)
+        (run / "ctl").mkdir()
+        await until(lambda: watcher.watching)
+        record = beat(run, "h1", 1)
+        await seen.wait_for(StatusObserved("h1", record))
+        (run / "ctl" / "h1.stop").touch()
+        await seen.wait_for(SentinelObserved("h1", True))
+        task.cancel()
+
+
+async def test_broken_status_files_are_problems_and_watching_goes_on(
+    root: Path, mode: Mode
+) -> None:
+    """Partial, empty, binary and huge status files are problems; a later beat still counts."""
+    path = root / "status" / "h1.json"
+    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+        errors_before = watcher.parse_errors
+        mark = seen.mark()
+        with path.open("wb") as f:  # a writer that is not atomic, caught mid-write
+            f.write(b'{"pid": 7, "ready": tr')
+            f.flush()
+            await seen.wait_for(StatusObserved("h1", StatusProblem("not JSON")), after=mark)
+            f.truncate(0)
+            f.flush()
+            await seen.wait_for(StatusObserved("h1", StatusProblem("empty")), after=mark)
+        path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+        await seen.wait_for(StatusObserved("h1", StatusProblem("not UTF-8")), after=mark)
+        path.write_bytes(b"{" + b" " * (10 * 1024 * 1024) + b"}")
+        await seen.wait_for(StatusObserved("h1", StatusProblem("too big")), after=mark)
+        record = beat(root, "h1", 5)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        assert watcher.parse_errors - errors_before >= 4
+
+
+async def test_deleted_status_file_is_reported_missing(root: Path, mode: Mode) -> None:
+    """Removing a heartbeat file reports StatusProblem("missing")."""
+    beat(root, "h1", 1)
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        (root / "status" / "h1.json").unlink()
+        await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
+
+
+async def test_status_directory_removed_and_recreated_is_still_watched(
+    root: Path, mode: Mode
+) -> None:
+    """After status/ is deleted and made again, new heartbeats in it are still reported."""
+    beat(root, "h1", 1)
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        shutil.rmtree(root / "status")
+        await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
+        (root / "status").mkdir()
+        record = beat(root, "h1", 2)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        record = beat(root, "h1", 3)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+
+
+async def test_run_root_removed_and_recreated_is_watched_again(root: Path, mode: Mode) -> None:
+    """A vanished run root is retried without crashing, staying healthy; it is watched once back."""
+    beat(root, "h1", 1)
+    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+        mark = seen.mark()
+        shutil.rmtree(root)
+        await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
+        await until(lambda: not watcher.watching)
+        assert watcher.healthy(asyncio.get_running_loop().time())
+        (root / "status").mkdir(parents=True)
+        (root / "ctl").mkdir()
+        await until(lambda: watcher.watching)
+        record = beat(root, "h1", 2)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        (root / "ctl" / "h1.stop").touch()
+        await seen.wait_for(SentinelObserved("h1", True), after=mark)
+
+
+async def test_a_run_root_moved_away_says_nothing_about_stop_sentinels(
+    root: Path, mode: Mode
+) -> None:
+    """With ctl/ gone (as on a lost mount) a stop sentinel is not reported removed."""
+    (root / "ctl" / "h1.stop").touch()
+    beat(root, "h1", 1)
+    away = root.with_name("run.away")
+    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+        assert SentinelObserved("h1", True) in seen.all
+        mark = seen.mark()
+        os.rename(root, away)
+        await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
+        assert SentinelObserved("h1", False) not in seen.all[mark:]
+        os.rename(away, root)
+        await until(lambda: watcher.watching)
+        record = beat(root, "h1", 2)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        assert SentinelObserved("h1", False) not in seen.all[mark:]
+
+
+async def test_exit_record_is_observed_and_its_removal_too(root: Path, mode: Mode) -> None:
+    """The shepherd's exit record is reported, and None once it is removed."""
+    path = root / "ctl" / "h1.exit.json"
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        assert ExitObserved("h1", None) in seen.all
+        mark = seen.mark()
+        write_json_atomic(
+            path, {"pid": 42, "exit_code": None, "signal": 9, "exited_at": 5.5, "start_time": 1}
+        )
+        record = ExitRecord(pid=42, exit_code=None, signal=9, exited_at=5.5)
+        await seen.wait_for(ExitObserved("h1", record), after=mark)
+        path.unlink()
+        await seen.wait_for(ExitObserved("h1", None), after=mark)
+
+
+async def test_stop_sentinel_creation_and_removal_are_observed(root: Path, mode: Mode) -> None:
+    """ctl/<host>.stop appearing and disappearing reports present True, then False."""
+    sentinel = root / "ctl" / "h1.stop"
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        assert SentinelObserved("h1", False) in seen.all
+        mark = seen.mark()
+        sentinel.touch()
+        mark = await seen.wait_for(SentinelObserved("h1", True), after=mark)
+        sentinel.unlink()
+        await seen.wait_for(SentinelObserved("h1", False), after=mark)
+
+
+async def test_files_of_unknown_hosts_are_ignored(root: Path, mode: Mode) -> None:
+    """Status, exit and stop files of hosts not configured produce no observation."""
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        beat(root, "stranger", 1)
+        write_json_atomic(root / "ctl" / "stranger.exit.json", {"pid": 3, "exit_code": 0})
+        (root / "ctl" / "stranger.stop").touch()
+        record = beat(root, "h1", 1)  # written last: reported with or after the others
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        assert {o.host for o in seen.all} == {"h1"}
+
+
+async def test_task_churn_in_inbox_and_outbox_produces_no_observations(
+    root: Path, mode: Mode
+) -> None:
+    """Hundreds of task files written, renamed and removed under inbox/ and outbox/ are unseen."""
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        for i in range(300):
+            task = root / "inbox" / "0" / f"task-{i}.json"
+            write_json_atomic(task, {"id": str(i), "answer": "4", "reference": "4"})
+            if i % 2:
+                task.rename(root / "outbox" / task.name)
+            if i % 3 == 0:
+                (root / "outbox" / f"task-{i}.json").unlink(missing_ok=True)
+        record = beat(root, "h1", 1)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        assert seen.all[mark:] == [StatusObserved("h1", record)]
+
+
+async def test_hosts_added_by_a_reload_are_reported_and_removed_ones_forgotten(
+    root: Path, mode: Mode
+) -> None:
+    """A host added to hosts() is read without any file change; a removed one stops reporting."""
+    hosts = {"h1"}
+    h2 = beat(root, "h2", 1)
+    async with watching(root, lambda: set(hosts), mode) as (_, seen):
+        mark = seen.mark()
+        hosts.add("h2")
+        await seen.wait_for(StatusObserved("h2", h2), after=mark)
+        hosts.discard("h2")
+        mark = seen.mark()
+        beat(root, "h2", 2)
+        record = beat(root, "h1", 1)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        assert all(o.host == "h1" for o in seen.all[mark:])
+        h2 = beat(root, "h2", 3)
+        hosts.add("h2")  # back again: its current files are reported afresh
+        await seen.wait_for(StatusObserved("h2", h2), after=mark)
+        await seen.wait_for(SentinelObserved("h2", False), after=mark)
+
+
+async def test_rescan_catches_a_change_inotify_never_reports(tmp_path: Path, root: Path) -> None:
+    """A write through a hard link outside status/ fires no event there; the rescan reads it."""
+    first = beat(root, "h1", 1)
+    side = tmp_path / "side"
+    side.mkdir()
+    os.link(root / "status" / "h1.json", side / "h1.json")
+    async with watching(root, lambda: ["h1"], "inotify", rescan_interval_s=0.3) as (watcher, seen):
+        assert StatusObserved("h1", first) in seen.all
+        mark = seen.mark()
+        changes_before = watcher.changes_seen
+        with (side / "h1.json").open("r+b") as f:
+            f.truncate(0)
+            f.write(b'{"pid": 4242, "ready": false, "heartbeat_at": 1002.0, "seq": 2}')
+        record = StatusRecord(pid=4242, ready=False, heartbeat_at=1002.0, seq=2)
+        await seen.wait_for(StatusObserved("h1", record), after=mark)
+        assert watcher.changes_seen == changes_before, "no watch event reported this write"
+
+
+async def test_broken_file_is_logged_once_per_reason_and_counted_per_read(
+    root: Path, mode: Mode
+) -> None:
+    """A host rewriting garbage logs one status.problem per reason, while every read is counted."""
+    path = root / "status" / "h1.json"
+    beat(root, "h1", 1)
+    with capture_logs() as captured:
+        async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+            mark = seen.mark()
+            before = watcher.parse_errors
+            for i in range(1, 4):
+                path.write_bytes(b"garbage " * i)
+                await until(at_least(lambda: watcher.parse_errors, before + i))
+            path.write_bytes(b"")
+            await seen.wait_for(StatusObserved("h1", StatusProblem("empty")), after=mark)
+            record = beat(root, "h1", 2)
+            await seen.wait_for(StatusObserved("h1", record), after=mark)
+    problems = [
+        (e["reason"], e["log_level"])
+        for e in captured
+        if e["event"] == "status.problem" and e["host"] == "h1"
+    ]
+    assert problems == [("not JSON", "warning"), ("empty", "warning")]
+    assert [e["event"] for e in captured if e["event"] == "status.recovered"] == [
+        "status.recovered"
+    ]
+
+
+async def test_a_status_file_missing_from_the_start_is_not_logged_but_a_vanished_one_is(
+    root: Path, mode: Mode
+) -> None:
+    """No worker launched yet is normal (silent); a heartbeat file that disappears is logged."""
+    beat(root, "h1", 1)
+    with capture_logs() as captured:
+        async with watching(root, lambda: ["h1", "h2"], mode) as (_, seen):
+            mark = seen.mark()
+            record = beat(root, "h2", 1)  # h2's first heartbeat: no "recovered" either
+            await seen.wait_for(StatusObserved("h2", record), after=mark)
+            (root / "status" / "h1.json").unlink()
+            await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
+    status_events = [
+        (e["event"], e["host"], e["log_level"])
+        for e in captured
+        if e["event"].startswith("status.")
+    ]
+    assert status_events == [("status.problem", "h1", "info")]
+
+
+async def test_healthy_only_while_running(root: Path, mode: Mode) -> None:
+    """healthy() is false before run(), kept true by an idle loop, false after cancellation."""
+    watcher = Watcher(
+        root,
+        lambda: ["h1"],
+        mode=mode,
+        poll_interval_s=POLL_INTERVAL_S,
+        debounce_ms=20,
+        rescan_interval_s=3600,
+    )
+    clock = asyncio.get_running_loop().time
+    assert not watcher.healthy(clock())
+    async with watching(root, lambda: ["h1"], mode, watcher=watcher):
+        start = clock()
+        assert watcher.healthy(start)
+        # True 5.5 s on only if the loop ticked again at least 0.5 s after `start`, with
+        # nothing changing on disk.
+        await until(lambda: watcher.healthy(start + 5.5))
+        assert not watcher.healthy(clock() + 60)
+    assert not watcher.healthy(clock())
+
+
+def test_scan_all_reports_every_host_file_now(root: Path) -> None:
+    """scan_all() returns each host's status, exit record and sentinel, read synchronously."""
+    h1 = beat(root, "h1", 1)
+    write_json_atomic(root / "ctl" / "h2.exit.json", {"pid": 8, "exit_code": 3})
+    (root / "ctl" / "h3.stop").touch()
+    (root / "status" / "h3.json").write_bytes(b"{")
+    watcher = Watcher(
+        root,
+        lambda: ["h1", "h2", "h3"],
+        mode="auto",
+        poll_interval_s=1,
+        debounce_ms=50,
+        rescan_interval_s=30,
+    )
+    assert watcher.scan_all() == [
+        StatusObserved("h1", h1),
+        ExitObserved("h1", None),
+        SentinelObserved("h1", False),
+        StatusObserved("h2", StatusProblem("missing")),
+        ExitObserved("h2", ExitRecord(pid=8, exit_code=3, signal=None, exited_at=None)),
+        SentinelObserved("h2", False),
+        StatusObserved("h3", StatusProblem("not JSON")),
+        ExitObserved("h3", None),
+        SentinelObserved("h3", True),
+    ]
+
+
+async def test_run_after_scan_all_reports_only_changes(root: Path, mode: Mode) -> None:
+    """What scan_all() returned is not delivered again by run(); only later changes are."""
+    beat(root, "h1", 1)
+    watcher = Watcher(
+        root,
+        lambda: ["h1", "h2"],
+        mode=mode,
+        poll_interval_s=POLL_INTERVAL_S,
+        debounce_ms=20,
+        rescan_interval_s=0.2,  # rescans re-read everything; unchanged files stay quiet
+    )
+    assert len(watcher.scan_all()) == 6
+    async with watching(root, lambda: [], mode, watcher=watcher, initial=False) as (_, seen):
+        # h2 has no status file: each rescan counts one more problem. Let two go by.
+        await until(at_least(lambda: watcher.parse_errors, 3))
+        record = beat(root, "h2", 1)
+        await seen.wait_for(StatusObserved("h2", record))
+        assert seen.all == [StatusObserved("h2", record)]
+
+
+async def test_poll_mode_watches_a_real_tmpfs_mount(tmp_path: Path) -> None:
+    """On a tmpfs mounted for the test (path with a space) the type is read and polling works."""
+    with _mounted(tmp_path / "mnt point", ["mount", "-t", "tmpfs", "tmpfs"]) as mnt:
+        assert filesystem_type(mnt / "run") == "tmpfs"
+        run = mnt / "run"
+        (run / "status").mkdir(parents=True)
+        (run / "ctl").mkdir()
+        async with watching(run, lambda: ["h1"], "poll") as (watcher, seen):
+            assert watcher.mode == "poll"
+            mark = seen.mark()
+            record = beat(run, "h1", 1)
+            await seen.wait_for(StatusObserved("h1", record), after=mark)
+
+
+async def test_auto_mode_polls_a_fuse_mount_and_sees_writes_made_behind_it(
+    tmp_path: Path,
+) -> None:
+    """On a FUSE mount auto picks polling, which sees writes made to the backing directory.
+
+    Those writes bypass the mount, as another NFS client's do: inotify never reports them.
+    """
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    (backing / "status").mkdir(parents=True)
+    (backing / "ctl").mkdir()
+    with _mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
+        watcher = Watcher(
+            run,
+            lambda: ["h1"],
+            mode="auto",
+            poll_interval_s=POLL_INTERVAL_S,
+            debounce_ms=20,
+            rescan_interval_s=3600,
+        )
+        assert (watcher.fstype, watcher.mode) == ("fuse", "poll")
+        async with watching(run, lambda: ["h1"], "poll", watcher=watcher) as (_, seen):
+            mark = seen.mark()
+            record = beat(backing, "h1", 1)
+            await seen.wait_for(StatusObserved("h1", record), after=mark)
+            (backing / "ctl" / "h1.stop").touch()
+            await seen.wait_for(SentinelObserved("h1", True), after=mark)
+
+
+@contextlib.contextmanager
+def _mounted(target: Path, command: list[str]) -> Iterator[Path]:
+    """Mount with ``command + [target]``, or skip loudly when mounting is not permitted."""
+    target.mkdir()
+    result = subprocess.run(
+        [*command, str(target)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount here ({' '.join(command)}): {result.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True, timeout=60)
+
+
+def test_unreadable_files_are_problems_for_a_non_root_reader() -> None:
+    """Read as user nobody, a 0600 root file is "unreadable: EACCES" and its exit record None."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping to user nobody needs root (CI runs as root)")
+    nobody = pwd.getpwnam("nobody")
+    scratch = Path(tempfile.mkdtemp(prefix="statusfiles-"))
+    try:
+        scratch.chmod(0o755)
+        secret = scratch / "h1.json"
+        secret.write_bytes(b'{"pid": 1, "heartbeat_at": 1}')
+        secret.chmod(0o600)
+        public = scratch / "h2.json"
+        public.write_bytes(b'{"pid": 2, "heartbeat_at": 2}')
+        public.chmod(0o644)
+        out = _as_user(
+            nobody,
+            lambda: f"{read_status(secret)!r}|{read_exit(secret)!r}|{read_status(public)!r}",
+        )
+    finally:
+        shutil.rmtree(scratch)
+    assert out == "|".join(
+        [
+            repr(StatusProblem("unreadable: EACCES")),
+            "None",
+            repr(StatusRecord(pid=2, ready=False, heartbeat_at=2.0, seq=None)),
+        ]
+    )
+
+
+def _as_user(user: pwd.struct_passwd, fn: Callable[[], str]) -> str:
+    """``fn()`` evaluated in a forked child that dropped to ``user``; its text."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges, answer, never return into pytest
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            os.write(write_fd, fn().encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        out = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out
