@@ -155,12 +155,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``run -c CONFIG``: the daemon."""
     from supervisor import logs
     from supervisor.daemon import Daemon
+    from supervisor.notify import Notifier
 
     logs.configure(args.log_format, args.log_level, cache=True)
     cfg = _load_config(args.config)
+    notifier = Notifier()
+    # Like sd_notify(unset_environment=1): the variables were meant for us, not for anything
+    # we might start (ssh helpers, a local test server's workers).
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        os.environ.pop(name, None)
 
     async def serve() -> int:
-        return await Daemon(cfg).run()
+        return await Daemon(cfg, notifier=notifier).run()
 
     return asyncio.run(serve())
 

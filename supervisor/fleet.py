@@ -10,8 +10,9 @@ Rules (DESIGN §4, "common-mode failures are not worker failures"):
    reaches its own restart deadline: nothing is restarted on the way into a freeze.
    "Together" means their last heartbeats fall within ``freeze_window_s`` of each other.
 3. The fleet thaws when heartbeats return (fewer silent than the threshold among the hosts
-   that froze it), or when an operator says so; after an operator's thaw, silences that
-   began before it no longer count (else it would freeze again at once).
+   that froze it or fell silent while it was frozen), or when an operator says so; after
+   an operator's thaw, silences that began before it no longer count (else it would freeze
+   again at once).
 4. Launches pass a budget: at most ``max_concurrent_launches`` in flight and
    ``max_launches_per_minute`` started, granted longest-waiting first, so a mass failure
    restarts in waves instead of stampeding the shared filesystem with model loads.
@@ -109,6 +110,10 @@ def assess(
         return replace(freeze, frozen=True, reason=reason, since_at=now, hosts=names), (
             FreezeChanged(frozen=True, reason=reason)
         )
+    # Hosts that fall silent while frozen are part of the same stall: the thaw waits for them.
+    joined = freeze.hosts | {h.name for h in silent}
+    if joined != freeze.hosts:
+        freeze = replace(freeze, hosts=joined)
     still_silent = [h for h in silent if h.name in freeze.hosts]
     if len(still_silent) >= needed:
         return freeze, None

@@ -59,11 +59,23 @@ def test_thaws_when_heartbeats_return() -> None:
     hosts = [host(f"w{i}", 100.0) for i in range(8)] + [host("w8", 135.0), host("w9", 135.0)]
     frozen, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
     assert change is not None and change.frozen
-    hosts = [host(f"w{i}", 200.0) for i in range(5)] + hosts[5:]
+    # Five of the eight beat again; the two that never stalled keep beating too.
+    hosts = [host(f"w{i}", 200.0) for i in range(5)] + hosts[5:8]
+    hosts += [host("w8", 200.0), host("w9", 200.0)]
     thawed, change = fleet.assess(frozen, hosts, 201.0, POLICY)
     assert change is not None and not change.frozen
     assert not thawed.frozen
     assert "heartbeats returned" in change.reason
+
+
+def test_hosts_falling_silent_during_a_freeze_join_it() -> None:
+    """A host whose last beat came just after the freeze fired is part of the same stall."""
+    hosts = [host("a", 100.0), host("b", 100.0), host("c", 100.06)]
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 130.01, POLICY)
+    assert frozen.hosts == {"a", "b"}
+    later, change = fleet.assess(frozen, hosts, 131.0, POLICY)
+    assert change is None
+    assert later.hosts == {"a", "b", "c"}
 
 
 def test_stays_frozen_while_the_silence_lasts() -> None:
