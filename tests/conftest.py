@@ -9,7 +9,8 @@ in a ``finally``); drop established connections with ``openssh.kill_sessions(add
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -24,3 +25,20 @@ def openssh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
         yield server
     finally:
         server.stop()
+
+
+#: Set by ./dev test (and so CI): a skipped test is a failure unless marked optional_env,
+#: because on the CI machine every tool a test needs is installed by the project itself.
+STRICT_SKIPS = os.environ.get("REWARD_SUPERVISOR_STRICT_SKIPS") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    """In strict mode, turn an unexpected skip into a failure that says why it skipped."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if STRICT_SKIPS and report.skipped and item.get_closest_marker("optional_env") is None:
+        report.outcome = "failed"
+        report.longrepr = f"skipped in strict mode (CI installs everything): {report.longrepr}"

@@ -691,6 +691,7 @@ def test_agent_source_is_python38_syntax_and_fits_one_argument() -> None:
 PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python"
 
 
+@pytest.mark.optional_env
 @pytest.mark.skipif(not PYTHON38.exists(), reason="no Python 3.8 interpreter on this machine")
 async def test_agent_runs_on_python38(openssh: OpenSsh, run_root: Path, reaper: Reaper) -> None:
     """With a Python 3.8 ``worker.python`` the agent and shepherd launch, probe and terminate."""
