@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO, cast
 
 from supervisor import config as config_mod
-from supervisor import logs, view
+from supervisor import logs, view, worker
 from supervisor.daemon import Daemon
 from supervisor.notify import Notifier
 from supervisor.sshserver import LocalSshServer
@@ -119,21 +119,7 @@ def _config(workdir: Path, server: LocalSshServer) -> config_mod.Config:
         },
         "worker": {
             "python": sys.executable,
-            "argv": [
-                "{python}",
-                "-m",
-                "supervisor.worker",
-                "--root",
-                "{root}",
-                "--shard",
-                "{shard}",
-                "--host",
-                "{host}",
-                "--concurrency",
-                "{concurrency}",
-                "--heartbeat-interval",
-                str(HEARTBEAT_INTERVAL_S),
-            ],
+            "argv": worker.argv_template(HEARTBEAT_INTERVAL_S),
             "env": {"PYTHONPATH": os.pathsep.join(sys.path[1:])},
         },
         "health": {

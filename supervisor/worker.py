@@ -290,6 +290,15 @@ def parse_env_seconds(name: str, text: str | None, *, allow_negative: bool) -> f
     return value
 
 
+def argv_template(heartbeat_interval_s: float | None = None) -> list[str]:
+    """A ``worker.argv`` config value that runs this reference worker."""
+    argv = ["{python}", "-m", "supervisor.worker", "--root", "{root}", "--shard", "{shard}"]
+    argv += ["--host", "{host}", "--concurrency", "{concurrency}"]
+    if heartbeat_interval_s is not None:
+        argv += ["--heartbeat-interval", str(heartbeat_interval_s)]
+    return argv
+
+
 def exact_match(task: Mapping[str, Any]) -> float:
     """1.0 when the task's answer equals its reference after stripping whitespace, else 0.0."""
     return 1.0 if str(task.get("answer")).strip() == str(task.get("reference")).strip() else 0.0

@@ -26,25 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import Config, parse
+from supervisor.worker import argv_template
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
 #: Loopback aliases the server listens on; each stands for one "remote host".
 ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 #: The reference worker, as the worker host would run it (``{python}`` is the venv's).
-WORKER_ARGV = (
-    "{python}",
-    "-m",
-    "supervisor.worker",
-    "--root",
-    "{root}",
-    "--shard",
-    "{shard}",
-    "--host",
-    "{host}",
-    "--concurrency",
-    "{concurrency}",
-)
+WORKER_ARGV = tuple(argv_template())
 # Starting sshd and accepting its first connection takes ~20 ms; a loaded CI box is slower.
 START_TIMEOUT_S = 20.0
 

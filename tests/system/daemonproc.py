@@ -21,23 +21,11 @@ from supervisor import control
 from supervisor.config import load
 from supervisor.errors import ControlError
 from supervisor.seedimport import render_toml
+from supervisor.worker import argv_template
+from tests.sshd import OpenSsh
 
 # The reference worker heartbeating fast, so tests see changes in fractions of a second.
-FAST_WORKER_ARGV = [
-    "{python}",
-    "-m",
-    "supervisor.worker",
-    "--root",
-    "{root}",
-    "--shard",
-    "{shard}",
-    "--host",
-    "{host}",
-    "--concurrency",
-    "{concurrency}",
-    "--heartbeat-interval",
-    "0.2",
-]
+FAST_WORKER_ARGV = argv_template(heartbeat_interval_s=0.2)
 FAST_HEALTH = {
     "heartbeat_stale_s": 3.0,
     "ready_timeout_s": 30.0,
@@ -46,6 +34,19 @@ FAST_HEALTH = {
     "stop_grace_s": 5.0,
     "kill_after_grace": True,
 }
+
+
+def fast_config(
+    openssh: OpenSsh, root: Path, hosts: int, socket_dir: Path, **sections: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A raw config for ``hosts`` fast-beating reference workers on the OpenSSH fixture;
+    ``sections`` are merged into the config's tables key by key."""
+    raw = openssh.config_dict(root, hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH)
+    # A short private path (sun_path is 108 bytes; a mount may be world-writable).
+    raw["control"]["socket"] = str(socket_dir / "control.sock")
+    for name, value in sections.items():
+        raw.setdefault(name, {}).update(value)
+    return raw
 
 
 def write_config(path: Path, raw: Mapping[str, Any]) -> Path:
@@ -235,6 +236,17 @@ class DaemonProcess:
         """The last output lines, for failure messages."""
         shown = [json.dumps(x) for x in self.lines[-lines:]] + self.bad_lines[-10:]
         return "daemon output:\n" + "\n".join(shown)
+
+
+class Daemons(list[DaemonProcess]):
+    """The daemons of one test; ``start`` spawns one and remembers it for cleanup."""
+
+    async def start(self, config: Path, **kwargs: Any) -> DaemonProcess:
+        """Run ``reward-supervisor run -c config`` as a subprocess."""
+        daemon = DaemonProcess(config, config.parent)
+        self.append(daemon)
+        await daemon.start(**kwargs)
+        return daemon
 
 
 async def poll_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +15,10 @@ import pytest
 
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
-    FAST_HEALTH,
-    FAST_WORKER_ARGV,
     DaemonProcess,
+    Daemons,
     all_ready,
+    fast_config,
     kill_quietly,
     pid_alive,
     poll_until,
@@ -49,29 +47,18 @@ async def acli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def fleet_config(openssh: OpenSsh, tmp_path: Path, hosts: int = 2) -> Path:
     """A two-host config with a cleanup prefix, written to ``tmp_path/rs.toml``."""
-    raw = openssh.config_dict(
-        tmp_path / "runs" / "run-1", hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH
-    )
-    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
+    raw = fast_config(openssh, tmp_path / "runs" / "run-1", hosts, tmp_path)
     raw["run"]["cleanup_prefix"] = str(tmp_path / "runs")
-    raw["control"]["socket"] = str(tmp_path / "control.sock")
     return write_config(tmp_path / "rs.toml", raw)
 
 
 @pytest.fixture
-async def running(openssh: OpenSsh, tmp_path: Path) -> AsyncIterator[tuple[DaemonProcess, Path]]:
+async def running(openssh: OpenSsh, tmp_path: Path, daemons: Daemons) -> tuple[DaemonProcess, Path]:
     """A daemon with two ready hosts; killed (with its workers) afterwards."""
     config = fleet_config(openssh, tmp_path)
-    daemon = DaemonProcess(config, tmp_path)
-    await daemon.start()
-    try:
-        await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
-        yield daemon, config
-    finally:
-        await daemon.aclose()
-        for pidfile in (tmp_path / "runs").rglob("ctl/*.pid"):
-            with contextlib.suppress(ValueError, OSError):
-                kill_quietly(int(pidfile.read_text().strip()))
+    daemon = await daemons.start(config)
+    await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    return daemon, config
 
 
 async def test_status_human_and_json(running: tuple[DaemonProcess, Path]) -> None:
@@ -243,25 +230,23 @@ def test_check_config_exit_codes() -> None:
             assert line.split(":")[0] in bad.stderr, (path.name, line, bad.stderr)
 
 
-async def test_cleanup_refusals_and_success(openssh: OpenSsh, tmp_path: Path) -> None:
+async def test_cleanup_refusals_and_success(
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
+) -> None:
     """cleanup refuses outside the prefix (also through a symlink), while a daemon runs
     and while a worker lives; then, with --yes, deletes exactly the run root."""
     config = fleet_config(openssh, tmp_path)
     root = tmp_path / "runs" / "run-1"
-    daemon = DaemonProcess(config, tmp_path)
-    await daemon.start()
-    try:
-        await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
-        running = await acli("cleanup", "-c", str(config), "--yes")
-        assert running.returncode == 1
-        assert "daemon" in running.stderr
-        text = config.read_text().replace('on_exit = "stop"', "")
-        config.write_text(text.replace("[run]", '[run]\non_exit = "detach"', 1))
-        await acli("reload", "-c", str(config))
-        await acli("stop", "-c", str(config))
-        assert await daemon.wait_exit() == 0
-    finally:
-        await daemon.aclose()
+    daemon = await daemons.start(config)
+    await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    running = await acli("cleanup", "-c", str(config), "--yes")
+    assert running.returncode == 1
+    assert "daemon" in running.stderr
+    text = config.read_text().replace('on_exit = "stop"', "")
+    config.write_text(text.replace("[run]", '[run]\non_exit = "detach"', 1))
+    await acli("reload", "-c", str(config))
+    await acli("stop", "-c", str(config))
+    assert await daemon.wait_exit() == 0
     pids = [int(p.read_text()) for p in (root / "ctl").glob("*.pid")]
     assert pids and all(pid_alive(pid) for pid in pids)  # detached: workers live on
     alive = await acli("cleanup", "-c", str(config), "--yes")

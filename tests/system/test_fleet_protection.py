@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +12,10 @@ import pytest
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
     FAST_HEALTH,
-    FAST_WORKER_ARGV,
-    DaemonProcess,
+    Daemons,
     all_ready,
+    fast_config,
     host_pids,
-    kill_quietly,
     write_config,
 )
 
@@ -27,37 +24,16 @@ pytestmark = [pytest.mark.system, pytest.mark.openssh]
 
 def config(openssh: OpenSsh, tmp_path: Path, hosts: int, **sections: Any) -> Path:
     """A fast-timing config for ``hosts`` reference workers."""
-    raw = openssh.config_dict(tmp_path / "run", hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH)
-    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
-    raw["control"]["socket"] = str(tmp_path / "control.sock")
-    for name, value in sections.items():
-        raw.setdefault(name, {}).update(value)
+    raw = fast_config(openssh, tmp_path / "run", hosts, tmp_path, **sections)
     return write_config(tmp_path / "rs.toml", raw)
 
 
-@pytest.fixture
-async def cleanup(tmp_path: Path) -> AsyncIterator[list[DaemonProcess]]:
-    """Daemons to kill afterwards, and any worker left behind."""
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        await daemon.aclose()
-    for pidfile in tmp_path.rglob("ctl/*.pid"):
-        with contextlib.suppress(ValueError, OSError):
-            pid = int(pidfile.read_text().strip())
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-            kill_quietly(pid)
-
-
 async def test_whole_fleet_stalling_at_once_freezes_restarts_then_thaws(
-    openssh: OpenSsh, tmp_path: Path, cleanup: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """SIGSTOP every worker: the fleet freezes before any stale deadline, restarts nobody,
     says so on STATUS=; SIGCONT: it thaws and every original worker is still the one."""
-    daemon = DaemonProcess(config(openssh, tmp_path, 3), tmp_path)
-    cleanup.append(daemon)
-    await daemon.start()
+    daemon = await daemons.start(config(openssh, tmp_path, 3))
     status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
     pids = host_pids(status)
     for pid in pids.values():
@@ -67,7 +43,11 @@ async def test_whole_fleet_stalling_at_once_freezes_restarts_then_thaws(
     # Two of three silent is enough; the third may still be a beat behind when it fires.
     assert 2 <= len(frozen["hosts"]) <= 3
     assert set(frozen["hosts"]) <= set(pids)
-    assert any(n.startswith("STATUS=FROZEN") for n in daemon.notifications)
+    await daemon.wait_until(
+        lambda: any(n.startswith("STATUS=FROZEN") for n in daemon.notifications),
+        10,
+        "STATUS=FROZEN on the notify socket",
+    )
     status = await daemon.status()
     assert status["daemon"]["frozen"] is True
     # Wait well past heartbeat_stale_s: frozen, nobody goes stale or is terminated.
@@ -94,13 +74,11 @@ async def test_whole_fleet_stalling_at_once_freezes_restarts_then_thaws(
 
 
 async def test_a_real_crash_is_still_handled_while_frozen_and_unfreeze_releases_the_rest(
-    openssh: OpenSsh, tmp_path: Path, cleanup: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """Frozen fleet: a killed worker is still replaced; ``unfreeze`` then lets the stalled
     ones be restarted."""
-    daemon = DaemonProcess(config(openssh, tmp_path, 3), tmp_path)
-    cleanup.append(daemon)
-    await daemon.start()
+    daemon = await daemons.start(config(openssh, tmp_path, 3))
     status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
     pids = host_pids(status)
     stopped = [pids["worker-0"], pids["worker-1"]]
@@ -131,14 +109,12 @@ async def test_a_real_crash_is_still_handled_while_frozen_and_unfreeze_releases_
 
 
 async def test_launches_obey_the_fleet_budget(
-    openssh: OpenSsh, tmp_path: Path, cleanup: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """With max_concurrent_launches = 1, a fleet that crashes at once relaunches one host
     after another: launches queue and never overlap."""
     path = config(openssh, tmp_path, 3, fleet={"max_concurrent_launches": 1})
-    daemon = DaemonProcess(path, tmp_path)
-    cleanup.append(daemon)
-    await daemon.start()
+    daemon = await daemons.start(path)
     status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
 
     def queued() -> bool:

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
-    FAST_HEALTH,
-    FAST_WORKER_ARGV,
-    DaemonProcess,
+    Daemons,
     all_ready,
+    fast_config,
     host_pids,
-    kill_quietly,
     pid_alive,
     write_config,
 )
@@ -27,43 +23,13 @@ from tests.system.daemonproc import (
 pytestmark = [pytest.mark.system, pytest.mark.openssh]
 
 
-def raw_config(openssh: OpenSsh, root: Path, hosts: int, **sections: Any) -> dict[str, Any]:
-    """A fast-timing config for ``hosts`` reference workers on the OpenSSH fixture."""
-    raw = openssh.config_dict(root, hosts, argv=FAST_WORKER_ARGV, health=FAST_HEALTH)
-    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
-    raw["control"]["socket"] = str(root.parent / "control.sock")
-    for name, value in sections.items():
-        raw.setdefault(name, {}).update(value)
-    return raw
-
-
-@pytest.fixture
-async def daemons(tmp_path: Path) -> AsyncIterator[list[DaemonProcess]]:
-    """Daemon processes started by a test; killed, with their workers, at the end."""
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        await daemon.aclose()
-    for pidfile in tmp_path.rglob("ctl/*.pid"):
-        with contextlib.suppress(ValueError, OSError):
-            kill_quietly(int(pidfile.read_text().strip()))
-
-
-async def start_daemon(daemons: list[DaemonProcess], config: Path, **kwargs: Any) -> DaemonProcess:
-    """Start ``reward-supervisor run`` on ``config`` and remember it for cleanup."""
-    daemon = DaemonProcess(config, config.parent)
-    daemons.append(daemon)
-    await daemon.start(**kwargs)
-    return daemon
-
-
 async def test_ready_watchdog_reload_and_stop(
-    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """READY only once every host has a worker; WATCHDOG pings; RELOADING/READY around
     SIGHUP; STOPPING then exit 0 on SIGTERM with no worker left; every line is JSON."""
-    config = write_config(tmp_path / "rs.toml", raw_config(openssh, tmp_path / "run", 2))
-    daemon = await start_daemon(daemons, config, watchdog_usec=400_000)
+    config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
+    daemon = await daemons.start(config, watchdog_usec=400_000)
     ready_at = await daemon.wait_notify("READY=1")
     status = await daemon.status()
     assert all(row["pid"] is not None for row in status["hosts"].values()), status
@@ -98,13 +64,13 @@ async def test_ready_watchdog_reload_and_stop(
 
 
 async def test_reload_touches_only_added_removed_and_changed_hosts(
-    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """SIGHUP: an unchanged host keeps its pid, a changed one is replaced, a removed one is
     stopped, an added one (taking the removed host's shard) starts after it is gone."""
-    raw = raw_config(openssh, tmp_path / "run", 3)
+    raw = fast_config(openssh, tmp_path / "run", 3, tmp_path)
     config = write_config(tmp_path / "rs.toml", raw)
-    daemon = await start_daemon(daemons, config)
+    daemon = await daemons.start(config)
     status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
     before = host_pids(status)
 
@@ -135,11 +101,11 @@ async def test_reload_touches_only_added_removed_and_changed_hosts(
 
 
 async def test_broken_config_on_sighup_keeps_every_worker(
-    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """A reload with an invalid file logs every error and changes nothing."""
-    config = write_config(tmp_path / "rs.toml", raw_config(openssh, tmp_path / "run", 2))
-    daemon = await start_daemon(daemons, config)
+    config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
+    daemon = await daemons.start(config)
     status = await daemon.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
     pids = host_pids(status)
     good = config.read_text()
@@ -155,12 +121,12 @@ async def test_broken_config_on_sighup_keeps_every_worker(
 
 
 async def test_sigkilled_daemon_is_replaced_by_one_that_adopts_every_worker(
-    openssh: OpenSsh, tmp_path: Path, daemons: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """After SIGKILL, a new daemon adopts the same pids with no launch, and keeps the
     restart history (a crash-looping daemon cannot reset backoff)."""
-    config = write_config(tmp_path / "rs.toml", raw_config(openssh, tmp_path / "run", 2))
-    first = await start_daemon(daemons, config)
+    config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
+    first = await daemons.start(config)
     status = await first.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
     crashed = status["hosts"]["worker-1"]["pid"]
     os.kill(crashed, signal.SIGKILL)
@@ -181,7 +147,7 @@ async def test_sigkilled_daemon_is_replaced_by_one_that_adopts_every_worker(
     assert await first.wait_exit() == -signal.SIGKILL
     assert all(pid and pid_alive(pid) for pid in pids.values())
 
-    second = await start_daemon(daemons, config)
+    second = await daemons.start(config)
     await second.wait_notify("READY=1")
     status = await second.wait_status(lambda s: all_ready(s, 2), 60, "adopted and ready")
     assert host_pids(status) == pids
@@ -213,14 +179,15 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_poll_mode_drives_the_state_machine_on_its_own_mount(
-    openssh: OpenSsh, tmp_path: Path, tmpfs: Path, daemons: list[DaemonProcess]
+    openssh: OpenSsh, tmp_path: Path, tmpfs: Path, daemons: Daemons
 ) -> None:
     """With watch.mode = "poll" on a separate mount, heartbeats and exit records still
     arrive: a killed worker is replaced."""
-    raw = raw_config(openssh, tmpfs / "run", 1, watch={"mode": "poll", "poll_interval_s": 0.2})
-    raw["control"]["socket"] = str(tmp_path / "control.sock")  # tmpfs is 1777: not private
+    raw = fast_config(
+        openssh, tmpfs / "run", 1, tmp_path, watch={"mode": "poll", "poll_interval_s": 0.2}
+    )
     config = write_config(tmp_path / "rs.toml", raw)
-    daemon = await start_daemon(daemons, config)
+    daemon = await daemons.start(config)
     status = await daemon.wait_status(lambda s: all_ready(s, 1), 60, "ready in poll mode")
     assert status["daemon"]["watch_mode"] == "poll"
     pid = status["hosts"]["worker-0"]["pid"]

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,10 @@ from supervisor import control
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
     FAST_HEALTH,
-    FAST_WORKER_ARGV,
     DaemonProcess,
+    Daemons,
     all_ready,
-    kill_quietly,
+    fast_config,
     write_config,
 )
 
@@ -51,22 +49,13 @@ def scrape(port: int) -> dict[str, float]:
 
 
 @pytest.fixture
-async def daemon(openssh: OpenSsh, tmp_path: Path) -> AsyncIterator[tuple[DaemonProcess, int]]:
+async def daemon(openssh: OpenSsh, tmp_path: Path, daemons: Daemons) -> tuple[DaemonProcess, int]:
     """A two-host daemon with metrics on a free loopback port."""
     port = free_port()
-    raw = openssh.config_dict(tmp_path / "run", 2, argv=FAST_WORKER_ARGV, health=FAST_HEALTH)
-    raw["run"]["reward_fn"] = "supervisor.worker.exact_match"
-    raw["control"]["socket"] = str(tmp_path / "control.sock")
-    raw["metrics"] = {"listen": f"127.0.0.1:{port}"}
-    proc = DaemonProcess(write_config(tmp_path / "rs.toml", raw), tmp_path)
-    await proc.start()
-    try:
-        yield proc, port
-    finally:
-        await proc.aclose()
-        for pidfile in tmp_path.rglob("ctl/*.pid"):
-            with contextlib.suppress(ValueError, OSError):
-                kill_quietly(int(pidfile.read_text().strip()))
+    raw = fast_config(
+        openssh, tmp_path / "run", 2, tmp_path, metrics={"listen": f"127.0.0.1:{port}"}
+    )
+    return await daemons.start(write_config(tmp_path / "rs.toml", raw)), port
 
 
 async def test_metrics_agree_with_status(daemon: tuple[DaemonProcess, int]) -> None:
