@@ -103,6 +103,7 @@ class DaemonProcess:
         self._tasks.append(asyncio.create_task(self._read_stdout()))
 
     def _on_datagram(self) -> None:
+        """Drain every datagram waiting on the notify socket."""
         assert self._notify is not None
         with contextlib.suppress(BlockingIOError):
             while True:
@@ -110,6 +111,7 @@ class DaemonProcess:
                 self._changed.set()
 
     async def _read_stdout(self) -> None:
+        """Keep every stdout line, parsed as JSON or recorded as bad."""
         assert self.process is not None and self.process.stdout is not None
         async for raw in self.process.stdout:
             text = raw.decode(errors="replace").rstrip("\n")
@@ -146,6 +148,7 @@ class DaemonProcess:
         found: list[int] = []
 
         def seen() -> bool:
+            """Record the first matching datagram's index."""
             for i in range(after, len(self.notifications)):
                 if text in self.notifications[i].splitlines():
                     found.append(i)
@@ -160,6 +163,7 @@ class DaemonProcess:
         match: list[dict[str, Any]] = []
 
         def seen() -> bool:
+            """Record the first matching log line."""
             for line in self.lines:
                 if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
                     match.append(line)
@@ -194,6 +198,7 @@ class DaemonProcess:
             ) from None
 
     def _fail_if_exited(self, what: str) -> None:
+        """Stop waiting at once when the daemon has already exited."""
         if self.process is not None and self.process.returncode is not None:
             code = self.process.returncode
             raise AssertionError(f"daemon exited ({code}) while waiting for {what}\n{self.tail()}")

@@ -118,6 +118,7 @@ async def test_launches_obey_the_fleet_budget(
     status = await daemon.wait_status(lambda s: all_ready(s, 3), 60, "3 ready")
 
     def queued() -> bool:
+        """The daemon has logged a launch waiting for the budget."""
         return any(line.get("event") == "fleet.launches_queued" for line in daemon.lines)
 
     # Exit records of workers killed together usually reach the daemon in one batch, so
@@ -131,6 +132,7 @@ async def test_launches_obey_the_fleet_budget(
             os.kill(pid, signal.SIGKILL)
 
         def replaced(s: dict[str, Any], old: dict[str, int | None] = pids) -> bool:
+            """Every host ready with a pid other than before the kill."""
             return all_ready(s, 3) and all(s["hosts"][h]["pid"] != old[h] for h in old)
 
         status = await daemon.wait_status(replaced, 60, "every worker replaced")

@@ -11,6 +11,7 @@ ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.a
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module a source file imports (relative ones as dots)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names: set[str] = set()
     for node in ast.walk(tree):

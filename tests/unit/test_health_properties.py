@@ -68,6 +68,7 @@ class FleetOfOne(RuleBasedStateMachine):
     # --- feeding the core ----------------------------------------------------------------
 
     def feed(self, event: h.Event) -> None:
+        """Step the core and check every action against the world."""
         host, actions = h.step(self.host, event, self.now, self.policy)
         for action in actions:
             match action:
@@ -102,6 +103,7 @@ class FleetOfOne(RuleBasedStateMachine):
         self.host = host
 
     def _take(self, action: h.Action) -> None:
+        """Hold a remote action until the world answers it."""
         assert self.pending is None, "a second remote operation while one is in flight"
         self.pending = action
 
@@ -181,6 +183,7 @@ class FleetOfOne(RuleBasedStateMachine):
                 raise AssertionError(action)
 
     def _answer_launch(self, outcome: str) -> None:
+        """Answer a launch as the remote side would, refusing while the shard is held."""
         if self.world.alive:
             # The shard lock is held: the remote side refuses, naming the holder.
             self.feed(h.LaunchRefused(holder_pid=min(self.world.alive)))
@@ -244,6 +247,7 @@ TestFleetOfOne.settings = settings(max_examples=200, stateful_step_count=50, dea
 
 
 def _ready_host(policy: h.Policy, pid: int = 7) -> tuple[h.Host, float]:
+    """A host whose worker ``pid`` is ready at t=0."""
     host = h.new_host("w", 0.0)
     for event in (
         h.StatusMissing(reason="missing"),

@@ -37,6 +37,7 @@ class Scenario:
 
 
 def _drive(steps: list[tuple[h.Event, float]], host: h.Host | None = None) -> Scenario:
+    """Feed ``steps`` (event, time) to ``host`` (or a new one); the scenario reached."""
     host = host or h.new_host("w-0", 0.0)
     now = 0.0
     for event, now in steps:
@@ -45,6 +46,7 @@ def _drive(steps: list[tuple[h.Event, float]], host: h.Host | None = None) -> Sc
 
 
 def _scenarios() -> dict[str, Scenario]:
+    """Every named scenario, each reached through step() from new_host."""
     probing = _drive([(h.StatusMissing(reason="missing"), 0.0), (h.SshRestored(), 0.0)])
     launching = _drive([(h.ProbeResult(pid=None), 0.05)], probing.host)
     launched = _drive([(h.Launched(pid=100), 0.1)], launching.host)
@@ -90,6 +92,7 @@ SCENARIOS = _scenarios()
 
 
 def _pid(host: h.Host) -> int:
+    """The pid an event about this host's worker should name."""
     return host.pid if host.pid is not None else host.last_pid if host.last_pid else 100
 
 
@@ -393,6 +396,7 @@ def test_transition(name: str, event_type: type[h.Event]) -> None:
 
 
 def _assert_state_changes_chain(before: S, after: S, actions: list[h.Action]) -> None:
+    """StateChanged actions form an unbroken chain from ``before`` to ``after``."""
     changes = [a for a in actions if isinstance(a, h.StateChanged)]
     state = before
     for change in changes:

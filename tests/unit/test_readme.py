@@ -11,6 +11,7 @@ README = Path(__file__).parent.parent.parent / "README.md"
 
 
 def _documented_keys() -> set[str]:
+    """The ``section.key`` names in the README's configuration table."""
     rows = re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \|", README.read_text(), flags=re.MULTILINE)
     return set(rows)
 

@@ -13,6 +13,7 @@ UNIT = Path(__file__).parent.parent.parent / "systemd" / "reward-supervisor@.ser
 
 
 def _directives(text: str) -> dict[str, str]:
+    """The unit's ``Key=value`` lines (first occurrence wins)."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         if "=" in line and not line.startswith(("#", "[")):
