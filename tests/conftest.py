@@ -13,8 +13,18 @@ import os
 from collections.abc import Generator, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.sshd import OpenSsh
+
+# Machines here are shared and noisy: a test must not fail because generating or running an
+# example took long. Correctness checks stay; wall-clock ones (deadline, too_slow) go.
+settings.register_profile(
+    "reward-supervisor",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("reward-supervisor")
 
 
 @pytest.fixture(scope="session")
