@@ -139,11 +139,16 @@ def write_atomic(path: str, text: str) -> None:
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
+            os.unlink(tmp)
+        raise
 
 
 # --- identity ---------------------------------------------------------------------------
@@ -429,10 +434,12 @@ def shepherd() -> int:
         return 1
     stat = proc_stat(worker.pid)
     start_time = stat[2] if stat else 0
-    _report({"ok": True, "pid": worker.pid, "start_time": start_time})
+    heard = _report({"ok": True, "pid": worker.pid, "start_time": start_time})
     # From here on our own words go to the worker's log; the agent's pipe reads EOF.
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    if not heard:
+        _log(log_fd, f"the launching agent was gone; worker pid {worker.pid} runs unreported")
     status = worker.wait()
     exit_code = status if status >= 0 else None
     signum = -status if status < 0 else None
@@ -457,12 +464,19 @@ def shepherd() -> int:
     return 0
 
 
-def _report(message: dict[str, Any]) -> None:
-    """Tell the launching agent (one line on stdout), then let go of its pipe."""
-    os.write(1, (json.dumps(message) + "\n").encode("utf-8"))
+def _report(message: dict[str, Any]) -> bool:
+    """Tell the launching agent (one line on stdout), then let go of its pipe; False if the
+    agent was gone (its connection dropped mid-launch), which must not end the shepherd:
+    the worker runs either way and still needs its exit recorded and its lock held."""
+    try:
+        os.write(1, (json.dumps(message) + "\n").encode("utf-8"))
+        heard = True
+    except OSError:  # EPIPE: nobody reads the pipe any more
+        heard = False
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
+    return heard
 
 
 def _log(fd: int, text: str) -> None:
@@ -519,7 +533,6 @@ def _start(spec: dict[str, Any]) -> tuple[int, int, subprocess.Popen[bytes]]:
         raise OpError(f"cannot start worker {spec['argv'][0]}: {exc}") from None
     stat = proc_stat(worker.pid)
     start_time = stat[2] if stat else 0
-    write_atomic(spec["pidfile"], f"{worker.pid}\n")
     record = {
         "pid": worker.pid,
         "start_time": start_time,
@@ -530,16 +543,31 @@ def _start(spec: dict[str, Any]) -> tuple[int, int, subprocess.Popen[bytes]]:
         "shepherd_pid": os.getpid(),
         "launched_at": time.time(),
     }
-    write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n")
+    try:
+        write_atomic(spec["pidfile"], f"{worker.pid}\n")
+        write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n")
+    except OSError as exc:
+        # Unrecorded (a full disk, say), the worker would run unknown to every probe and the
+        # next launch would start a second one beside it: end it before reporting failure.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        with contextlib.suppress(OSError):
+            _log(log_fd, f"cannot record worker pid {worker.pid}: {exc}; killed it")
+        raise OpError(f"cannot record the worker's pid ({exc}); it was killed") from None
     holder = {
         "pid": worker.pid,
         "host": spec["host"],
         "boot_id": boot_id(),
         "shepherd_pid": os.getpid(),
     }
-    os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
-    _log(log_fd, f"worker pid {worker.pid} started")
+    # From here the worker is recorded and ours to watch: what follows is only a courtesy
+    # (the holder's name in refusals, a log line) and must not end the shepherd if it fails.
+    with contextlib.suppress(OSError):
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
+    with contextlib.suppress(OSError):
+        _log(log_fd, f"worker pid {worker.pid} started")
     return lock_fd, log_fd, worker
 
 
