@@ -51,6 +51,8 @@ PERSIST_INTERVAL_S: Final = 0.5
 STARTUP_SLACK_S: Final = 10.0
 # Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
 SHUTDOWN_SLACK_S: Final = 15.0
+# STATUS= is for people; one summary per 0.1 s of changes is as current as anyone reads it.
+STATUS_COALESCE_S: Final = 0.1
 
 
 class RemoteLike(Protocol):
@@ -143,6 +145,8 @@ class Daemon:
         self._reload_wanted = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._settled = asyncio.Event()
+        self._unsettled: set[str] = set()  # hosts whose start-up is not done yet
+        self._publish_pending = False
         self._change = asyncio.Event()
         self._history_dirty = False
         self._summary = ""
@@ -156,6 +160,7 @@ class Daemon:
         self._freeze = fleet.Freeze()
         self._budget = fleet.Budget()
         self._fleet_timer: asyncio.TimerHandle | None = None
+        self._state_changes = 0  # host state transitions so far (tells batches that matter)
         self._tearing_down = False
         self._metrics: Metrics | None = None
 
@@ -350,6 +355,8 @@ class Daemon:
             )
         member = _Member(cfg=cfg, host=host, remote=remote)
         self._members[name] = member
+        if not self._ready and not _settled(member):
+            self._unsettled.add(name)
         return member
 
     def _start_member(self, member: _Member) -> None:
@@ -387,29 +394,46 @@ class Daemon:
         self._arm_timer(member, host.deadline_at)
         if health.history_of(host) != health.history_of(before):
             self._history_dirty = True
+        if host.state is not before.state:
+            self._state_changes += 1
         if host.state is not before.state or host.ssh_up != before.ssh_up or host.op != before.op:
             self._after_change(member)
 
     def _after_change(self, member: _Member) -> None:
         if member.host.state is not health.HostState.STARTING:
             self._cancel_queued_launch(member)
-        self._publish_status()
+        self._publish_status_soon()
         self._change.set()
         if member.retiring and member.host.state is health.HostState.STOPPED:
             self._drop_member(member)
         if not self._ready:
-            self._check_settled()
+            self._check_settled(member)
 
-    def _check_settled(self) -> None:
-        if all(_settled(m) for m in self._members.values()):
+    def _check_settled(self, member: _Member | None = None) -> None:
+        """Start-up is over once no host is unsettled; ``member`` is the host that changed."""
+        # Tracked host by host as each changes: re-checking all N hosts on every change made
+        # start-up quadratic (seconds of CPU at 1000 hosts, docs/BENCHMARKS.md).
+        if member is not None and self._members.get(member.cfg.name) is member:
+            if _settled(member):
+                self._unsettled.discard(member.cfg.name)
+            else:
+                self._unsettled.add(member.cfg.name)
+        if not self._unsettled:
             self._settled.set()
 
     def _on_observations(self, observations: list[Observation]) -> None:
+        changes = self._state_changes
         for obs in observations:
             event = _event_of(obs)
             if event is not None:
                 self._feed(obs.host, event)
-        self._assess_fleet()
+        # The fleet is assessed on its own timer as silences grow. A batch matters to it only
+        # if the fleet is frozen (heartbeats thaw it) or a host changed state (the count of
+        # hosts that should run sets the threshold): heartbeats alone only shorten silences,
+        # so they cannot freeze it. Assessing all N hosts after every batch of heartbeats
+        # cost ~5% of a core at 1000 hosts (docs/BENCHMARKS.md).
+        if self._freeze.frozen or self._state_changes != changes:
+            self._assess_fleet()
 
     # ------------------------------------------------------------------------------------
     # Fleet: common-mode freeze and launch budget (decided in fleet.py)
@@ -488,7 +512,7 @@ class Daemon:
         log.info("ssh.up" if up else "ssh.down", host=name, reason=reason)
         self._feed(name, health.SshRestored() if up else health.SshLost(reason=reason))
         if member is not None and not self._ready:
-            self._check_settled()
+            self._check_settled(member)
 
     def _arm_timer(self, member: _Member, deadline_at: float | None) -> None:
         if member.timer is not None:
@@ -573,13 +597,18 @@ class Daemon:
 
     async def _launch(self, member: _Member) -> None:
         try:
-            await self._launch_now(member)
+            event = await self._launch_now(member)
         finally:
             self._budget = fleet.launch_done(self._budget, member.cfg.name)
             if self._tg is not None and not self._tearing_down:
                 self._grant_launches()
+        # Only now, with the slot given back: a relaunch the core asks for at once (the first
+        # failure after a healthy spell) would otherwise find this launch still in flight,
+        # count as a duplicate request, and be dropped, leaving the host waiting forever.
+        self._feed(member.cfg.name, event)
 
-    async def _launch_now(self, member: _Member) -> None:
+    async def _launch_now(self, member: _Member) -> health.Event:
+        """Run one launch; the event that answers it (fed by the caller)."""
         name, spec = member.cfg.name, self._spec(member)
         started = time.monotonic()
         event: health.Event
@@ -605,7 +634,7 @@ class Daemon:
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.launched", host=name, pid=result.pid, elapsed_ms=elapsed_ms)
             event = health.Launched(pid=result.pid)
-        self._feed(name, event)
+        return event
 
     async def _terminate(self, member: _Member, action: health.Terminate) -> None:
         name, spec = member.cfg.name, self._spec(member)
@@ -694,13 +723,24 @@ class Daemon:
         except OSError as exc:
             log.error("run.files_not_written", reason=str(exc))
         for name in plan.removed:
+            # A host still waiting for its shard or name never started: forget it, or it
+            # would start later although no config has it any more.
+            self._waiting.pop(name, None)
             self._retire(name, "removed from config by reload")
         for name in plan.updated:
+            cfg = new.host(name)
+            if name in self._waiting and cfg is not None:
+                # Not started yet; a member of that name is its retiring predecessor, which
+                # must not be touched. It will start with these settings.
+                self._waiting[name] = cfg
+                continue
             member = self._members[name]
-            member.cfg = new.host(name) or member.cfg
+            member.cfg = cfg or member.cfg
             member.remote.update(member.cfg, new.ssh, new.worker.python)
         for name in plan.restarted:
-            self._feed(name, health.RestartRequested(reason="launch parameters changed by reload"))
+            if name not in self._waiting:
+                reason = "launch parameters changed by reload"
+                self._feed(name, health.RestartRequested(reason=reason))
         for name in plan.added:
             cfg = new.host(name)
             if cfg is not None:
@@ -729,6 +769,7 @@ class Daemon:
         if self._members.get(name) is not member:
             return
         del self._members[name]
+        self._unsettled.discard(name)
         self._stop_member_tasks(member)
         if self._tg is not None:
             self._tg.create_task(_aclose_quietly(member.remote, name), name=f"close:{name}")
@@ -736,10 +777,12 @@ class Daemon:
         self._admit_waiting()
 
     def _admit_waiting(self) -> None:
-        """Add hosts whose shard no retiring host still holds (one worker per shard)."""
+        """Add hosts whose shard no retiring host still holds (one worker per shard), and whose
+        name no retiring host still holds (a host re-added while its old self is stopping
+        waits for it: replacing the member would orphan its tasks and connection)."""
         busy = {m.cfg.shard for m in self._members.values()}
         for name, cfg in list(self._waiting.items()):
-            if cfg.shard in busy and name not in self._members:
+            if cfg.shard in busy or name in self._members:
                 continue
             del self._waiting[name]
             sentinel = layout.layout_of(self._config).stop_sentinel(name).exists()
@@ -816,7 +859,15 @@ class Daemon:
     # ------------------------------------------------------------------------------------
     # Status
 
+    def _publish_status_soon(self) -> None:
+        """``_publish_status`` within STATUS_COALESCE_S, once however many hosts change
+        meanwhile: the summary counts all N hosts, and start-up changes thousands."""
+        if not self._publish_pending:
+            self._publish_pending = True
+            asyncio.get_running_loop().call_later(STATUS_COALESCE_S, self._publish_status)
+
     def _publish_status(self) -> None:
+        self._publish_pending = False
         text = view.summary(m.host.state.value for m in self._members.values())
         if self._freeze.frozen:
             text = f"FROZEN (restarts held: {self._freeze.reason}); {text}"
@@ -830,6 +881,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         """Request ``{"cmd": "status"}``; response ``{"daemon": {...}, "hosts": {...}}``."""
+        self._publish_status()  # the summary as of now, not as of the last coalesced update
         now = asyncio.get_running_loop().time()
         hosts = {
             name: view.host_row(m.host, m.cfg, now, self._config.health)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import random
 import shlex
 import time
@@ -214,8 +215,8 @@ class RemoteHost:
                     host.address,
                     host.port,
                     username=host.username or ssh.username,
-                    known_hosts=str(ssh.known_hosts),
-                    client_keys=[str(key) for key in ssh.client_keys] or None,
+                    known_hosts=_trusted_hosts(ssh.known_hosts),
+                    client_keys=_client_keys(ssh.client_keys),
                     # Nothing from $HOME: no ~/.ssh/config, agent, default keys or CAs.
                     config=None,
                     agent_path=None,
@@ -720,6 +721,60 @@ async def _close(conn: asyncssh.SSHClientConnection) -> None:
             await conn.wait_closed()
     except TimeoutError:
         conn.abort()
+
+
+# Parsed known_hosts and client keys, shared by every host and re-read only when a file
+# changes. asyncssh parses what it is given as paths on every connect, on the event loop:
+# a fleet's known_hosts has a line per host, and 1000 connects each parsing 1000 lines cost
+# more CPU than the handshakes themselves (bench/bench_connect.py). One stat per connect
+# keeps the old behaviour: an edited file takes effect at the next connect.
+_FileStamp = tuple[int, int, int, int, int]
+_known_hosts_cache: dict[Path, tuple[_FileStamp, asyncssh.SSHKnownHosts]] = {}
+_client_keys_cache: dict[
+    tuple[Path, ...], tuple[tuple[_FileStamp | None, ...], list[asyncssh.SSHKeyPair]]
+] = {}
+
+
+def _stamp(path: Path) -> _FileStamp:
+    """What changes when a file is edited or replaced; raises OSError if it is unreadable."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _stamp_or_none(path: Path) -> _FileStamp | None:
+    try:
+        return _stamp(path)
+    except OSError:
+        return None
+
+
+def _trusted_hosts(path: Path) -> asyncssh.SSHKnownHosts:
+    """``path`` parsed, from the cache while the file is unchanged."""
+    stamp = _stamp(path)
+    hit = _known_hosts_cache.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    parsed = asyncssh.read_known_hosts(str(path))
+    _known_hosts_cache[path] = (stamp, parsed)
+    return parsed
+
+
+def _client_keys(paths: tuple[Path, ...]) -> list[asyncssh.SSHKeyPair] | None:
+    """The key pairs (and certificates beside them, as asyncssh finds them) of ``paths``,
+    from the cache while the files are unchanged; None when no key is configured."""
+    if not paths:
+        return None
+    stamps = tuple(
+        stamp
+        for path in paths
+        for stamp in (_stamp(path), _stamp_or_none(Path(f"{path}-cert.pub")))
+    )
+    hit = _client_keys_cache.get(paths)
+    if hit is not None and hit[0] == stamps:
+        return hit[1]
+    pairs = list(asyncssh.load_keypairs([str(path) for path in paths]))
+    _client_keys_cache[paths] = (stamps, pairs)
+    return pairs
 
 
 def _spec_json(spec: LaunchSpec) -> dict[str, Any]:

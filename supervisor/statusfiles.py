@@ -164,7 +164,7 @@ def parse_status(data: bytes) -> StatusRecord | StatusProblem:
     return StatusRecord(pid=pid, ready=ready, heartbeat_at=heartbeat_at, seq=seq)
 
 
-def read_status(path: Path) -> StatusRecord | StatusProblem:
+def read_status(path: str | os.PathLike[str]) -> StatusRecord | StatusProblem:
     """Read and parse one status file; a missing file is ``StatusProblem("missing")``."""
     data = _read_capped(path)
     return data if isinstance(data, StatusProblem) else parse_status(data)
@@ -190,7 +190,7 @@ def parse_exit(data: bytes) -> ExitRecord | None:
     )
 
 
-def read_exit(path: Path) -> ExitRecord | None:
+def read_exit(path: str | os.PathLike[str]) -> ExitRecord | None:
     """Read and parse one exit record; ``None`` when missing or unreadable."""
     data = _read_capped(path)
     return None if isinstance(data, StatusProblem) else parse_exit(data)
@@ -230,7 +230,7 @@ def _finite(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _read_capped(path: Path) -> bytes | StatusProblem:
+def _read_capped(path: str | os.PathLike[str]) -> bytes | StatusProblem:
     # O_NONBLOCK: a FIFO planted under a status name must not block the reader forever.
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -404,8 +404,10 @@ class Watcher:
         self._poll_interval_s = poll_interval_s
         self._debounce_ms = max(1, debounce_ms)
         # The Rust loop sleeps `step` between looks at its event set and takes the GIL each
-        # time; half the debounce (10..50 ms) keeps latency near `debounce` without spinning.
-        self._step_ms = max(10, min(50, self._debounce_ms // 2))
+        # time. A lone change (an exit record) is delivered after one to two steps, a stream
+        # after `debounce`: a fifth of the debounce (10..50 ms) delivers an exit in ~20 ms
+        # instead of ~40 ms for ~0.3% of a core more when idle (docs/BENCHMARKS.md).
+        self._step_ms = max(10, min(50, self._debounce_ms // 5))
         self._rescan_interval_s = rescan_interval_s
         self._health_window_s = max(_HEALTH_WINDOW_S, 3 * poll_interval_s)
         self.watching = False
@@ -413,6 +415,7 @@ class Watcher:
         self.parse_errors = 0
 
         self._root_str = str(self._layout.root)
+        self._paths: dict[_Key, str] = {}
         self._status_str = str(self._layout.status_dir)
         self._ctl_str = str(self._layout.ctl)
         self._last: dict[_Key, Observation] = {}
@@ -600,6 +603,11 @@ class Watcher:
             key = self._key_of(path)
             if key is None:
                 self._check_dirs = True
+                if path in (self._root_str, self._status_str, self._ctl_str):
+                    # A watched directory was removed, made or replaced. Its (dev, inode) can
+                    # come back unchanged (ext4 reuses a freed inode at once), so comparing
+                    # ids would keep the dead watch: start a fresh one, which re-reads all.
+                    self._restart.set()
             else:
                 self._pending.add(key)
         if self._pending or self._check_dirs:
@@ -691,13 +699,20 @@ class Watcher:
             ctl=_dir_id(self._ctl_str),
         )
 
-    def _path_of(self, key: _Key) -> Path:
-        host, kind = key
-        if kind == "status":
-            return self._layout.status(host)
-        if kind == "exit":
-            return self._layout.exit_record(host)
-        return self._layout.stop_sentinel(host)
+    def _path_of(self, key: _Key) -> str:
+        # Built once per host and kind: joining Paths for every read of every heartbeat
+        # cost a third of the read itself at 1000 hosts (bench/bench_core.py).
+        path = self._paths.get(key)
+        if path is None:
+            host, kind = key
+            if kind == "status":
+                built = self._layout.status(host)
+            elif kind == "exit":
+                built = self._layout.exit_record(host)
+            else:
+                built = self._layout.stop_sentinel(host)
+            path = self._paths[key] = str(built)
+        return path
 
     def _read_batch(self, keys: Iterable[_Key], *, check_dirs: bool) -> _Batch:
         ctl_exists: bool | None = None
@@ -766,7 +781,7 @@ def _all_keys(hosts: Iterable[str]) -> list[_Key]:
 _Signature = tuple[int, ...] | None
 
 
-def _signature(path: Path) -> _Signature:
+def _signature(path: str) -> _Signature:
     """What poll mode compares: identity, size and nanosecond times; None when missing.
 
     An atomic rewrite always changes the inode, so it is seen whatever the timestamp
@@ -789,7 +804,7 @@ def _dir_id(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
-def _exists(path: Path) -> bool | None:
+def _exists(path: str) -> bool | None:
     """Whether ``path`` exists; ``None`` when the filesystem would not say."""
     try:
         os.stat(path)
