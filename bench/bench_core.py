@@ -1,0 +1,139 @@
+"""What one heartbeat costs the daemon, piece by piece, in one process (no I/O but the read).
+
+    .venv/bin/python -m bench.bench_core [--hosts 1000]
+
+Per heartbeat the daemon reads and parses a status file (``statusfiles``), feeds one
+``HeartbeatSeen`` to ``health.step`` and re-arms that host's timer; per watcher batch it
+assesses the fleet (``fleet.assess`` and ``fleet.next_assessment_at``, O(hosts)). This
+times each piece in a loop on a READY host (median of 5 repetitions) so the scale
+benchmark's CPU figure can be split into its parts. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from bench.common import SCRATCH
+from supervisor import fleet, health, view
+from supervisor.statusfiles import parse_status, read_status
+
+POLICY = health.Policy(heartbeat_stale_s=60.0)
+
+
+def ready_host(name: str, now: float) -> health.Host:
+    """A host adopted and ready, as at steady state."""
+    host = health.new_host(name, now)
+    for event in (
+        health.SshRestored(),
+        health.HeartbeatSeen(pid=5, ready=True, remote_heartbeat_at=1.0, remote_seq=1),
+        health.ProbeResult(pid=5),
+        health.HeartbeatSeen(pid=5, ready=True, remote_heartbeat_at=2.0, remote_seq=2),
+    ):
+        host, _ = health.step(host, event, now, POLICY)
+        now += 0.5
+    assert host.state is health.HostState.READY
+    return host
+
+
+def per_call(fn: Callable[[int], object], n: int) -> float:
+    """Median seconds per call of ``fn(i)`` over 5 runs of ``n`` calls."""
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        runs.append((time.perf_counter() - start) / n)
+    return statistics.median(runs)
+
+
+def measure(hosts: int) -> list[tuple[str, float, str]]:
+    """(piece, seconds per call, how often it runs)."""
+    now = 1000.0
+    host = ready_host("h0", now)
+    state = {"host": host}
+
+    def beat(i: int) -> None:
+        event = health.HeartbeatSeen(
+            pid=5, ready=True, remote_heartbeat_at=10.0 + i, remote_seq=10 + i
+        )
+        state["host"], _ = health.step(state["host"], event, now + 2 + i * 1e-3, POLICY)
+
+    fleet_hosts = [replace(host, name=f"h{i}") for i in range(hosts)]
+    policy = fleet.FleetPolicy(heartbeat_stale_s=POLICY.heartbeat_stale_s)
+    freeze = fleet.Freeze()
+
+    def assess(_i: int) -> None:
+        fleet.assess(freeze, fleet_hosts, now + 3, policy)
+        fleet.next_assessment_at(freeze, fleet_hosts, now + 3, policy)
+
+    def summary(_i: int) -> None:
+        view.summary(h.state.value for h in fleet_hosts)
+
+    def history(_i: int) -> None:
+        _ = health.history_of(host) != health.history_of(host)
+
+    loop = asyncio.new_event_loop()
+    handles = [loop.call_at(1e9, lambda: None)]
+
+    def rearm(i: int) -> None:
+        handles[0].cancel()
+        handles[0] = loop.call_at(1e9 + i, lambda: None)
+
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
+        path = Path(tmp) / "h0.json"
+        data = json.dumps(
+            {"ready": True, "heartbeat_at": time.time(), "pid": 5, "seq": 3, "host": "h0"}
+        ).encode()
+        path.write_bytes(data)
+        read = per_call(lambda _i: read_status(path), 20_000)
+    rows = [
+        ("statusfiles.read_status (open, fstat, read, close, parse)", read, "per heartbeat"),
+        (
+            "statusfiles.parse_status (of that: JSON and checks)",
+            per_call(lambda _i: parse_status(data), 20_000),
+            "per heartbeat",
+        ),
+        ("health.step(HeartbeatSeen) on a ready host", per_call(beat, 20_000), "per heartbeat"),
+        ("health.history_of x2 and compare (daemon._feed)", per_call(history, 20_000), "per event"),
+        (
+            "dataclasses.replace(Host, one field)",
+            per_call(lambda i: replace(host, alive_at=float(i)), 20_000),
+            "inside step",
+        ),
+        (
+            "loop timer cancel + call_at (daemon._arm_timer)",
+            per_call(rearm, 20_000),
+            "per heartbeat",
+        ),
+        (
+            f"fleet.assess + next_assessment_at, {hosts} hosts",
+            per_call(assess, 200),
+            "per watcher batch",
+        ),
+        (f"view.summary, {hosts} hosts", per_call(summary, 200), "per state change"),
+    ]
+    loop.close()
+    return rows
+
+
+def main() -> None:
+    """Print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=1000)
+    args = parser.parse_args()
+    print("| piece | cost | runs |")
+    print("|---|---:|---|")
+    for name, seconds, when in measure(args.hosts):
+        print(f"| {name} | {seconds * 1e6:.1f} µs | {when} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+"""Every benchmark of the supervisor, side by side with the old way, in one run; one report.
+
+    .venv/bin/python bench/run.py --quick     # ~10 minutes
+    .venv/bin/python bench/run.py --full      # ~45 minutes
+    .venv/bin/python bench/run.py --only ops,scale,idle --out FILE
+
+Sections (each module's docstring says exactly what it measures):
+
+- ``ops``: crash, hang, restart-host, start/stop/kill 50 hosts; our daemon, the old way
+  (``oldway.py``) and the floor, against one real OpenSSH sshd on loopback
+  (``ops.py``); first with sessions that run no rc files, then with root's own rc files;
+- ``scale``: one daemon supervising 100 to 1000 simulated hosts (``scale.py``,
+  ``fleetsim.py``), inotify and poll mode;
+- ``idle``: the daemon's CPU over 60 s with a small fleet of real workers.
+
+Writes ``bench/results/report-quick.md`` or ``report-full.md`` (or ``--out``) and prints it.
+Measurements only: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `python bench/run.py` from a checkout
+
+from bench import scale  # noqa: E402 - after the path tweak that makes the checkout importable
+from bench.common import (  # noqa: E402
+    fmt_range,
+    fmt_s,
+    load_average,
+    machine_facts,
+    median,
+    percentile,
+    raise_nofile,
+    ratio,
+)
+from bench.ops import FLEET, STALE_S, OpsResults, bench_ops  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of everything to measure."""
+
+    name: str
+    runs: int
+    fleet_runs: int
+    rc_runs: int
+    rc_fleet_runs: int
+    scale_sizes: tuple[int, ...]
+    scale_modes: tuple[str, ...]
+    window_s: float
+    exit_samples: int
+    stale_samples: int
+    idle_s: float
+
+
+QUICK = Plan(
+    name="quick",
+    runs=3,
+    fleet_runs=1,
+    rc_runs=2,
+    rc_fleet_runs=0,
+    scale_sizes=(100, 1000),
+    scale_modes=("inotify", "poll"),
+    window_s=30.0,
+    exit_samples=20,
+    stale_samples=3,
+    idle_s=60.0,
+)
+FULL = Plan(
+    name="full",
+    runs=10,
+    fleet_runs=3,
+    rc_runs=5,
+    rc_fleet_runs=1,
+    scale_sizes=(100, 500, 1000),
+    scale_modes=("inotify", "poll"),
+    window_s=60.0,
+    exit_samples=40,
+    stale_samples=5,
+    idle_s=60.0,
+)
+
+
+@dataclass
+class Report:
+    """Everything measured in one run."""
+
+    plan: Plan
+    started: str
+    facts: dict[str, str]
+    load_start: str
+    load_end: str = ""
+    ops: OpsResults | None = None
+    ops_rc: OpsResults | None = None
+    scales: list[scale.ScaleResult] = field(default_factory=list)
+    idle: scale.IdleResult | None = None
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    profile_dir: Path | None = None
+
+
+# --- running ------------------------------------------------------------------------------
+
+
+async def measure(plan: Plan, only: set[str], report: Report) -> None:
+    """Run the selected sections into ``report``; a section that fails is reported, and
+    the others still run."""
+    with tempfile.TemporaryDirectory(prefix="bench-sshd-") as tmp:
+        if "ops" in only:
+            print("== ops (sessions without rc files)", flush=True)
+            with _section(report, "ops"):
+                report.ops = await bench_ops(Path(tmp) / "clean", plan.runs, plan.fleet_runs)
+            if plan.rc_runs:
+                print("== ops (root's rc files)", flush=True)
+                with _section(report, "ops with rc files"):
+                    report.ops_rc = await bench_ops(
+                        Path(tmp) / "rc", plan.rc_runs, plan.rc_fleet_runs, rc_files=True
+                    )
+        if "scale" in only:
+            for hosts in plan.scale_sizes:
+                for mode in plan.scale_modes:
+                    print(f"== scale: {hosts} hosts, {mode}", flush=True)
+                    report.scales.append(
+                        await scale.run_scale(
+                            hosts,
+                            mode,
+                            window_s=plan.window_s,
+                            exit_samples=min(plan.exit_samples, hosts // 3),
+                            stale_samples=plan.stale_samples,
+                            profile_dir=report.profile_dir,
+                        )
+                    )
+        if "idle" in only:
+            print("== idle", flush=True)
+            with _section(report, "idle"):
+                report.idle = await scale.run_idle(Path(tmp) / "idle", 5, plan.idle_s)
+
+
+@contextlib.contextmanager
+def _section(report: Report, name: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - one failed section must not lose the others
+        report.errors.append(f"{name}: {type(exc).__name__}: {str(exc)[:1000]}")
+        traceback.print_exc()
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+OPS_ROWS = (
+    ("crash", "kill -9 of the worker -> replacement's ready heartbeat on disk"),
+    ("hang - stale time", f"SIGSTOP -> replacement ready, minus last beat + {STALE_S:g} s"),
+    ("restart-host", "operator command -> new pid's ready heartbeat"),
+    (f"start {FLEET}", f"start command -> all {FLEET} ready"),
+    (f"stop {FLEET}", f"stop command -> all {FLEET} workers gone"),
+    (f"kill {FLEET}", f"all {FLEET} workers SIGKILLed at once -> {FLEET} new pids ready"),
+)
+
+
+def floor_parts(ops: OpsResults, row: str) -> tuple[float, str]:
+    """The floor of an operation: one conn.run round trip plus what the workers take."""
+    f = ops.floor
+    run = median(f.get("conn.run('true')", []))
+    start, stop = median(f.get("worker start", [])), median(f.get("worker stop", []))
+    fleet_start = median(f.get(f"{FLEET} workers start", []))
+    fleet_stop = median(f.get(f"{FLEET} workers stop", []))
+    parts = {
+        "crash": (run + start, "run + start"),
+        "hang - stale time": (run + stop + start, "run + stop + start"),
+        "restart-host": (run + stop + start, "run + stop + start"),
+        f"start {FLEET}": (run + fleet_start, f"run + {FLEET} start"),
+        f"stop {FLEET}": (run + fleet_stop, f"run + {FLEET} stop"),
+        f"kill {FLEET}": (run + fleet_start, f"run + {FLEET} start"),
+    }
+    return parts[row]
+
+
+def ops_table(ops: OpsResults) -> list[str]:
+    """The side-by-side table."""
+    lines = [
+        "| operation | ours: median (range) | old way: median (range) | old / ours |"
+        " floor | ours / floor |",
+        "|---|---|---|---:|---|---:|",
+    ]
+    for row, _what in OPS_ROWS:
+        ours, old = ops.ours.get(row, []), ops.old.get(row, [])
+        floor, how = floor_parts(ops, row)
+        over = f"{median(ours) / floor:.1f}x" if ours and floor > 0 else "-"
+        lines.append(
+            f"| {row} | {fmt_range(ours)} | {fmt_range(old)} | {ratio(old, ours)} |"
+            f" {fmt_s(floor)} ({how}) | {over} |"
+        )
+    lines += ["", "Floor parts (measured in the same run):", ""]
+    lines += ["| part | median (range) | samples |", "|---|---|---:|"]
+    for name, samples in ops.floor.items():
+        lines.append(f"| {name} | {fmt_range(samples)} | {len(samples)} |")
+    extra = [k for k in ops.ours if k not in dict(OPS_ROWS)]
+    if extra:
+        lines += ["", "Our daemon, in detail (from its own log timestamps):", ""]
+        lines += ["| step | median (range) | samples |", "|---|---|---:|"]
+        for name in extra:
+            lines.append(f"| {name} | {fmt_range(ops.ours[name])} | {len(ops.ours[name])} |")
+    return lines
+
+
+def scale_table(results: list[scale.ScaleResult]) -> list[str]:
+    """One row per fleet size and watch mode."""
+    lines = [
+        "| hosts | watch | connect + adopt | daemon CPU (% of a core) | CPU per heartbeat |"
+        " RSS | RSS per host | threads | beats/s | sim lag p99 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        cpu = r.cpu
+        percent = f"{cpu.percent:.1f}" if cpu else "-"
+        rss = f"{cpu.rss_end / 2**20:.0f} MB" if cpu else "-"
+        per_host = f"{cpu.rss_end / r.hosts / 1024:.0f} KB" if cpu else "-"
+        lines.append(
+            f"| {r.hosts} | {r.mode} | {fmt_s(r.adopt_s)} | {percent} |"
+            f" {r.cpu_us_per_write:.0f} µs | {rss} | {per_host} | {r.threads} |"
+            f" {r.writes_per_s:.0f} | {r.writer_late_p99_ms:.0f} ms |"
+        )
+    lines += [
+        "",
+        "Status write -> state change (ms): p50 / p99 / max (samples)",
+        "",
+        "| hosts | watch | exit record -> `host.state` | exit record -> launch sent |"
+        " first heartbeat -> `ready` | stale detected after last beat + stale_s |",
+        "|---:|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.hosts} | {r.mode} | {_pcts(r.exit_to_state)} | {_pcts(r.exit_to_launch)} |"
+            f" {_pcts(r.beat_to_ready)} | {_pcts(r.stale_error)} |"
+        )
+    errors = [f"{r.hosts}/{r.mode}: {e}" for r in results for e in r.errors]
+    if errors:
+        lines += ["", "Errors:", "", *(f"- {e}" for e in errors)]
+    return lines
+
+
+def _pcts(samples: list[float]) -> str:
+    if not samples:
+        return "-"
+    p50, p99 = percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+    return f"{p50:.0f} / {p99:.0f} / {max(samples) * 1000:.0f} ({len(samples)})"
+
+
+def targets(report: Report) -> list[str]:
+    """Each target beside its measured value."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+
+    def row(target: str, measured: str, met: bool | None) -> None:
+        verdict = "-" if met is None else ("yes" if met else "**no**")
+        lines.append(f"| {target} | {measured} | {verdict} |")
+
+    ops = report.ops
+    if ops is not None:
+        launch = ops.ours.get("crash -> launch issued", [])
+        if launch:
+            row(
+                "crash -> launch command issued within 50 ms of the exit",
+                f"median {fmt_s(median(launch))}, max {fmt_s(max(launch))}",
+                max(launch) <= 0.05,
+            )
+        run = median(ops.floor.get("conn.run('true')", []))
+        restart = median(ops.ours.get("restart-host", []))
+        worker = median(ops.floor.get("worker stop", [])) + median(
+            ops.floor.get("worker start", [])
+        )
+        if not math.isnan(restart):
+            overhead = restart - worker
+            row(
+                "restart-host overhead within 3x one conn.run round trip",
+                f"{fmt_s(overhead)} (restart {fmt_s(restart)} - worker stop+start"
+                f" {fmt_s(worker)}) vs 3 x {fmt_s(run)} = {fmt_s(3 * run)}",
+                overhead <= 3 * run,
+            )
+        start50 = median(ops.ours.get(f"start {FLEET}", []))
+        budget = 2.0 + median(ops.floor.get("worker start", []))
+        if not math.isnan(start50):
+            row(
+                f"start of {FLEET} hosts within 2 s plus one worker start-up",
+                f"{fmt_s(start50)} vs {fmt_s(budget)}",
+                start50 <= budget,
+            )
+    for r in report.scales:
+        if r.hosts == max(s.hosts for s in report.scales) and r.cpu is not None:
+            row(
+                f"{r.hosts} hosts ({r.mode}) steady state under 2% of one core",
+                f"{r.cpu.percent:.1f} %",
+                r.cpu.percent < 2.0,
+            )
+            row(
+                f"{r.hosts} hosts ({r.mode}) under 200 MB RSS",
+                f"{r.cpu.rss_end / 2**20:.0f} MB",
+                r.cpu.rss_end < 200 * 2**20,
+            )
+    for r in report.scales:
+        samples = r.exit_to_state + r.beat_to_ready
+        if not samples:
+            continue
+        limit = 0.3 if r.mode == "inotify" else 1.0 + 0.05
+        row(
+            f"p99 status write -> state change, {r.hosts} hosts, {r.mode} (< {fmt_s(limit)})",
+            f"{percentile(samples, 99) * 1000:.0f} ms",
+            percentile(samples, 99) <= limit,
+        )
+    return lines
+
+
+def render(report: Report) -> str:
+    """The whole markdown report."""
+    plan = report.plan
+    lines = [
+        f"# reward-supervisor benchmarks ({plan.name})",
+        "",
+        f"Command: `.venv/bin/python bench/run.py --{plan.name}`; started {report.started},"
+        f" took {report.wall_s / 60:.1f} min.",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in report.facts.items()),
+        f"| load average (1/5/15 min) at start | {report.load_start} |",
+        f"| load average at end | {report.load_end} |",
+        "",
+    ]
+    if report.ops is not None:
+        lines += [
+            "## Operations: ours vs the old way vs the floor",
+            "",
+            "Real OpenSSH sshd on 127.0.0.1-3; SSH sessions run no rc files (an empty"
+            " `$HOME`, as a service account has). Times from the bench's action to the"
+            " outcome on disk.",
+            "",
+            *ops_table(report.ops),
+            "",
+        ]
+    if report.ops_rc is not None:
+        lines += [
+            "## Operations with root's rc files (`~/.bashrc` runs `pyenv init`)",
+            "",
+            "Every new SSH session pays the rc files: the old way once per command, our"
+            " daemon once per connection (the agent channel stays open).",
+            "",
+            *ops_table(report.ops_rc),
+            "",
+        ]
+    if report.scales:
+        lines += [
+            "## Scale: one daemon, simulated hosts heartbeating once a second",
+            "",
+            *scale_table(report.scales),
+            "",
+        ]
+    if report.idle is not None:
+        idle = report.idle
+        lines += [
+            "## Idle: a small fleet, nothing happening",
+            "",
+            f"{idle.hosts} reference workers heartbeating every second on the OpenSSH sshd"
+            f" (product defaults: keepalive 15 s, debounce 50 ms): the daemon used"
+            f" {idle.cpu.percent:.2f} % of one core over {idle.cpu.seconds:.0f} s"
+            f" ({idle.cpu.cpu_s * 1000:.0f} ms of CPU), RSS {idle.cpu.rss_end / 2**20:.0f} MB.",
+            "",
+        ]
+    lines += ["## Targets", "", *targets(report), ""]
+    if report.errors:
+        lines += ["## Sections that failed", "", *(f"- {e}" for e in report.errors), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Parse arguments, measure, write the report."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer samples (default)")
+    size.add_argument("--full", action="store_true", help="more samples and fleet sizes")
+    parser.add_argument("--only", default="ops,scale,idle", help="sections, comma-separated")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy profiles of the scale runs here"
+    )
+    args = parser.parse_args()
+    plan = FULL if args.full else QUICK
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    raise_nofile()
+    report = Report(
+        plan=plan,
+        started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        facts=machine_facts(),
+        load_start=load_average(),
+        profile_dir=args.profile,
+    )
+    t0 = time.monotonic()
+    asyncio.run(measure(plan, only, report))
+    report.wall_s = time.monotonic() - t0
+    report.load_end = load_average()
+    text = render(report)
+    out = args.out or RESULTS / f"report-{plan.name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Soak: the fault suite's checks held for a long time under a random mix of faults.
+
+Too long for CI (``tests/faults`` is the CI version of each fault). One real daemon supervises
+``--hosts`` reference workers on a real OpenSSH sshd started for the run, tasks flow in all the
+time, and every few seconds a seeded RNG injects one fault:
+
+  kill9        kill -9 of a random worker
+  sigstop      SIGSTOP of a random worker (hung: it must be terminated and replaced)
+  drop_ssh     the sshd session of a random host killed
+  sshd_down    sshd stopped for 5-30 s, then started
+  daemon_kill  the daemon SIGKILLed, then started again (it must adopt)
+  sighup       a reload of the unchanged config
+  garbage      a status file overwritten with garbage
+  status_dir   the status/ directory removed and made again
+
+After each fault it waits until every host is ready again and records how long that took.
+Throughout, the invariant monitor (tests/faults/monitor.py) checks that no shard ever has two
+live workers; at the end every task must have exactly one correct result.
+
+    .venv/bin/python bench/soak.py --minutes 30            # the soak
+    .venv/bin/python bench/soak.py --minutes 2 --seed 7    # a quick look
+
+Writes a markdown summary to bench/results/soak.md (or --out); exits 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.faults.harness import (  # noqa: E402 - after the path tweak that makes the checkout importable
+    FaultRun,
+    Workload,
+    events,
+    kill,
+)
+from tests.faults.monitor import InvariantMonitor  # noqa: E402
+from tests.sshd import OpenSsh  # noqa: E402
+from tests.system.daemonproc import DaemonProcess, all_ready  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "soak.md"
+#: How long a fault that must change nothing is watched: past the stale threshold (3 s).
+QUIET_S = 4.0
+#: A fault that is not recovered from within this long counts as a failure of the soak.
+RECOVERY_LIMIT_S = 120.0
+#: Tasks per second fed while the soak runs, in batches of this many.
+TASK_RATE = 40
+BATCH = 400
+
+FAULTS = (
+    "kill9",
+    "sigstop",
+    "drop_ssh",
+    "sshd_down",
+    "daemon_kill",
+    "sighup",
+    "garbage",
+    "status_dir",
+)
+
+
+class Soak:
+    """One soak run: a daemon, its workers, a producer, a monitor and the fault schedule."""
+
+    def __init__(self, workdir: Path, hosts: int, rng: random.Random) -> None:
+        """See the class docstring."""
+        self.workdir = workdir
+        self.hosts = hosts
+        self.rng = rng
+        self.openssh = OpenSsh.create(workdir / "sshd")
+        self.monitor = InvariantMonitor(workdir)
+        self.run = FaultRun(self.openssh, workdir, self.monitor)
+        self.daemon: DaemonProcess | None = None
+        self.loads: list[Workload] = []
+        #: Seconds from the fault's end (sshd back, daemon restarted...) to a whole fleet.
+        self.recoveries: dict[str, list[float]] = defaultdict(list)
+        #: Seconds from the fault's start to a whole fleet.
+        self.durations: dict[str, list[float]] = defaultdict(list)
+        self.failures: list[str] = []
+        self._whole_at: float | None = None
+
+    async def start(self) -> None:
+        """Write the config and start the daemon; returns once every host is ready."""
+        self.monitor.start()
+        self.run.write(self.run.raw(self.hosts))
+        self.daemon = await self.run.start(ready=self.hosts)
+
+    def feed(self) -> None:
+        """Start the next batch of tasks (each batch has its own ids)."""
+        seed = len(self.loads) + 1
+        load = Workload(
+            self.run.root, self.hosts, BATCH, duration_s=BATCH / TASK_RATE, seed=seed
+        ).start()
+        self.loads.append(load)
+
+    async def inject(self, fault: str) -> Callable[[dict[str, Any]], bool]:
+        """Inject one fault (and undo it, where it has an end); returns the status predicate
+        that says the fleet is whole again."""
+        assert self.daemon is not None
+        daemon = self.daemon
+        status = await daemon.status()
+        before = {h: row["pid"] for h, row in status["hosts"].items()}
+        ups = len(events(daemon, "ssh.up"))
+        reloads = len(events(daemon, "config.reloaded"))
+        untouched = True  # the fault must cause no restart
+        victim_host: str | None = None
+        match fault:
+            case "kill9" | "sigstop":
+                victim_host = self.rng.choice(sorted(before))
+                untouched = False
+                kill(before[victim_host], signal.SIGKILL if fault == "kill9" else signal.SIGSTOP)
+            case "drop_ssh":
+                address = self.rng.choice(self.openssh.addresses[: self.hosts])
+                self.openssh.kill_sessions(address)
+            case "sshd_down":
+                self.openssh.stop()
+                await asyncio.sleep(self.rng.uniform(5, 30))  # the outage
+                self.openssh.start()
+            case "daemon_kill":
+                daemon.send_signal(signal.SIGKILL)
+                await daemon.wait_exit()
+                self.daemon = await self.run.start()
+            case "sighup":
+                daemon.send_signal(signal.SIGHUP)
+            case "garbage":
+                host = self.rng.randrange(self.hosts)
+                path = self.run.root / "status" / f"worker-{host}.json"
+                path.write_bytes(self.rng.randbytes(self.rng.randrange(0, 4096)))
+            case "status_dir":
+                status_dir = self.run.root / "status"
+                for child in status_dir.iterdir():
+                    child.unlink(missing_ok=True)
+                status_dir.rmdir()
+                status_dir.mkdir()
+            case _:
+                raise ValueError(fault)
+        injected_at = time.monotonic()
+
+        def whole(s: dict[str, Any]) -> bool:
+            """Every host ready and connected, and the fault's own end observed."""
+            if not all_ready(s, self.hosts):
+                return False
+            if any(row["ssh"] != "connected" for row in s["hosts"].values()):
+                return False
+            if fault == "drop_ssh" and len(events(daemon, "ssh.up")) <= ups:
+                return False
+            if fault == "sighup" and len(events(daemon, "config.reloaded")) <= reloads:
+                return False
+            now = {h: row["pid"] for h, row in s["hosts"].items()}
+            if victim_host is not None and now[victim_host] == before[victim_host]:
+                return False
+            if untouched and now != before:
+                self.failures.append(f"{fault}: workers replaced: {before} -> {now}")
+                return True
+            if self._whole_at is None:
+                self._whole_at = time.monotonic()
+            # A fault that must change nothing is watched past the stale threshold: a watch
+            # or a heartbeat lost to it would show as a restart by then.
+            return not untouched or time.monotonic() - injected_at >= QUIET_S
+
+        return whole
+
+    async def recover(self, fault: str, whole: Callable[[dict[str, Any]], bool]) -> None:
+        """Wait until ``whole``; record how long it took since the fault (or a failure)."""
+        assert self.daemon is not None
+        started = time.monotonic()
+        self._whole_at = None
+        try:
+            await self.daemon.wait_status(whole, RECOVERY_LIMIT_S, f"recovery from {fault}")
+        except AssertionError as exc:
+            self.failures.append(f"{fault}: not recovered within {RECOVERY_LIMIT_S:g}s: {exc}")
+            return
+        self.recoveries[fault].append((self._whole_at or time.monotonic()) - started)
+
+    async def soak(self, minutes: float) -> None:
+        """Inject faults until ``minutes`` have passed, feeding tasks all along."""
+        end = time.monotonic() + minutes * 60
+        while time.monotonic() < end:
+            if not self.loads or self.loads[-1].written == BATCH:
+                self.feed()
+            fault = self.rng.choice(FAULTS)
+            began = time.monotonic()
+            whole = await self.inject(fault)
+            await self.recover(fault, whole)
+            self.durations[fault].append(time.monotonic() - began)
+            if self.monitor.violations:
+                return  # finish() reports them
+            await asyncio.sleep(self.rng.uniform(2, 8))  # the pause between two faults
+
+    async def finish(self) -> None:
+        """Let the tasks drain, check them, stop everything."""
+        try:
+            every = [t.id for load in self.loads for t in load.tasks]
+            for load in self.loads:
+                load.join()
+                await load.wait_done(600)
+                self.failures += load.problems(others=every)
+        except AssertionError as exc:
+            self.failures.append(f"tasks: {exc}")
+        finally:
+            for load in self.loads:
+                load.close()
+            await self.run.aclose()
+            self.failures += self.monitor.finish(30.0)
+            self.openssh.stop()
+
+
+def report(soak: Soak, args: argparse.Namespace, elapsed_s: float) -> str:
+    """The markdown summary."""
+    lines = [
+        "# Soak",
+        "",
+        f"`bench/soak.py --minutes {args.minutes:g} --hosts {args.hosts} --seed {args.seed}`"
+        f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.platform()}),"
+        f" {elapsed_s / 60:.1f} min, {sum(len(load.tasks) for load in soak.loads)} tasks,"
+        f" {soak.monitor.samples} monitor samples (largest gap {soak.monitor.max_gap_s:.2f}s).",
+        "",
+        "Recovery: from the end of the fault (the kill, sshd back up, the new daemon started)"
+        " until every host is ready and connected again, with a new worker where the old one"
+        " was killed or hung; faults that must change nothing (drop_ssh, sshd_down,"
+        f" daemon_kill, sighup, garbage, status_dir) are watched for at least {QUIET_S:g} s"
+        " with the same pids. Total: from the start of the fault (sshd_down includes its"
+        " 5-30 s outage).",
+        "",
+        "| fault | injected | recovery median (s) | recovery max (s) | total max (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for fault in FAULTS:
+        times = soak.recoveries.get(fault, [])
+        total = soak.durations.get(fault, [])
+        if times:
+            lines.append(
+                f"| {fault} | {len(times)} | {statistics.median(times):.2f}"
+                f" | {max(times):.2f} | {max(total):.2f} |"
+            )
+        else:
+            lines.append(f"| {fault} | 0 | - | - | - |")
+    lines += ["", "Failures: " + ("none" if not soak.failures else "")]
+    lines += [f"- {failure}" for failure in soak.failures]
+    return "\n".join(lines) + "\n"
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    """Run the soak; the exit code."""
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="rs-soak-") as tmp:
+        soak = Soak(Path(tmp), args.hosts, rng)
+        started = time.monotonic()
+        try:
+            await soak.start()
+            await soak.soak(args.minutes)
+        finally:
+            await soak.finish()
+        text = report(soak, args, time.monotonic() - started)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    return 1 if soak.failures else 0
+
+
+def main() -> int:
+    """Parse the arguments and soak."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
