@@ -9,10 +9,12 @@ Rules (DESIGN §4, "common-mode failures are not worker failures"):
 2. Silence is judged at half the stale threshold, so the freeze lands before any host
    reaches its own restart deadline: nothing is restarted on the way into a freeze.
    "Together" means their last heartbeats fall within ``freeze_window_s`` of each other.
-3. The fleet thaws when heartbeats return (fewer silent than the threshold among the hosts
-   that froze it or fell silent while it was frozen), or when an operator says so; after
-   an operator's thaw, silences that began before it no longer count (else it would freeze
-   again at once).
+3. The fleet thaws when heartbeats return (fewer than the threshold still without a fresh
+   heartbeat among the hosts that froze it or fell silent while it was frozen; a host
+   whose worker died and was replaced counts as silent until the new worker beats), or
+   when an operator says so; after an operator's thaw, silences that began before it no
+   longer count (else it would freeze again at once). health.py then gives every host
+   still silent a full stale threshold from the thaw before judging it.
 4. Launches pass a budget: at most ``max_concurrent_launches`` in flight and
    ``max_launches_per_minute`` started, granted longest-waiting first, so a mass failure
    restarts in waves instead of stampeding the shared filesystem with model loads.
@@ -114,11 +116,27 @@ def assess(
     joined = freeze.hosts | {h.name for h in silent}
     if joined != freeze.hosts:
         freeze = replace(freeze, hosts=joined)
-    still_silent = [h for h in silent if h.name in freeze.hosts]
+    # Only a heartbeat ends a host's part in the stall. A frozen host whose worker really
+    # died is replaced, but its new worker writes through the same stalled filesystem:
+    # until it beats, the host is as silent as before (counting it as recovered would thaw
+    # the fleet, and restart every other stalled host, on the strength of one crash).
+    still_silent = [
+        h
+        for h in hosts
+        if h.name in freeze.hosts
+        and h.state in WANT_RUNNING_STATES
+        and not _beating(h, now, policy)
+    ]
     if len(still_silent) >= needed:
         return freeze, None
-    reason = f"heartbeats returned ({len(freeze.hosts) - len(still_silent)} hosts beating again)"
+    back = sum(1 for h in hosts if h.name in freeze.hosts and _beating(h, now, policy))
+    reason = f"heartbeats returned ({back} of {len(freeze.hosts)} stalled hosts beating again)"
     return _thawed(freeze), FreezeChanged(frozen=False, reason=reason)
+
+
+def _beating(host: Host, now: float, policy: FleetPolicy) -> bool:
+    """The host's current worker has beaten within ``silent_after_s``."""
+    return host.alive_at is not None and now - host.alive_at < policy.silent_after_s
 
 
 def unfreeze(freeze: Freeze, now: float) -> tuple[Freeze, FreezeChanged | None]:

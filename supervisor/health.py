@@ -22,7 +22,11 @@ Rules (DESIGN §4); everything that decides a host's health lives in this file:
    an operator asks.
 6. Common-mode failures are not worker failures. While the fleet is frozen (``FleetFrozen``,
    decided by ``fleet.py``), a silent heartbeat or a missing ready report causes no restart
-   and a stale worker is not terminated; an observed exit is still acted on.
+   and a stale worker is not terminated; an observed exit is still acted on. After the
+   thaw a host still silent gets a full ``heartbeat_stale_s`` (a starting one its full
+   ``ready_timeout_s``) from the thaw: after a shared-filesystem outage, clients resume
+   one by one, and judging the slower ones against their pre-outage heartbeat would end
+   the outage in the restart storm the freeze was there to prevent.
 7. Odd input is an observation, not an error: an event that does not apply in a state is
    recorded (stamps, pids, SSH) and otherwise ignored. Only impossible input raises.
 
@@ -364,6 +368,8 @@ class Host:
     stop_cause: StopCause | None = None
     #: A fleet-wide freeze holds restarts that only a silent heartbeat would justify.
     frozen: bool = False
+    #: When the last freeze ended: silence and readiness are timed from no earlier than this.
+    thawed_at: float | None = None
     #: When ``DeadlinePassed`` should be fed next; None when only events can change things.
     deadline_at: float | None = None
 
@@ -558,7 +564,9 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
         case FleetFrozen():
             return replace(host, frozen=True), True
         case FleetThawed():
-            return replace(host, frozen=False), True
+            return replace(
+                host, frozen=False, thawed_at=now if host.frozen else host.thawed_at
+            ), True
         case LaunchBegan():
             if host.op != "launch" or host.state is not S.STARTING:
                 return host, False
@@ -722,7 +730,7 @@ def _probe_answered(host: Host, event: Event, now: float, policy: Policy) -> Hos
 def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.frozen:
         return host  # a worker cannot report ready through a stalled filesystem
-    if host.launched_at is not None and now >= host.launched_at + policy.ready_timeout_s:
+    if host.launched_at is not None and now >= _ready_by(host, policy):
         return _fail(
             host, f"not ready within ready_timeout_s={policy.ready_timeout_s:g}", now, policy
         )
@@ -730,13 +738,30 @@ def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) 
 
 
 def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
-    base = host.alive_at if host.alive_at is not None else host.since_at
-    if now >= base + policy.heartbeat_stale_s and not host.frozen:
+    if now >= _stale_at(host, policy) and not host.frozen:
+        base = host.alive_at if host.alive_at is not None else host.since_at
         return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
     since = host.not_ready_since_at
     if since is not None and now >= since + policy.ready_timeout_s:
         return _fail(host, f"not ready for {now - since:.1f}s", now, policy)
     return host
+
+
+def _stale_at(host: Host, policy: Policy) -> float:
+    """When a ready host's silence makes it stale (never sooner than a stale limit after a
+    thaw)."""
+    base = host.alive_at if host.alive_at is not None else host.since_at
+    if host.thawed_at is not None:
+        base = max(base, host.thawed_at)
+    return base + policy.heartbeat_stale_s
+
+
+def _ready_by(host: Host, policy: Policy) -> float:
+    """When a starting host must have reported ready (a thaw restarts the clock)."""
+    base = host.launched_at if host.launched_at is not None else host.since_at
+    if host.thawed_at is not None:
+        base = max(base, host.thawed_at)
+    return base + policy.ready_timeout_s
 
 
 def _cooldown_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -817,7 +842,8 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     (S.STARTING, DeadlinePassed): _ready_timeout_passed,
     (S.READY, DeadlinePassed): _heartbeat_deadline_passed,
     (S.COOLING_DOWN, DeadlinePassed): _cooldown_passed,
-    # Thawing re-checks at once what the freeze held back.
+    # Thawing re-checks what the freeze held back; silence and readiness are timed anew from
+    # the thaw (_stale_at, _ready_by), a ready worker's own ready: false report is not.
     (S.STARTING, FleetThawed): _ready_timeout_passed,
     (S.READY, FleetThawed): _heartbeat_deadline_passed,
     **_each(ALL_STATES, StartRequested, _start),
@@ -880,11 +906,10 @@ def _deadline(host: Host, policy: Policy) -> float | None:
         candidates.append(host.op_retry_at)
     match host.state:
         case S.STARTING if host.launched_at is not None and not host.frozen:
-            candidates.append(host.launched_at + policy.ready_timeout_s)
+            candidates.append(_ready_by(host, policy))
         case S.READY:
-            base = host.alive_at if host.alive_at is not None else host.since_at
             if not host.frozen:
-                candidates.append(base + policy.heartbeat_stale_s)
+                candidates.append(_stale_at(host, policy))
             if host.not_ready_since_at is not None:
                 candidates.append(host.not_ready_since_at + policy.ready_timeout_s)
         case S.COOLING_DOWN if host.next_restart_at is not None:

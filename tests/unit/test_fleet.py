@@ -68,6 +68,31 @@ def test_thaws_when_heartbeats_return() -> None:
     assert "heartbeats returned" in change.reason
 
 
+def test_a_stalled_host_replaced_after_a_crash_stays_silent_until_its_new_worker_beats() -> None:
+    """A frozen host whose worker really dies leaves ``ready``, but that is no heartbeat:
+    the fleet stays frozen until the replacement beats, and only then thaws."""
+    hosts = [host("a", 100.0), host("b", 100.0), host("c", 135.0)]
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    assert frozen.hosts == {"a", "b"}
+    relaunched = replace(hosts[0], state=S.STARTING, alive_at=None, pid=2)
+    hosts = [relaunched, hosts[1], host("c", 140.0)]
+    still, change = fleet.assess(frozen, hosts, 141.0, POLICY)
+    assert change is None and still.frozen
+    hosts[0] = replace(relaunched, state=S.READY, alive_at=150.0)
+    thawed, change = fleet.assess(still, hosts, 150.5, POLICY)
+    assert change is not None and not change.frozen and not thawed.frozen
+    assert change.reason == "heartbeats returned (1 of 2 stalled hosts beating again)"
+
+
+def test_a_stalled_host_an_operator_stops_no_longer_holds_the_freeze() -> None:
+    """Hosts that should not run any more (stopped, failed) drop out of the thaw count."""
+    hosts = [host("a", 100.0), host("b", 100.0), host("c", 135.0)]
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    hosts[0] = replace(hosts[0], state=S.STOPPED)
+    _thawed, change = fleet.assess(frozen, hosts, 132.0, POLICY)
+    assert change is not None and not change.frozen
+
+
 def test_hosts_falling_silent_during_a_freeze_join_it() -> None:
     """A host whose last beat came just after the freeze fired is part of the same stall."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 100.06)]

@@ -312,16 +312,41 @@ def ready_host(pid: int = 1) -> h.Host:
 
 
 def test_a_frozen_fleet_holds_restarts_for_silence_until_it_thaws() -> None:
-    """Frozen: a silent heartbeat causes nothing (no timer even); thawed: the host is
-    found stale at once and its worker terminated."""
+    """Frozen: a silent heartbeat causes nothing (no timer even); thawed: the host still
+    silent gets a full stale threshold from the thaw, then is stale and terminated."""
     host, actions = run(ready_host(), (h.FleetFrozen(reason="18/20 silent"), 5.0))
     assert host.deadline_at is None
     host, actions = run(host, (h.DeadlinePassed(), 100.0))
     assert host.state is S.READY
     assert not actions
     host, actions = run(host, (h.FleetThawed(), 101.0))
+    assert host.state is S.READY
+    assert not actions
+    assert host.deadline_at == 101.0 + POLICY.heartbeat_stale_s
+    host, actions = run(host, (h.DeadlinePassed(), 101.0 + POLICY.heartbeat_stale_s))
     assert host.state is S.STALE
     assert [type(a) for a in remote(actions)] == [h.Terminate]
+
+
+def test_a_host_that_beats_soon_after_a_thaw_is_kept() -> None:
+    """A worker that resumes a moment after the fleet thaws (its NFS client was slower to
+    recover) is never restarted, however old its last heartbeat before the outage."""
+    host, _ = run(ready_host(), (h.FleetFrozen(reason="18/20 silent"), 5.0))
+    host, _ = run(host, (h.FleetThawed(), 101.0))
+    host, actions = run(host, (beat(1, 102.0), 102.0), (h.DeadlinePassed(), 111.0))
+    assert host.state is S.READY
+    assert not remote(actions)
+    assert host.restarts == 0
+
+
+def test_a_thaw_without_a_freeze_changes_no_clock() -> None:
+    """A thaw a host never froze for (it joined during the freeze) restarts no timer."""
+    host = ready_host()
+    before = host.deadline_at
+    host, actions = run(host, (h.FleetThawed(), 3.0))
+    assert host.thawed_at is None
+    assert host.deadline_at == before
+    assert not actions
 
 
 def test_a_frozen_fleet_still_replaces_a_worker_that_exited() -> None:
@@ -355,6 +380,9 @@ def test_a_starting_worker_is_not_failed_while_frozen() -> None:
     assert host.state is S.STARTING
     assert not actions
     host, _ = run(host, (h.FleetThawed(), 51.0))
+    assert host.state is S.STARTING  # its model load stalled too: the full time from now
+    assert host.deadline_at == 51.0 + POLICY.ready_timeout_s
+    host, _ = run(host, (h.DeadlinePassed(), 51.0 + POLICY.ready_timeout_s))
     assert host.state is S.STALE
 
 
