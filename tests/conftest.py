@@ -9,8 +9,11 @@ in a ``finally``); drop established connections with ``openssh.kill_sessions(add
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -40,6 +43,25 @@ def openssh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
 #: Set by ./dev test (and so CI): a skipped test is a failure unless marked optional_env,
 #: because on the CI machine every tool a test needs is installed by the project itself.
 STRICT_SKIPS = os.environ.get("REWARD_SUPERVISOR_STRICT_SKIPS") == "1"
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: ``16m``) at ``mount_point`` while in the block;
+    skips the test where mounting is not allowed (not root)."""
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import errno
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import mounted_tmpfs
 from tests.faults.harness import (
     HEALTH,
     READY_S,
@@ -67,20 +67,8 @@ async def test_unwritable_host_file_fails_only_that_host_with_a_clear_error(
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs mounted for this test (root only), unmounted afterwards."""
-    mount_point = tmp_path / "small-fs"
-    mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small-fs", "16m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(path: Path) -> int:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import mounted_tmpfs
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
     Daemons,
@@ -162,20 +162,8 @@ async def test_sigkilled_daemon_is_replaced_by_one_that_adopts_every_worker(
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A freshly mounted tmpfs (root only), unmounted afterwards."""
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "64m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 async def test_poll_mode_drives_the_state_machine_on_its_own_mount(
