@@ -37,6 +37,7 @@ from supervisor.statusfiles import (
     StatusProblem,
     Watcher,
     WatcherProtocol,
+    check_filesystem,
 )
 
 log = structlog.get_logger("supervisor.daemon")
@@ -53,6 +54,8 @@ STARTUP_SLACK_S: Final = 10.0
 SHUTDOWN_SLACK_S: Final = 15.0
 # STATUS= is for people; one summary per 0.1 s of changes is as current as anyone reads it.
 STATUS_COALESCE_S: Final = 0.1
+# A statvfs of a healthy mount answers in milliseconds; one this slow is a hung mount.
+FS_CHECK_TIMEOUT_S: Final = 5.0
 
 
 class RemoteLike(Protocol):
@@ -160,6 +163,8 @@ class Daemon:
         self._freeze = fleet.Freeze()
         self._budget = fleet.Budget()
         self._fleet_timer: asyncio.TimerHandle | None = None
+        self._freeze_finding: str | None = None  # what the run filesystem said at the freeze
+        self._diagnosis: asyncio.Task[None] | None = None
         self._state_changes = 0  # host state transitions so far (tells batches that matter)
         self._tearing_down = False
         self._metrics: Metrics | None = None
@@ -234,6 +239,8 @@ class Daemon:
                 task.cancel()
             if self._fleet_timer is not None:
                 self._fleet_timer.cancel()
+            if self._diagnosis is not None:
+                self._diagnosis.cancel()
             for member in self._members.values():
                 self._stop_member_tasks(member)
         self._tg = None
@@ -457,8 +464,15 @@ class Daemon:
         self._arm_fleet_timer()
 
     def _apply_freeze(self, change: fleet.FreezeChanged) -> None:
+        self._freeze_finding = None
         if change.frozen:
             log.error("fleet.frozen", reason=change.reason, hosts=sorted(self._freeze.hosts))
+            if self._tg is not None and not self._tearing_down:
+                if self._diagnosis is not None:
+                    self._diagnosis.cancel()
+                self._diagnosis = self._tg.create_task(
+                    self._diagnose_freeze(), name="freeze-diagnosis"
+                )
         else:
             log.warning("fleet.thawed", reason=change.reason)
         self._events.publish(
@@ -474,6 +488,20 @@ class Daemon:
         for name in list(self._members):
             self._feed(name, event)
         self._summary = ""  # force a fresh STATUS= line
+        self._publish_status()
+
+    async def _diagnose_freeze(self) -> None:
+        """Tell the operator whether the run root itself is hung or full, the two causes this
+        node can check, instead of only "suspect the shared filesystem"."""
+        check = await check_filesystem(self._config.run.root, FS_CHECK_TIMEOUT_S)
+        if not self._freeze.frozen:
+            return  # thawed meanwhile: old news
+        self._freeze_finding = check.finding
+        log.error("fleet.freeze_finding", finding=check.finding, free_bytes=check.free_bytes)
+        self._events.publish(
+            {"event": "fleet.freeze_finding", "timestamp": _utc_now(), "reason": check.finding}
+        )
+        self._summary = ""
         self._publish_status()
 
     def _arm_fleet_timer(self) -> None:
@@ -870,7 +898,8 @@ class Daemon:
         self._publish_pending = False
         text = view.summary(m.host.state.value for m in self._members.values())
         if self._freeze.frozen:
-            text = f"FROZEN (restarts held: {self._freeze.reason}); {text}"
+            finding = f"{self._freeze_finding}; " if self._freeze_finding else ""
+            text = f"FROZEN ({finding}restarts held: {self._freeze.reason}); {text}"
         if text != self._summary:
             self._summary = text
             if self._ready:
@@ -908,6 +937,7 @@ class Daemon:
                 "last_reload_errors": self._last_reload_error,
                 "frozen": self._freeze.frozen,
                 "frozen_reason": self._freeze.reason or None,
+                "freeze_finding": self._freeze_finding,
                 "launches_waiting": len(self._budget.waiting),
                 "launches_in_flight": len(self._budget.in_flight),
                 "status_parse_errors": getattr(self._watcher, "parse_errors", 0),

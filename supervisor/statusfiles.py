@@ -815,6 +815,54 @@ def _exists(path: str) -> bool | None:
     return True
 
 
+# Below this much free space a worker cannot rewrite even its heartbeat reliably.
+_NEARLY_FULL_BYTES: Final = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FilesystemCheck:
+    """What the run root's filesystem said when asked, to explain a fleet-wide silence."""
+
+    answered: bool
+    free_bytes: int | None = None
+    free_inodes: int | None = None
+    error: str | None = None
+
+    @property
+    def finding(self) -> str:
+        """One line for the operator: the likely cause, or what was ruled out."""
+        if not self.answered:
+            return "the run root did not answer statvfs: this node's mount looks hung"
+        if self.error is not None:
+            return f"the run root cannot be examined: {self.error}"
+        if self.free_bytes is not None and self.free_bytes < _NEARLY_FULL_BYTES:
+            return f"the run filesystem is full ({self.free_bytes} bytes free)"
+        if self.free_inodes == 0:
+            return "the run filesystem has no free inodes"
+        return (
+            f"the run root answers and has {self.free_bytes} bytes free: suspect the workers'"
+            " side (their mounts, the network)"
+        )
+
+
+async def check_filesystem(path: Path, timeout_s: float) -> FilesystemCheck:
+    """statvfs of ``path`` in a thread of its own, abandoned after ``timeout_s``: the question
+    is asked when the filesystem may be hung, and the answer must never hang us."""
+    thread = _FileThread()
+    try:
+        async with asyncio.timeout(timeout_s):
+            st = await thread.call(functools.partial(os.statvfs, path))
+    except TimeoutError:
+        return FilesystemCheck(answered=False)
+    except OSError as exc:
+        return FilesystemCheck(answered=True, error=exc.strerror or str(exc))
+    finally:
+        thread.close()
+    return FilesystemCheck(
+        answered=True, free_bytes=st.f_bavail * st.f_frsize, free_inodes=st.f_favail
+    )
+
+
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
 
 

@@ -65,6 +65,8 @@ def render_table(status: Mapping[str, Any]) -> str:
     lines: list[str] = []
     if daemon.get("running", True):
         frozen = " FROZEN: restarts held" if daemon.get("frozen") else ""
+        if frozen and daemon.get("freeze_finding"):
+            frozen += f" ({daemon['freeze_finding']})"
         lines.append(
             f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
             f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"

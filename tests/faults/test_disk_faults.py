@@ -94,10 +94,15 @@ async def fill_until_frozen(fault_run: FaultRun, daemon: DaemonProcess, filler: 
     assert "suspect the shared filesystem" in frozen["reason"]
     # At least the threshold (2 of 3) fell silent together; the third may follow later.
     assert len(frozen["hosts"]) >= 2, frozen
+    # The daemon looks at the run root itself and names the cause it can see.
+    finding = await daemon.wait_log("fleet.freeze_finding", timeout_s=READY_S)
+    assert finding["finding"].startswith("the run filesystem is full"), finding
     await daemon.wait_until(
-        lambda: any(n.startswith("STATUS=FROZEN") for n in daemon.notifications),
+        lambda: any(
+            n.startswith("STATUS=FROZEN (the run filesystem is full") for n in daemon.notifications
+        ),
         READY_S,
-        "STATUS=FROZEN",
+        "STATUS=FROZEN naming the full disk",
     )
 
 

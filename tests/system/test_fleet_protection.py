@@ -48,8 +48,11 @@ async def test_whole_fleet_stalling_at_once_freezes_restarts_then_thaws(
         10,
         "STATUS=FROZEN on the notify socket",
     )
+    finding = await daemon.wait_log("fleet.freeze_finding", timeout_s=30)
+    assert "the run root answers" in finding["finding"], finding  # not full, not hung
     status = await daemon.status()
     assert status["daemon"]["frozen"] is True
+    assert status["daemon"]["freeze_finding"] == finding["finding"]
     # Wait well past heartbeat_stale_s: frozen, nobody goes stale or is terminated.
     stale_s = FAST_HEALTH["heartbeat_stale_s"]
     await daemon.wait_status(
