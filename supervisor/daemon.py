@@ -307,6 +307,20 @@ class Daemon:
         except TimeoutError:
             left = [m.cfg.name for m in self._members.values() if not _stop_done(m)]
             log.error("daemon.stop_incomplete", hosts=left, waited_s=deadline)
+            return
+        # A host we cannot reach cannot be stopped: say so, or on_exit = "stop" would read as
+        # a promise kept for workers that may well run on.
+        unreachable = [
+            m.cfg.name
+            for m in self._members.values()
+            if m.host.state is not health.HostState.STOPPED
+        ]
+        if unreachable:
+            log.error(
+                "daemon.stop_incomplete",
+                hosts=unreachable,
+                reason="unreachable over SSH: their workers may still run; the next daemon adopts them",
+            )
 
     async def _changed(self) -> None:
         """Wait until some host changes (an op finishes, SSH moves)."""

@@ -224,7 +224,7 @@ async def test_worker_on_a_host_gone_silent_is_adopted_by_heartbeat_and_never_do
 ) -> None:
     """A new daemon whose host's SSH never answers adopts the running worker from its fresh
     heartbeat alone; when that worker then hangs it goes stale, but with no way to confirm
-    it dead nothing is launched beside it."""
+    it dead nothing is launched beside it; a stop cannot reach it and says so."""
     fault_run.write(fault_run.raw(1))
     first = await fault_run.start(ready=1)
     worker = pid_of(await first.status(), "worker-0")
@@ -254,5 +254,11 @@ async def test_worker_on_a_host_gone_silent_is_adopted_by_heartbeat_and_never_do
 
         # A few reconnect attempts' worth: the host stays stale, the worker alone.
         await hold_for(3.0, nobody_launched)
+        # Stopping cannot reach it either: the daemon exits, and says the worker may run on.
+        second.send_signal(signal.SIGTERM)
+        assert await second.wait_exit() == 0
+        incomplete = events(second, "daemon.stop_incomplete")
+        assert [line["hosts"] for line in incomplete] == [["worker-0"]], incomplete
+        assert "may still run" in incomplete[0]["reason"]
     finally:
         kill(worker, signal.SIGKILL)  # nothing can reach it: the operator's job
