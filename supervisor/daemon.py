@@ -319,7 +319,9 @@ class Daemon:
             log.error(
                 "daemon.stop_incomplete",
                 hosts=unreachable,
-                reason="unreachable over SSH: their workers may still run; the next daemon adopts them",
+                reason=(
+                    "unreachable over SSH: their workers may still run; the next daemon adopts them"
+                ),
             )
 
     async def _changed(self) -> None:
