@@ -665,13 +665,22 @@ class Watcher:
             self._check_dirs = False
             if not keys and not check:
                 continue
-            batch = await self._read_off_loop(sorted(keys), check)
-            watched = self._watched_ids
-            if batch.dir_ids is not None and watched is not None and batch.dir_ids != watched:
-                self._restart.set()
-            observations = self._observe(batch.observations, every=False)
-            if observations:
-                sink(observations)
+            # Exit records and stop sentinels first, in a batch of their own: a poll (or a
+            # rescan) of 1000 hosts finds every heartbeat changed, and an exit record queued
+            # behind them waited ~0.1 s for their reads and steps (docs/BENCHMARKS.md). A
+            # host's exit record still comes before its heartbeat, as in sorted order.
+            ctl_keys = sorted(k for k in keys if k[1] != "status")
+            status_keys = sorted(k for k in keys if k[1] == "status")
+            parts = [part for part in (ctl_keys, status_keys) if part] or [[]]
+            for i, part in enumerate(parts):
+                batch = await self._read_off_loop(part, check and i == len(parts) - 1)
+                watched = self._watched_ids
+                if batch.dir_ids is not None and watched is not None and batch.dir_ids != watched:
+                    self._restart.set()
+                news_first = part is status_keys
+                observations = self._observe(batch.observations, every=False, news_first=news_first)
+                if observations:
+                    sink(observations)
 
     async def _read_off_loop(self, keys: list[_Key], check: bool) -> _Batch:
         future = self._files.submit(lambda: self._read_batch(keys, check_dirs=check))
@@ -739,16 +748,28 @@ class Watcher:
 
     # -- back on the loop ----------------------------------------------------------------
 
-    def _observe(self, found: list[tuple[_Key, Observation]], *, every: bool) -> list[Observation]:
+    def _observe(
+        self, found: list[tuple[_Key, Observation]], *, every: bool, news_first: bool = False
+    ) -> list[Observation]:
         out: list[Observation] = []
+        # With ``news_first``, a status that is more than the next heartbeat of the same pid
+        # (a new worker's first one, a change of ready, a problem) goes before the routine
+        # ones: a poll of 1000 hosts delivers every heartbeat at once, and a first heartbeat
+        # sorted behind them waited ~0.1 s for their steps (docs/BENCHMARKS.md). Each host
+        # appears once in a status batch, so no host's own order changes.
+        routine: list[Observation] = []
         for key, observation in found:
+            previous = self._last.get(key)
             if isinstance(observation, StatusObserved):
                 first = key not in self._last
                 self._log_status(observation.host, observation.record, first=first)
-            if every or self._last.get(key) != observation:
-                out.append(observation)
+            if every or previous != observation:
+                if news_first and _same_worker_beat(previous, observation):
+                    routine.append(observation)
+                else:
+                    out.append(observation)
             self._last[key] = observation
-        return out
+        return out + routine
 
     def _log_status(self, host: str, record: StatusRecord | StatusProblem, *, first: bool) -> None:
         # One line per change of reason, not one per heartbeat of a broken host. A file that
@@ -771,6 +792,16 @@ class Watcher:
         else:
             _log.warning("status.problem", host=host, reason=record.reason)
             self._logged_problem[host] = (record.reason, True)
+
+
+def _same_worker_beat(previous: Observation | None, current: Observation) -> bool:
+    """Both are readable status records of the same pid with the same ``ready``."""
+    if not (isinstance(previous, StatusObserved) and isinstance(current, StatusObserved)):
+        return False
+    before, now = previous.record, current.record
+    if not (isinstance(before, StatusRecord) and isinstance(now, StatusRecord)):
+        return False
+    return before.pid == now.pid and before.ready == now.ready
 
 
 def _all_keys(hosts: Iterable[str]) -> list[_Key]:

@@ -669,3 +669,36 @@ async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: P
     assert full.finding.startswith("the run filesystem is full")
     missing = await check_filesystem(tmp_path / "absent", timeout_s=10)
     assert missing.error is not None and "cannot be examined" in missing.finding
+
+
+async def test_a_poll_delivers_exits_and_news_before_routine_heartbeats(root: Path) -> None:
+    """When one poll finds every heartbeat rewritten, the exit record and the new worker's
+    first heartbeat (sorted last) are delivered before the routine heartbeats, so news is
+    not queued behind a whole fleet's worth of them."""
+    hosts = [f"h{i:02d}" for i in range(30)]
+    for host in hosts:
+        beat(root, host, 1)
+    watcher = Watcher(
+        root,
+        lambda: hosts,
+        mode="poll",
+        poll_interval_s=2.0,  # room to write everything between two polls, even when loaded
+        debounce_ms=20,
+        rescan_interval_s=3600,
+    )
+    async with watching(root, lambda: hosts, "poll", watcher=watcher) as (_, seen):
+        # A poll delivers only changes: make one, and write the rest as soon as it is seen.
+        await seen.wait_for(StatusObserved("h27", beat(root, "h27", 9)), after=seen.mark())
+        mark = seen.mark()
+        for host in hosts[:-2]:
+            beat(root, host, 2)
+        news = beat(root, "h28", 1, pid=777)
+        write_json_atomic(
+            root / "ctl" / "h29.exit.json",
+            {"pid": 4242, "exit_code": 3, "signal": None, "exited_at": 5.5, "start_time": 1},
+        )
+        exited = ExitObserved("h29", ExitRecord(pid=4242, exit_code=3, signal=None, exited_at=5.5))
+        first_routine = await seen.wait_for(StatusObserved("h00", beat(root, "h00", 2)), after=mark)
+        exit_at = await seen.wait_for(exited, after=mark)
+        news_at = await seen.wait_for(StatusObserved("h28", news), after=mark)
+    assert exit_at < news_at < first_routine, (exit_at, news_at, first_routine)
