@@ -415,7 +415,7 @@ class Daemon:
         for action in actions:
             self._perform(member, action)
         self._arm_timer(member, host.deadline_at)
-        if health.history_of(host) != health.history_of(before):
+        if health.history_changed(before, host):
             self._history_dirty = True
         if host.state is not before.state:
             self._state_changes += 1
@@ -560,7 +560,9 @@ class Daemon:
 
     def _arm_timer(self, member: _Member, deadline_at: float | None) -> None:
         if member.timer is not None:
-            if deadline_at is not None and member.timer.when() == deadline_at:
+            # A timer due no later than the deadline is kept: every heartbeat moves a ready
+            # host's deadline, and an early wake-up only makes the core say when to come back.
+            if deadline_at is not None and member.timer.when() <= deadline_at:
                 return
             member.timer.cancel()
             member.timer = None

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Final, Literal, assert_never
+from typing import Any, Final, Literal, assert_never
 
 
 class HostState(StrEnum):
@@ -399,6 +399,20 @@ def history_of(host: Host) -> History:
     )
 
 
+def history_changed(before: Host, after: Host) -> bool:
+    """Whether ``history_of`` differs between the two; cheap, as the shell asks after every
+    event (a thousand heartbeats a second)."""
+    if before.state is S.FAILED or after.state is S.FAILED:
+        return history_of(before) != history_of(after)
+    return (
+        before.failures != after.failures
+        or before.restarts != after.restarts
+        or before.restart_times_at != after.restart_times_at
+        or before.next_restart_at != after.next_restart_at
+        or before.cause != after.cause
+    )
+
+
 def new_host(
     name: str, now: float, *, stop_sentinel: bool = False, history: History | None = None
 ) -> Host:
@@ -500,7 +514,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
     "does not apply": it is recorded and changes no state.
     """
     if (
-        host.state is S.READY
+        host.failures
+        and host.state is S.READY
         and host.healthy_since_at is not None
         and now - host.healthy_since_at >= policy.backoff_reset_s
     ):
@@ -584,30 +599,33 @@ def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, boo
     # off can neither age a healthy worker nor hide a dead one. The first file we read is
     # only a baseline: the file of a worker that died yesterday looks just like a live one.
     changed = host.status_seen and stamp != previous
-    host = replace(
-        host,
-        beat_pid=beat.pid,
-        beat_ready=beat.ready,
-        remote_heartbeat_at=beat.remote_heartbeat_at,
-        remote_seq=beat.remote_seq,
-        beat_changed_at=now if changed else host.beat_changed_at,
-        status_problem=None,
-        status_seen=True,
-    )
+    # One copy of the host per heartbeat where possible: at a thousand heartbeats a second,
+    # each dataclasses.replace of this record costs ~1% of a core (docs/BENCHMARKS.md).
+    seen: dict[str, Any] = {
+        "beat_pid": beat.pid,
+        "beat_ready": beat.ready,
+        "remote_heartbeat_at": beat.remote_heartbeat_at,
+        "remote_seq": beat.remote_seq,
+        "beat_changed_at": now if changed else host.beat_changed_at,
+        "status_problem": None,
+        "status_seen": True,
+    }
     if not changed:
-        return host, False
+        return replace(host, **seen), False
     if host.pid is None and host.needs_probe and host.state is S.STARTING and host.op != "launch":
         # Nothing launched, and SSH has not answered the probe yet: a changing heartbeat is
         # proof enough that beat.pid runs. Adopt it as the candidate; the probe checks it.
-        host = _assign_pid(host, beat.pid, found_running=True)
+        host = _assign_pid(replace(host, **seen), beat.pid, found_running=True)
+        seen = {}
     if beat.pid != host.pid:
-        return host, False
-    host = replace(host, alive_at=now)
+        return replace(host, **seen), False
     if beat.ready:
-        host = replace(host, not_ready_since_at=None)
+        not_ready_since_at = None
     elif host.not_ready_since_at is None:
-        host = replace(host, not_ready_since_at=now)
-    return host, True
+        not_ready_since_at = now
+    else:
+        not_ready_since_at = host.not_ready_since_at
+    return replace(host, **seen, alive_at=now, not_ready_since_at=not_ready_since_at), True
 
 
 def _assign_pid(host: Host, pid: int, *, found_running: bool) -> Host:
@@ -862,7 +880,8 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
         return _enter(host, S.STOPPED, host.reason, now), []
     if not (host.ssh_up and idle) or (host.op_retry_at is not None and now < host.op_retry_at):
         return host, []
-    host = replace(host, op_retry_at=None)  # the wait, if any, is over
+    if host.op_retry_at is not None:
+        host = replace(host, op_retry_at=None)  # the wait is over
     if host.needs_probe:
         return replace(host, op="probe"), [Probe(pid=host.pid)]
     # Frozen: an automatic restart of a live worker waits (a dead one is still replaced, and

@@ -70,6 +70,9 @@ class FleetOfOne(RuleBasedStateMachine):
     def feed(self, event: h.Event) -> None:
         """Step the core and check every action against the world."""
         host, actions = h.step(self.host, event, self.now, self.policy)
+        # The shell's cheap check agrees with comparing the full histories.
+        full = h.history_of(host) != h.history_of(self.host)
+        assert h.history_changed(self.host, host) == full
         for action in actions:
             match action:
                 case h.Launch():

@@ -279,10 +279,14 @@ def test_restored_failed_host_stays_failed_until_an_operator_acts() -> None:
     assert host.state is S.FAILED
     assert not [a for a in actions if isinstance(a, h.Launch)]
     assert h.history_of(host).failed == "gave up after 3 restarts"
+    before = host
     host, actions = run(host, (h.StartRequested(), 1.0))
     assert host.state is S.STARTING
     assert h.history_of(host).failures == 0
     assert h.history_of(host).failed is None
+    # Leaving failed is a change of history the shell must save, and staying is none.
+    assert h.history_changed(before, host)
+    assert not h.history_changed(before, before)
 
 
 def test_with_auto_restart_off_a_failure_is_final() -> None:
@@ -394,3 +398,19 @@ def test_readiness_is_timed_from_when_a_queued_launch_began() -> None:
     assert host.deadline_at == 35.0
     host, _ = run(host, (h.Launched(pid=4), 15.2), (h.DeadlinePassed(), 30.0))
     assert host.state is S.STARTING
+
+
+def test_a_failed_terminate_is_retried_after_the_cooldown() -> None:
+    """A worker that survives its terminate is tried again once restart_cooldown_s has
+    passed, not before, and never replaced while it may be alive."""
+    host, actions = run(ready_host(), (h.DeadlinePassed(), 11.0))
+    assert host.state is S.STALE
+    assert [type(a) for a in remote(actions)] == [h.Terminate]
+    host, actions = run(host, (h.TerminateFailed(pid=1, reason="still alive after 5s"), 16.0))
+    assert not remote(actions)
+    assert host.deadline_at == 16.0 + POLICY.restart_cooldown_s
+    host, actions = run(host, (h.DeadlinePassed(), 18.0))
+    assert not remote(actions)  # too early: the wait is not over
+    host, actions = run(host, (h.DeadlinePassed(), 21.0))
+    assert [type(a) for a in remote(actions)] == [h.Terminate]
+    assert host.op_retry_at is None
