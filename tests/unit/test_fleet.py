@@ -224,3 +224,80 @@ def test_budget_is_never_exceeded_and_every_waiting_host_is_served(
         now = max(now, fleet.next_grant_at(budget, policy) or now)
         budget, _granted = fleet.grant(budget, now, policy)
     assert not budget.waiting
+
+
+# --------------------------------------------------------------------------------------
+# The freeze and the state machine together: a shared-filesystem stall of any length,
+# after which the hosts resume one by one, restarts nobody.
+
+CORE = h.Policy(heartbeat_stale_s=10.0, ready_timeout_s=20.0, restart_cooldown_s=1.0)
+FLEET = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30.0, heartbeat_stale_s=10.0)
+TICK_S = 0.5
+
+
+def ready_fleet(n: int) -> list[h.Host]:
+    """``n`` hosts whose workers (pid = index + 1) are ready at t=1."""
+    hosts = []
+    for i in range(n):
+        host = h.new_host(f"w{i}", 0.0)
+        for event, now in (
+            (h.StatusMissing(reason="missing"), 0.0),
+            (h.SshRestored(), 0.0),
+            (h.ProbeResult(pid=None), 0.0),
+            (h.Launched(pid=i + 1), 0.0),
+            (h.HeartbeatSeen(pid=i + 1, ready=True, remote_heartbeat_at=1.0), 1.0),
+        ):
+            host, _ = h.step(host, event, now, CORE)
+        assert host.state is S.READY
+        hosts.append(host)
+    return hosts
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(2, 12),
+    stall_s=st.floats(0.0, 120.0),
+    resume=st.data(),
+)
+def test_a_filesystem_stall_of_any_length_restarts_nobody(
+    n: int, stall_s: float, resume: st.DataObject
+) -> None:
+    """Every worker's heartbeats stop at once for ``stall_s`` (the shared filesystem hangs),
+    then come back host by host within one stale threshold (of the thaw, or of the stall's
+    start when it was too short to freeze the fleet): the fleet freezes before any host is
+    judged, thaws when heartbeats return, and no host is ever terminated or relaunched;
+    every one ends ready with its original pid."""
+    if stall_s >= FLEET.silent_after_s + 1.0:
+        latest = CORE.heartbeat_stale_s - 1.0  # frozen: each gets a stale threshold from the thaw
+    else:
+        # Too short to freeze: a host silent for a stale threshold in all is rightly judged
+        # alone (nothing tells it from a hung worker), so they resume before that.
+        latest = CORE.heartbeat_stale_s - 1.0 - stall_s
+    offsets = resume.draw(st.lists(st.floats(0.0, latest), min_size=n, max_size=n))
+    hosts = ready_fleet(n)
+    freeze = fleet.Freeze()
+    stall_at = 5.0
+    end = stall_at + stall_s + CORE.heartbeat_stale_s * 3
+    now = 1.0
+    while now < end:
+        now += TICK_S
+        for i, host in enumerate(hosts):
+            stalled = stall_at <= now < stall_at + stall_s + offsets[i]
+            events: list[h.Event] = []
+            if not stalled:
+                events.append(h.HeartbeatSeen(pid=i + 1, ready=True, remote_heartbeat_at=now))
+            if host.deadline_at is not None and host.deadline_at <= now:
+                events.append(h.DeadlinePassed())
+            for event in events:
+                host, actions = h.step(host, event, now, CORE)
+                remote = [a for a in actions if not isinstance(a, h.StateChanged)]
+                assert not remote, (now, host.name, remote, freeze)
+            hosts[i] = host
+        freeze, change = fleet.assess(freeze, hosts, now, FLEET)
+        if change is not None:
+            event = h.FleetFrozen(reason=change.reason) if change.frozen else h.FleetThawed()
+            for i, host in enumerate(hosts):
+                hosts[i], actions = h.step(host, event, now, CORE)
+                assert not [a for a in actions if not isinstance(a, h.StateChanged)]
+    assert not freeze.frozen
+    assert [(x.state, x.pid) for x in hosts] == [(S.READY, i + 1) for i in range(n)]
