@@ -40,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
+    if args.command not in ("run", "demo", "worker"):
+        # Stdout is the command's answer (often JSON for a script): library log lines, such
+        # as cleanup's SSH probe connecting, go to stderr, and only when they matter.
+        from supervisor import logs
+
+        logs.configure("auto", "warning", sys.stderr)
     try:
         return handler(args)
     except CliError as exc:
@@ -117,10 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("check-config", cmd_check_config, "validate a config file")
     p.add_argument("config_file", metavar="CONFIG")
+    with_json(p)
 
     p = command("cleanup", cmd_cleanup, "delete the run directory (inside cleanup_prefix only)")
     with_config(p)
     p.add_argument("--yes", action="store_true", help="really delete")
+    with_json(p)
 
     p = command("import-seed", cmd_import_seed, "write a config from a reward_workers_ctl.py run")
     p.add_argument("--root", help="seed run root (reads ROOT/ctl/launch_meta.json)")
@@ -356,11 +364,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     try:
         cfg = config_mod.load(args.config_file)
     except ConfigError as exc:
+        if args.json:
+            problems = [{"file": p.file, "key": p.key, "reason": p.reason} for p in exc.problems]
+            print(json.dumps({"ok": False, "problems": problems}, sort_keys=True))
+            return EXIT_USAGE
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         count = len(exc.problems)
         print(f"{args.config_file}: {count} problem{'s' * (count != 1)}", file=sys.stderr)
         return EXIT_USAGE
+    if args.json:
+        summary = {"ok": True, "summary": cfg.summary(), "hosts": len(cfg.hosts)}
+        print(json.dumps({**summary, "shards": cfg.run.shard_count, "root": str(cfg.run.root)}))
+        return EXIT_OK
     print(cfg.summary())
     return EXIT_OK
 
@@ -370,10 +386,18 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from supervisor import cleanup
 
     cfg = _load_config(args.config)
+    said: list[str] = []
+    out: Callable[[str], None] = said.append if args.json else print
     try:
-        return cleanup.run(cfg, yes=args.yes, out=print)
+        code = cleanup.run(cfg, yes=args.yes, out=out)
     except cleanup.Refused as exc:
-        raise CliError(str(exc), EXIT_FAILED) from None
+        if not args.json:
+            raise CliError(str(exc), EXIT_FAILED) from None
+        print(json.dumps({"ok": False, "refused": str(exc), "messages": said}))
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"ok": code == EXIT_OK, "messages": said}))
+    return code
 
 
 def cmd_import_seed(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -178,6 +179,66 @@ async def test_events_follows_state_changes(running: tuple[DaemonProcess, Path])
     assert seen[0]["from"] == "ready" and "signal 9" in seen[0]["reason"]
 
 
+async def test_status_watch_prints_only_changes_when_not_a_tty(
+    running: tuple[DaemonProcess, Path],
+) -> None:
+    """``status --watch --json`` on a pipe prints each host once, then a line per change: a
+    killed worker shows up as its way back to ready under a new pid, the other host stays
+    silent."""
+    daemon, config = running
+    old = (await daemon.status())["hosts"]["worker-0"]["pid"]
+    watcher = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "supervisor.cli", "status", "-c", str(config)],
+        *["--watch", "--json", "--interval", "0.1"],
+        stdout=asyncio.subprocess.PIPE,
+    )
+    lines: list[dict[str, Any]] = []
+    try:
+        assert watcher.stdout is not None
+        async with asyncio.timeout(30):
+            while {line["host"] for line in lines} != {"worker-0", "worker-1"}:
+                lines.append(json.loads(await watcher.stdout.readline()))
+        assert all(line["state"] == "ready" for line in lines), lines
+        os.kill(old, signal.SIGKILL)
+        async with asyncio.timeout(60):
+            while not any(
+                line["host"] == "worker-0" and line["state"] == "ready" and line["pid"] != old
+                for line in lines[2:]
+            ):
+                lines.append(json.loads(await watcher.stdout.readline()))
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert await watcher.wait() == 0  # Ctrl-C ends a watch quietly
+    changes = lines[2:]
+    assert {line["host"] for line in changes} == {"worker-0"}, changes
+    assert len(changes) >= 2  # away from ready, and back
+    assert all(a != b for a, b in itertools.pairwise(changes))
+
+
+async def test_status_watch_redraws_the_table_on_a_tty(running: tuple[DaemonProcess, Path]) -> None:
+    """On a terminal, ``status --watch`` clears the screen and redraws the whole table."""
+    _daemon, config = running
+    leader, follower = os.openpty()
+    watcher = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "supervisor.cli", "status", "-c", str(config)],
+        *["--watch", "--interval", "0.1"],
+        stdout=follower,
+    )
+    os.close(follower)
+    screen = b""
+    try:
+        async with asyncio.timeout(30):
+            while screen.count(b"\x1b[H\x1b[2J") < 2:
+                screen += await asyncio.to_thread(os.read, leader, 65536)
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        await watcher.wait()
+        os.close(leader)
+    frame = screen.split(b"\x1b[H\x1b[2J")[1].decode()
+    assert "HOST" in frame and "worker-0" in frame and "worker-1" in frame
+    assert "refreshing every 0.1s" in frame
+
+
 async def test_wait_ready_returns_once_the_fleet_is_ready(
     running: tuple[DaemonProcess, Path],
 ) -> None:
@@ -230,6 +291,22 @@ def test_check_config_exit_codes() -> None:
             assert line.split(":")[0] in bad.stderr, (path.name, line, bad.stderr)
 
 
+def test_check_config_json_lists_every_problem_with_its_key() -> None:
+    """check-config --json: ok with the counts for a good file; for a bad one exit 2 and
+    one object per problem, the same problems the text form prints."""
+    repo = Path(__file__).parent.parent.parent
+    good = json.loads(cli("check-config", str(repo / "systemd" / "example.toml"), "--json").stdout)
+    assert (good["ok"], good["hosts"]) == (True, 2)
+    bad_file = repo / "tests" / "configs" / "durations.toml"
+    text = cli("check-config", str(bad_file))
+    as_json = cli("check-config", str(bad_file), "--json")
+    assert as_json.returncode == 2
+    report = json.loads(as_json.stdout)
+    assert report["ok"] is False and report["problems"]
+    lines = [f"{p['file']}: {p['key']}: {p['reason']}" for p in report["problems"]]
+    assert lines == text.stderr.splitlines()[:-1]  # the last line is the count
+
+
 async def test_cleanup_refusals_and_success(
     openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
@@ -263,6 +340,9 @@ async def test_cleanup_refusals_and_success(
     assert no_yes.returncode == 1
     assert "--yes" in no_yes.stderr
     assert root.exists()
+    no_yes_json = await acli("cleanup", "-c", str(config), "--json")
+    assert no_yes_json.returncode == 1
+    assert "--yes" in json.loads(no_yes_json.stdout)["refused"]
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -276,8 +356,11 @@ async def test_cleanup_refusals_and_success(
     assert "not inside run.cleanup_prefix" in refused.stderr
     assert outside.exists()
 
-    done = await acli("cleanup", "-c", str(config), "--yes")
+    done = await acli("cleanup", "-c", str(config), "--yes", "--json")
     assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert report["messages"][-1].startswith(f"removed {root}")
     assert not root.exists()
     assert (tmp_path / "runs").exists() and outside.exists()
 
