@@ -41,6 +41,8 @@ async def connect_all(hosts: int, handshakes: int) -> tuple[float, float]:
         all_up = asyncio.Event()
 
         def on_connection(name: str) -> Callable[[bool, str], None]:
+            """The connection callback of host ``name``: counts it up once."""
+
             def report(is_up: bool, _reason: str) -> None:
                 if is_up:
                     up.add(name)

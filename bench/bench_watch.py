@@ -75,12 +75,15 @@ class Tally:
     last_seq: dict[str, int] = field(default_factory=dict)
 
     def sink(self, batch: list[Observation]) -> None:
+        """The watcher's sink: every status record in ``batch``, seen ``now``."""
         now = time.monotonic()
         for obs in batch:
             if isinstance(obs, StatusObserved) and isinstance(obs.record, StatusRecord):
                 self.record(obs.host, obs.record, now)
 
     def record(self, host: str, record: StatusRecord, now: float) -> None:
+        """Latencies of the heartbeats ``record`` proves written in the window (a skipped seq
+        counts as delivered late)."""
         seq = record.seq if record.seq is not None else -1
         previous = self.last_seq.get(host, -1)
         if seq <= previous:
@@ -112,6 +115,8 @@ class Result:
 
 @dataclass(frozen=True)
 class Config:
+    """A watcher under test: its name and how to run it over a run root."""
+
     name: str
     run: Callable[[Path, list[str], Tally], contextlib.AbstractAsyncContextManager[None]]
 
@@ -120,6 +125,7 @@ class Config:
 async def _ours(
     root: Path, hosts: list[str], tally: Tally, *, mode: ResolvedMode, debounce_ms: int
 ) -> AsyncIterator[None]:
+    """Our ``Watcher`` over ``root`` feeding ``tally``, for the duration of the block."""
     watcher = Watcher(
         root,
         lambda: hosts,
@@ -138,10 +144,12 @@ async def _ours(
 
 @contextlib.asynccontextmanager
 async def _watchfiles_polling(root: Path, hosts: list[str], tally: Tally) -> AsyncIterator[None]:
+    """watchfiles' own poller on ``status/`` feeding ``tally``: the alternative we did not take."""
     status = root / "status"
     wanted = {str(status / f"{h}.json"): h for h in hosts}
 
     async def consume() -> None:
+        """Read every status file watchfiles reports changed."""
         async for changes in awatch(
             status,
             force_polling=True,
@@ -170,6 +178,7 @@ async def _watchfiles_polling(root: Path, hosts: list[str], tally: Tally) -> Asy
 def _ours_with(
     mode: ResolvedMode, debounce_ms: int
 ) -> Callable[[Path, list[str], Tally], contextlib.AbstractAsyncContextManager[None]]:
+    """A ``Config.run`` for our watcher in ``mode`` with ``debounce_ms``."""
     return lambda root, hosts, tally: _ours(root, hosts, tally, mode=mode, debounce_ms=debounce_ms)
 
 
@@ -262,6 +271,7 @@ async def same_second(config: Config, rounds: int, where: Path) -> tuple[int, in
 async def measure(
     config: Config, n: int, warmup_s: float, duration_s: float, where: Path
 ) -> Result:
+    """One watcher, ``n`` status files rewritten once a second: latency, delivery and CPU."""
     root = Path(tempfile.mkdtemp(prefix="bench-watch-", dir=where))
     try:
         for sub in ("status", "ctl", "inbox", "outbox"):
@@ -315,6 +325,7 @@ async def measure(
 
 
 def table(results: list[Result], args: argparse.Namespace) -> str:
+    """The markdown table of all results, with the ratio to the baseline watcher."""
     base = {r.n: r for r in results if r.config == BASELINE}
     lines = [
         "# Status watcher latency (write -> Observation in the sink)",
@@ -352,6 +363,7 @@ def table(results: list[Result], args: argparse.Namespace) -> str:
 
 
 def same_second_table(same: dict[str, tuple[int, int]]) -> str:
+    """The markdown table of the same-second rewrite check."""
     lines = [
         "",
         "## A last write in the same second as the one before",
@@ -372,6 +384,7 @@ def same_second_table(same: dict[str, tuple[int, int]]) -> str:
 
 async def main_async(args: argparse.Namespace) -> None:
     # Per-host info lines at startup would cost CPU in the measured process; keep warnings.
+    """Run every watcher at every size and write the report."""
     logs.configure("console", level="warning", stream=sys.stderr)
     rounds = 3 if args.quick else 6
     same: dict[str, tuple[int, int]] = {}
@@ -391,6 +404,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Entry point: the benchmark, or (``--writer``) one heartbeat-writer child process."""
     if len(sys.argv) > 1 and sys.argv[1] == "--writer":
         root, n, part, start, begin, end = sys.argv[2:8]
         k, m = part.split("/")

@@ -77,6 +77,7 @@ def load_average() -> str:
 
 
 def _fstype(path: Path) -> str:
+    """The filesystem type of the mount that holds ``path``."""
     best, kind = "", "?"
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():

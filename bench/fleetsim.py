@@ -62,6 +62,7 @@ WORKER_ARGV = ["/bin/sh", "-c", "exec sleep 1000000", "{host}"]
 
 
 def _emit(event: str, **fields: Any) -> None:
+    """One JSON event line on stdout, flushed at once."""
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()
 
@@ -97,16 +98,20 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
         self._buffer = b""
 
     def connection_made(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
+        """Keep the channel to answer on."""
         self._chan = chan
 
     def exec_requested(self, command: str) -> bool:
         # Only the agent is served; the daemon runs nothing else over SSH.
+        """Accept the agent command only."""
         return command.endswith(" agent") and " -c " in command
 
     def session_started(self) -> None:
+        """Greet as the agent does."""
         self._send({"hello": agent.hello()})
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        """Answer each complete request line in the thread pool."""
         self._buffer += data
         while b"\n" in self._buffer:
             line, _, self._buffer = self._buffer.partition(b"\n")
@@ -118,33 +123,42 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
             future.add_done_callback(lambda f: self._send(f.result()))
 
     def eof_received(self) -> bool:
+        """End the channel as the agent ends at EOF."""
         if self._chan is not None:
             self._chan.exit(0)  # the agent exits at EOF
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Stop answering."""
         self._chan = None
 
     def _send(self, message: dict[str, Any]) -> None:
+        """One response line, unless the channel is closing."""
         if self._chan is not None and not self._chan.is_closing():
             self._chan.write((json.dumps(message, separators=(",", ":")) + "\n").encode())
 
 
 class _Server(asyncssh.SSHServer):
+    """An SSH server accepting the daemon's key and serving the agent."""
+
     def __init__(self, client_public: bytes, pool: ThreadPoolExecutor) -> None:
         self._client_public = client_public
         self._pool = pool
 
     def begin_auth(self, username: str) -> bool:
+        """Every user must authenticate."""
         return True
 
     def public_key_auth_supported(self) -> bool:
+        """Public-key login is the only method."""
         return True
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """Only the daemon's client key logs in."""
         return key.public_data == self._client_public
 
     def session_requested(self) -> _AgentSession:
+        """A session answers the agent protocol."""
         return _AgentSession(self._pool)
 
 
@@ -161,6 +175,7 @@ class InprocFleet:
         self._pool = ThreadPoolExecutor(AGENT_THREADS, thread_name_prefix="agent")
 
     async def start(self) -> None:
+        """Keys, one listener per host and the known_hosts file naming them all."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
@@ -194,6 +209,7 @@ class InprocFleet:
         )
 
     async def aclose(self) -> None:
+        """Close the listeners and the thread pool."""
         for acceptor in self._acceptors:
             acceptor.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -232,9 +248,11 @@ class Fleet:
         self._boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
     def status_path(self, host: SimHost) -> Path:
+        """``status/<host>.json``."""
         return self.root / "status" / f"{host.name}.json"
 
     def pidfile(self, host: SimHost) -> Path:
+        """``ctl/<host>.pid``."""
         return self.root / "ctl" / f"{host.name}.pid"
 
     def spawn_workers(self) -> None:
@@ -344,6 +362,7 @@ class Fleet:
 
 
 def _sig(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of ``path``, or None when it is missing."""
     try:
         st = os.stat(path)
     except OSError:
@@ -352,6 +371,7 @@ def _sig(path: Path) -> tuple[int, int] | None:
 
 
 def _read_pid(path: Path) -> int | None:
+    """The pid in a pidfile, or None."""
     try:
         text = path.read_text().strip()
     except OSError:
@@ -360,6 +380,7 @@ def _read_pid(path: Path) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
@@ -411,6 +432,7 @@ def daemon_config(
 
 
 async def _commands(fleet: Fleet, done: asyncio.Event) -> None:
+    """Execute stdin's commands until ``quit`` or EOF, then set ``done``."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -439,6 +461,7 @@ async def _commands(fleet: Fleet, done: asyncio.Event) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    """Serve the fleet, write the daemon's config, heartbeat until told to quit."""
     raise_nofile()
     workdir: Path = args.workdir
     names = [f"sim-{i:04d}" for i in range(args.hosts)]
@@ -480,6 +503,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Parse arguments and run the simulator."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--hosts", type=int, required=True)

@@ -72,15 +72,19 @@ class OldWay:
     # --- paths (the seed's) -----------------------------------------------------------
 
     def pidfile(self, host: str) -> Path:
+        """``ctl/<host>.pid``: the worker's pid."""
         return self.root / "ctl" / f"{host}.pid"
 
     def wrap_pidfile(self, host: str) -> Path:
+        """``ctl/<host>.wrap.pid``: the respawn wrapper's pid."""
         return self.root / "ctl" / f"{host}.wrap.pid"
 
     def stop_sentinel(self, host: str) -> Path:
+        """``ctl/<host>.stop``: the sentinel that ends the respawn loop."""
         return self.root / "ctl" / f"{host}.stop"
 
     def status(self, host: str) -> Path:
+        """``status/<host>.json``: the worker's heartbeat file."""
         return self.root / "status" / f"{host}.json"
 
     def prepare(self) -> None:
@@ -130,6 +134,7 @@ class OldWay:
     # --- the seed's scripts --------------------------------------------------------------
 
     def _worker_cmd(self, host: OldHost) -> str:
+        """The worker's command line, as the seed's scripts quote it."""
         return (
             f"'{self.python}' -m {WORKER_MODULE} --root '{self.root}' --shard {host.shard}"
             f" --host '{host.name}' --concurrency {host.concurrency}"

@@ -36,7 +36,14 @@ from typing import Any
 
 import asyncssh
 
-from bench.common import SCRATCH, StatusWatch, cpu_seconds, machine_busy_s, pid_alive
+from bench.common import (
+    SCRATCH,
+    StatusWatch,
+    cpu_seconds,
+    iso_to_epoch,
+    machine_busy_s,
+    pid_alive,
+)
 from bench.oldway import OldHost, OldWay
 from bench.procs import LogIndex
 from supervisor import control
@@ -54,6 +61,7 @@ WAIT_S = 300.0
 
 
 def _poll_s(hosts: int) -> float:
+    """The observer's sampling period for ``hosts`` status files."""
     return 0.005 if hosts == 1 else 0.01
 
 
@@ -67,6 +75,7 @@ class OpsResults:
     notes: list[str] = field(default_factory=list)
 
     def add(self, side: dict[str, list[float]], name: str, value: float) -> None:
+        """Append one sample of ``name`` to ``side``."""
         side.setdefault(name, []).append(value)
 
 
@@ -110,6 +119,7 @@ async def start_daemon_process(config: Path, workdir: Path) -> DaemonProcess:
 
 
 async def _stop_daemon(daemon: DaemonProcess) -> None:
+    """SIGTERM the daemon and wait for it (it stops its workers first)."""
     with contextlib.suppress(ProcessLookupError):
         daemon.send_signal(signal.SIGTERM)
     with contextlib.suppress(AssertionError):
@@ -189,24 +199,26 @@ async def floors(sshd: OpenSsh, workdir: Path, runs: int, fleet_runs: int) -> Op
     root = workdir / "floor"
     (root / "status").mkdir(parents=True, exist_ok=True)
     for _ in range(runs):
-        start_s, stop_s = await _local_workers(root, 1)
+        start_s, stop_s, _busy = await _local_workers(root, 1)
         result.add(result.floor, "worker start", start_s)
         result.add(result.floor, "worker stop", stop_s)
     for _ in range(fleet_runs):
-        start_s, stop_s = await _local_workers(root, FLEET)
+        start_s, stop_s, busy = await _local_workers(root, FLEET)
         result.add(result.floor, f"{FLEET} workers start", start_s)
+        result.add(result.floor, f"{FLEET} workers start: machine CPU, all processes", busy)
         result.add(result.floor, f"{FLEET} workers stop", stop_s)
     return result
 
 
-async def _local_workers(root: Path, n: int) -> tuple[float, float]:
+async def _local_workers(root: Path, n: int) -> tuple[float, float, float]:
     """Start ``n`` reference workers at once, no SSH: (until all ready, until all gone
-    after SIGTERM)."""
+    after SIGTERM, CPU seconds the machine spent until all were ready)."""
     names = [f"floor-{i}" for i in range(n)]
     for name in names:
         (root / "status" / f"{name}.json").unlink(missing_ok=True)
         (root / "inbox" / str(names.index(name))).mkdir(parents=True, exist_ok=True)
     watch = StatusWatch(root / "status" / f"{name}.json" for name in names)
+    busy0 = machine_busy_s()
     t0 = time.time()
     procs = [
         await asyncio.create_subprocess_exec(
@@ -220,11 +232,12 @@ async def _local_workers(root: Path, n: int) -> tuple[float, float]:
     ]
     try:
         ready = await wait_files(watch, any_ready, "local workers ready", _poll_s(n))
+        busy = machine_busy_s() - busy0
         t1 = time.time()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         gone = await wait_gone([p.pid for p in procs], 0.002 if n == 1 else 0.01)
-        return ready - t0, gone - t1
+        return ready - t0, gone - t1, busy
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -289,6 +302,7 @@ async def _settle(watch: StatusWatch) -> None:
 async def _crash(
     result: OpsResults, side: dict[str, list[float]], watch: StatusWatch, logs: LogIndex | None
 ) -> None:
+    """One crash sample: SIGKILL the ready worker, time its ready replacement."""
     before = ready_pids(watch)
     pid = next(iter(before.values()))
     assert pid is not None
@@ -310,6 +324,7 @@ async def _crash(
 async def _hang(
     side: dict[str, list[float]], watch: StatusWatch, during: Callable[[], Any]
 ) -> None:
+    """One hang sample: SIGSTOP the ready worker, time its ready replacement past the stale time."""
     before = ready_pids(watch)
     pid = next(iter(before.values()))
     assert pid is not None
@@ -327,6 +342,7 @@ async def _restart(
     command: Callable[[], Any],
     logs: LogIndex | None = None,
 ) -> None:
+    """One restart-host sample: run ``command``, time the new pid's ready heartbeat."""
     before = ready_pids(watch)
     t0 = time.time()
     await command()
@@ -390,11 +406,26 @@ async def fleet_ours(sshd: OpenSsh, workdir: Path, run: int, result: OpsResults)
         t1 = await wait_gone(pids, _poll_s(FLEET))
         result.add(result.ours, f"stop {FLEET}", t1 - t0)
         await daemon.wait_exit(120)
-        hit = LogIndex(daemon).find("daemon.ready")
-        if hit is not None:
-            result.add(result.ours, f"start {FLEET}: READY=1", hit[0] - spawned)
+        _start_phases(LogIndex(daemon), spawned, result)
     finally:
         await _stop_daemon(daemon)
+
+
+def _start_phases(logs: LogIndex, spawned: float, result: OpsResults) -> None:
+    """Where the start of the fleet went, by the daemon's own log: the last host's SSH
+    connection, the last launch answered, READY=1 (all hosts settled)."""
+    logs.update()
+    for event, name in (
+        ("ssh.connected", "all SSH connections up"),
+        ("host.launched", "all launches answered"),
+    ):
+        stamps = [iso_to_epoch(line["timestamp"]) for line in logs.by_event.get(event, [])]
+        first_round = sorted(stamps)[:FLEET]  # kill 50 launches again later: only the start's
+        if len(first_round) == FLEET:
+            result.add(result.ours, f"start {FLEET}: {name}", max(first_round) - spawned)
+    hit = logs.find("daemon.ready")
+    if hit is not None:
+        result.add(result.ours, f"start {FLEET}: READY=1", hit[0] - spawned)
 
 
 async def fleet_old(sshd: OpenSsh, workdir: Path, run: int, result: OpsResults) -> None:
@@ -418,6 +449,7 @@ async def fleet_old(sshd: OpenSsh, workdir: Path, run: int, result: OpsResults) 
         gate = asyncio.Semaphore(8)
 
         async def wrap(host: OldHost) -> None:
+            """The seed's respawn start script on ``host``, 8 hosts at a time."""
             async with gate:
                 await old.ssh(host, old.start_script(host, respawn=True))
 

@@ -61,6 +61,7 @@ class SimProcess:
         return self.process.pid
 
     async def _read(self) -> None:
+        """Collect the simulator's events as they arrive."""
         assert self.process is not None
         assert self.process.stdout is not None
         async for line in self.process.stdout:
@@ -148,6 +149,7 @@ class LogIndex:
         found: list[tuple[float, dict[str, Any]]] = []
 
         def seen() -> bool:
+            """Whether the line has arrived (kept in ``found``)."""
             hit = self.find(event, after, **fields)
             if hit is not None:
                 found.append(hit)

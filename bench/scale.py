@@ -148,6 +148,7 @@ async def run_scale(
 
 
 def _save_log(daemon: DaemonProcess, path: Path) -> None:
+    """Write the daemon's log lines to ``path``, one JSON object a line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for line in daemon.lines:
@@ -179,12 +180,14 @@ async def _wait_all_ready(
     last = [0.0]
 
     def note(line: dict[str, Any], into: set[str]) -> None:
+        """Count ``line``'s host into ``into`` and keep the latest stamp."""
         host = str(line.get("host"))
         if host in want and host not in into:
             into.add(host)
             last[0] = max(last[0], iso_to_epoch(line["timestamp"]))
 
     def done() -> bool:
+        """Whether every host is ready (and adopted)."""
         logs.update()
         for line in logs.by_event.get("host.state", []):
             if line.get("to") == "ready":
@@ -201,6 +204,8 @@ async def _wait_all_ready(
 async def _exit_samples(
     sim: SimProcess, logs: LogIndex, victims: list[str], result: ScaleResult
 ) -> None:
+    """Exit records on ``victims``, one at a time: exit -> state, exit -> launch, first beat ->
+    ready."""
     written: dict[str, float] = {}
     for host in victims:
         await sim.send(cmd="exit", host=host)
@@ -223,6 +228,7 @@ async def _exit_samples(
 async def _stale_samples(
     sim: SimProcess, logs: LogIndex, victims: list[str], result: ScaleResult
 ) -> None:
+    """Silence ``victims``' heartbeats: how long after last beat + stale time each went stale."""
     silenced: dict[str, float] = {}
     for host in victims:
         await sim.send(cmd="silence", host=host)
@@ -298,6 +304,7 @@ async def run_idle(openssh_dir: Path, hosts: int, window_s: float) -> IdleResult
 
 
 def _remove(path: Path) -> None:
+    """Remove a work directory, whatever is left in it."""
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
