@@ -1037,3 +1037,63 @@ async def test_listener_that_never_speaks_times_out_and_backs_off(
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.faults
+async def test_handshakes_in_flight_never_exceed_the_fleet_bound(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """Six hosts connecting at once to a listener that never speaks hold at most
+    ``max_concurrent_handshakes`` (2) connections open at any moment while attempts keep
+    flowing: a burst cannot exceed what OpenSSH's MaxStartups would drop."""
+    open_now = 0
+    most = 0
+    accepted = 0
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Count this connection as open until the client gives up on it."""
+        nonlocal open_now, most, accepted
+        accepted += 1
+        open_now += 1
+        most = max(most, open_now)
+        writers.append(writer)
+        try:
+            await reader.read()  # EOF once the client's connect_timeout ends the attempt
+        finally:
+            open_now -= 1
+            writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        ssh = {**FAST_RETRY, "connect_timeout_s": 0.5, "max_concurrent_handshakes": 2}
+        raw = openssh.config_dict(run_root, 6, ssh=ssh)
+        for host in raw["hosts"]:
+            host.update(address="127.0.0.1", port=port)
+        config = parse(raw, run_root.parent / "config.toml")
+        handshakes = asyncio.Semaphore(config.ssh.max_concurrent_handshakes)
+        remotes = [
+            RemoteHost(
+                host,
+                config.ssh,
+                python=config.worker.python,
+                handshakes=handshakes,
+                on_connection=lambda up, reason: None,
+            )
+            for host in config.hosts
+        ]
+        async with asyncio.TaskGroup() as tasks:
+            for remote in remotes:
+                tasks.create_task(remote.maintain())
+            try:
+                await wait_until(lambda: accepted >= 8, "every host tried, some twice")
+            finally:
+                for remote in remotes:
+                    await remote.aclose()
+        assert 1 <= most <= 2, most
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()

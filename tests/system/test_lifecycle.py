@@ -42,6 +42,8 @@ async def test_ready_watchdog_reload_and_stop(
     )
     status = await daemon.wait_status(all_ready, 30, "all ready")
     pids = host_pids(status)
+    # STATUS= keeps systemctl status current: the fleet's summary once both are ready.
+    await daemon.wait_notify("STATUS=2/2 ready", timeout_s=30)
 
     before = len(daemon.notifications)
     daemon.send_signal(signal.SIGHUP)
