@@ -151,7 +151,7 @@ class Daemon:
         self._unsettled: set[str] = set()  # hosts whose start-up is not done yet
         self._publish_pending = False
         self._change = asyncio.Event()
-        self._history_dirty = False
+        self._history_dirty = asyncio.Event()  # set when restart history needs saving
         self._summary = ""
         self._started_wall = time.time()
         self._started_at = 0.0
@@ -416,7 +416,7 @@ class Daemon:
             self._perform(member, action)
         self._arm_timer(member, host.deadline_at)
         if health.history_changed(before, host):
-            self._history_dirty = True
+            self._history_dirty.set()
         if host.state is not before.state:
             self._state_changes += 1
         if host.state is not before.state or host.ssh_up != before.ssh_up or host.op != before.op:
@@ -854,17 +854,19 @@ class Daemon:
             await asyncio.sleep(interval)
 
     async def _persist_loop(self) -> None:
+        # Asleep until history changes (no wake-ups in a quiet fleet), then at most one
+        # write per PERSIST_INTERVAL_S however many hosts change meanwhile.
         while True:
+            await self._history_dirty.wait()
             await asyncio.sleep(PERSIST_INTERVAL_S)
-            if self._history_dirty:
-                self._history_dirty = False
-                loop = asyncio.get_running_loop()
-                snapshot = self._history_snapshot(time.time() - loop.time())
-                try:
-                    await asyncio.to_thread(self._write_history, snapshot)
-                except OSError as exc:
-                    self._history_dirty = True
-                    log.error("history.not_saved", reason=str(exc))
+            self._history_dirty.clear()
+            loop = asyncio.get_running_loop()
+            snapshot = self._history_snapshot(time.time() - loop.time())
+            try:
+                await asyncio.to_thread(self._write_history, snapshot)
+            except OSError as exc:
+                self._history_dirty.set()
+                log.error("history.not_saved", reason=str(exc))
 
     def _history_snapshot(self, wall_minus_mono: float) -> dict[str, Any]:
         """Every host's restart history with instants converted to wall-clock time."""
