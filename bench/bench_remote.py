@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import asyncssh  # noqa: E402 - after the path tweak that makes the checkout importable
 
+from bench.common import old_ssh_argv, raw_connection  # noqa: E402
 from supervisor.config import Config  # noqa: E402
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files  # noqa: E402
 from supervisor.remote import RemoteHost  # noqa: E402
@@ -69,21 +69,7 @@ class OldWay:
     async def ssh(self, script: str) -> str:
         """Run ``script`` through a fresh ssh client; its stdout."""
         process = await asyncio.create_subprocess_exec(
-            "ssh",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={self.sshd.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-F",
-            "/dev/null",
-            "-i",
-            str(self.sshd.client_key),
-            "-p",
-            str(self.sshd.port),
-            f"{self.sshd.username}@127.0.0.1",
-            script,
+            *old_ssh_argv(self.sshd, "127.0.0.1", script),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
         )
@@ -147,16 +133,7 @@ async def bench(runs: int, workdir: Path) -> dict[str, tuple[list[float], list[f
             tasks.create_task(remote.maintain())
             await connected.wait()
             await remote.probe(spec, None)  # start the agent: the daemon keeps it running
-            conn = await asyncssh.connect(
-                host.address,
-                host.port,
-                username=sshd.username,
-                known_hosts=str(sshd.known_hosts),
-                client_keys=[str(sshd.client_key)],
-                config=None,
-                agent_path=None,
-                gss_host=None,
-            )
+            conn = await raw_connection(sshd, host.address)
             async with conn:
                 for _ in range(runs):
                     # ours

@@ -21,7 +21,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import asyncssh
+
+if TYPE_CHECKING:
+    from tests.sshd import OpenSsh
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -282,3 +287,29 @@ class StatusWatch:
             return None
         pid = status.get("pid")
         return pid if isinstance(pid, int) else None
+
+
+def old_ssh_argv(sshd: OpenSsh, address: str, script: str) -> list[str]:
+    """The old way's ``ssh`` command line (the seed's ``_ssh``): a fresh client per command,
+    no ``~/.ssh/config``, the test sshd's host key enforced."""
+    return [
+        *("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20"),
+        *("-o", f"UserKnownHostsFile={sshd.known_hosts}", "-o", "StrictHostKeyChecking=yes"),
+        *("-F", "/dev/null", "-i", str(sshd.client_key), "-p", str(sshd.port)),
+        f"{sshd.username}@{address}",
+        script,
+    ]
+
+
+async def raw_connection(sshd: OpenSsh, address: str = "127.0.0.1") -> asyncssh.SSHClientConnection:
+    """A plain asyncssh connection to the test sshd: what the floor's ``conn.run`` uses."""
+    return await asyncssh.connect(
+        address,
+        sshd.port,
+        username=sshd.username,
+        known_hosts=str(sshd.known_hosts),
+        client_keys=[str(sshd.client_key)],
+        config=None,
+        agent_path=None,
+        gss_host=None,
+    )

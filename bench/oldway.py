@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import read_json, write_atomic
+from bench.common import old_ssh_argv, read_json, write_atomic
 from tests.sshd import OpenSsh
 
 WORKER_MODULE = "supervisor.worker"
@@ -106,23 +106,7 @@ class OldWay:
     async def ssh(self, host: OldHost, script: str, timeout_s: float = 120) -> tuple[int, str]:
         """The seed's ``_ssh``: a fresh ssh process; (exit code, stdout+stderr)."""
         process = await asyncio.create_subprocess_exec(
-            "ssh",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=20",
-            "-o",
-            f"UserKnownHostsFile={self.sshd.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-F",
-            "/dev/null",
-            "-i",
-            str(self.sshd.client_key),
-            "-p",
-            str(self.sshd.port),
-            f"{self.sshd.username}@{host.address}",
-            script,
+            *old_ssh_argv(self.sshd, host.address, script),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

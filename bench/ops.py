@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-
 from bench.common import (
     SCRATCH,
     StatusWatch,
@@ -43,6 +41,7 @@ from bench.common import (
     iso_to_epoch,
     machine_busy_s,
     pid_alive,
+    raw_connection,
 )
 from bench.oldway import OldHost, OldWay
 from bench.procs import LogIndex
@@ -181,16 +180,7 @@ async def wait_gone(pids: list[int], every_s: float) -> float:
 async def floors(sshd: OpenSsh, workdir: Path, runs: int, fleet_runs: int) -> OpsResults:
     """conn.run('true') round trips, and the reference worker started and stopped locally."""
     result = OpsResults()
-    conn = await asyncssh.connect(
-        "127.0.0.1",
-        sshd.port,
-        username=sshd.username,
-        known_hosts=str(sshd.known_hosts),
-        client_keys=[str(sshd.client_key)],
-        config=None,
-        agent_path=None,
-        gss_host=None,
-    )
+    conn = await raw_connection(sshd)
     async with conn:
         for _ in range(max(runs, 10)):
             start = time.perf_counter()
