@@ -44,7 +44,7 @@ from bench.common import (
     raw_connection,
 )
 from bench.oldway import OldHost, OldWay
-from bench.procs import LogIndex
+from bench.procs import LogIndex, stop_daemon
 from supervisor import control
 from supervisor.worker import argv_template
 from tests.sshd import OpenSsh
@@ -115,15 +115,6 @@ async def start_daemon_process(config: Path, workdir: Path) -> DaemonProcess:
     daemon = DaemonProcess(config, workdir)
     await daemon.start()
     return daemon
-
-
-async def _stop_daemon(daemon: DaemonProcess) -> None:
-    """SIGTERM the daemon and wait for it (it stops its workers first)."""
-    with contextlib.suppress(ProcessLookupError):
-        daemon.send_signal(signal.SIGTERM)
-    with contextlib.suppress(AssertionError):
-        await daemon.wait_exit(60)
-    await daemon.aclose()
 
 
 # --- observing ----------------------------------------------------------------------------
@@ -278,7 +269,7 @@ async def single_host(sshd: OpenSsh, workdir: Path, runs: int) -> OpsResults:
             await _settle(old_status)
             await _restart(result.old, old_status, lambda: old.restart_host(old.hosts[0]))
     finally:
-        await _stop_daemon(daemon)
+        await stop_daemon(daemon)
         old.kill_everything()
     return result
 
@@ -398,7 +389,7 @@ async def fleet_ours(sshd: OpenSsh, workdir: Path, run: int, result: OpsResults)
         await daemon.wait_exit(120)
         _start_phases(LogIndex(daemon), spawned, result)
     finally:
-        await _stop_daemon(daemon)
+        await stop_daemon(daemon)
 
 
 def _start_phases(logs: LogIndex, spawned: float, result: OpsResults) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -166,3 +167,13 @@ class LogIndex:
             for line in self.by_event.get(event, [])
             if all(line.get(k) == v for k, v in fields.items())
         )
+
+
+async def stop_daemon(daemon: DaemonProcess) -> None:
+    """SIGTERM the daemon, give it a minute to exit (it stops its workers first), and
+    release its pipes."""
+    with contextlib.suppress(ProcessLookupError):
+        daemon.send_signal(signal.SIGTERM)
+    with contextlib.suppress(AssertionError):
+        await daemon.wait_exit(60)
+    await daemon.aclose()

@@ -18,10 +18,8 @@ For each fleet size and watch mode (``bench/fleetsim.py`` says what is simulated
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -38,7 +36,7 @@ from bench.common import (
     percentile,
     thread_count,
 )
-from bench.procs import LogIndex, SimProcess
+from bench.procs import LogIndex, SimProcess, stop_daemon
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import DaemonProcess
 
@@ -135,11 +133,7 @@ async def run_scale(
         result.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
         if daemon is not None:
-            with contextlib.suppress(ProcessLookupError):
-                daemon.send_signal(signal.SIGTERM)
-            with contextlib.suppress(AssertionError):
-                await daemon.wait_exit(60)
-            await daemon.aclose()
+            await stop_daemon(daemon)
             if log_dir is not None:
                 _save_log(daemon, log_dir / f"daemon-{hosts}-{mode}.jsonl")
         await sim.aclose()
@@ -294,11 +288,7 @@ async def run_idle(openssh_dir: Path, hosts: int, window_s: float) -> IdleResult
         return IdleResult(hosts=hosts, cpu=await measure_cpu(daemon.process.pid, window_s))
     finally:
         if daemon is not None:
-            with contextlib.suppress(ProcessLookupError):
-                daemon.send_signal(signal.SIGTERM)
-            with contextlib.suppress(AssertionError):
-                await daemon.wait_exit(60)
-            await daemon.aclose()
+            await stop_daemon(daemon)
         sshd.stop()
         _remove(workdir)
 

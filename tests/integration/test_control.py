@@ -203,7 +203,7 @@ import asyncio, json, os, sys
 from pathlib import Path
 from supervisor.control import request_sync
 from supervisor.errors import ControlError
-asyncio.run(asyncio.sleep(0))
+asyncio.run(asyncio.sleep(0))  # wait-ok: loads the event loop's modules while root, no wait
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)
