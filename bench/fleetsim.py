@@ -70,25 +70,6 @@ def _emit(event: str, **fields: Any) -> None:
 # --- SSH endpoints with the agent answered in-process -----------------------------------
 
 
-def _serve_request(request: dict[str, Any]) -> dict[str, Any]:
-    """One agent request, exactly as ``agent.serve`` answers it."""
-    rid = request.get("id")
-    op = agent.OPS.get(str(request.get("op")), agent._unknown_op)
-    try:
-        result = op(request)
-    except agent.OpError as exc:
-        return {
-            "id": rid,
-            "ok": False,
-            "kind": exc.kind,
-            "error": str(exc),
-            "holder_pid": exc.holder_pid,
-        }
-    except Exception as exc:  # noqa: BLE001 - thread root: every request gets an answer
-        return {"id": rid, "ok": False, "kind": "error", "error": f"{type(exc).__name__}: {exc}"}
-    return {"id": rid, "ok": True, "result": result}
-
-
 class _AgentSession(asyncssh.SSHServerSession[bytes]):
     """The agent's protocol on one exec channel, served by this process."""
 
@@ -119,7 +100,7 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
                 request = json.loads(line)
             except ValueError as exc:
                 request = {"op": "bad request", "error": str(exc)}
-            future = asyncio.get_running_loop().run_in_executor(self._pool, _serve_request, request)
+            future = asyncio.get_running_loop().run_in_executor(self._pool, agent.answer, request)
             future.add_done_callback(lambda f: self._send(f.result()))
 
     def eof_received(self) -> bool:

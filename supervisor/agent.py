@@ -325,6 +325,26 @@ def op_launch(request: dict[str, Any]) -> dict[str, Any]:
     raise OpError(report["error"])
 
 
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """The reply to one request: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false,
+    "kind", "error"[, "holder_pid"]}``; never raises, so every request gets an answer."""
+    rid = request.get("id")
+    op = OPS.get(str(request.get("op")), _unknown_op)
+    try:
+        result = op(request)
+    except OpError as exc:
+        return {
+            "id": rid,
+            "ok": False,
+            "kind": exc.kind,
+            "error": str(exc),
+            "holder_pid": exc.holder_pid,
+        }
+    except Exception as exc:  # noqa: BLE001 - a request's root: the caller must hear back
+        return {"id": rid, "ok": False, "kind": "error", "error": f"{type(exc).__name__}: {exc}"}
+    return {"id": rid, "ok": True, "result": result}
+
+
 def _unknown_op(request: dict[str, Any]) -> dict[str, Any]:
     """The answer to a request we cannot read or do not know."""
     raise OpError(f"unknown op {request.get('op')!r}: {request.get('error', '')}")
@@ -367,31 +387,7 @@ def serve() -> int:
             os._exit(0)
 
     def handle(request: dict[str, Any]) -> None:
-        rid = request.get("id")
-        op = OPS.get(str(request.get("op")), _unknown_op)
-        try:
-            result = op(request)
-        except OpError as exc:
-            send(
-                {
-                    "id": rid,
-                    "ok": False,
-                    "kind": exc.kind,
-                    "error": str(exc),
-                    "holder_pid": exc.holder_pid,
-                }
-            )
-        except Exception as exc:  # noqa: BLE001 - thread root: every request gets an answer
-            send(
-                {
-                    "id": rid,
-                    "ok": False,
-                    "kind": "error",
-                    "error": f"{type(exc).__name__}: {exc}",
-                }
-            )
-        else:
-            send({"id": rid, "ok": True, "result": result})
+        send(answer(request))
 
     send({"hello": hello()})
     for line in sys.stdin.buffer:
