@@ -8,7 +8,8 @@ checks the core's decisions against what is really running.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -70,6 +71,8 @@ class FleetOfOne(RuleBasedStateMachine):
     def feed(self, event: h.Event) -> None:
         """Step the core and check every action against the world."""
         host, actions = h.step(self.host, event, self.now, self.policy)
+        # The routine-heartbeat shortcut decides exactly what the full path decides.
+        assert (host, actions) == h._step_in_full(self.host, event, self.now, self.policy)
         # The shell's cheap check agrees with comparing the full histories.
         full = h.history_of(host) != h.history_of(self.host)
         assert h.history_changed(self.host, host) == full
@@ -513,3 +516,91 @@ def test_backoff_delay_is_capped_even_for_huge_failure_counts() -> None:
         300,
     ]
     assert h.backoff_delay_s(10_000, policy) == 300
+
+
+# --- the routine-heartbeat shortcut ----------------------------------------------------------
+
+_maybe_time = st.none() | st.floats(-50.0, 50.0)
+_mostly_none = st.sampled_from([None, None, None, None, None, 10.0, -5.0])
+#: Hosts in every state, the fields the shortcut tests drawn near its boundaries and often
+#: at the values that let it through, so both of its outcomes are common.
+hosts = st.builds(
+    h.Host,
+    name=st.just("w"),
+    state=st.sampled_from([S.READY] * 6 + list(S)),
+    reason=st.just("r"),
+    since_at=st.floats(-50.0, 50.0),
+    pid=st.sampled_from([1, 1, 1, None, 2]),
+    needs_probe=st.sampled_from([False, False, False, True]),
+    op=st.sampled_from([None, "launch", "probe", "terminate"]),
+    op_retry_at=_mostly_none,
+    ssh_up=st.booleans(),
+    beat_pid=st.sampled_from([None, 1, 2]),
+    beat_ready=st.booleans(),
+    remote_heartbeat_at=st.sampled_from([None, 1.0, 2.0]),
+    remote_seq=st.sampled_from([None, 1, 2]),
+    beat_changed_at=_maybe_time,
+    status_seen=st.sampled_from([True, True, True, False]),
+    status_problem=st.sampled_from([None, "missing"]),
+    alive_at=_maybe_time,
+    not_ready_since_at=_mostly_none,
+    launched_at=_maybe_time,
+    failures=st.sampled_from([0, 0, 0, 1, 2]),
+    healthy_since_at=_maybe_time,
+    frozen=st.booleans(),
+    thawed_at=_maybe_time,
+)
+
+
+def _eligible(host: h.Host) -> h.Host:
+    """``host`` ready with worker 1 and its status seen; the shortcut's other conditions
+    are left as drawn (mostly met), so each is also tested where it alone fails."""
+    return replace(host, state=S.READY, pid=1, status_seen=True)
+
+
+#: Half of them eligible for the shortcut (the rest almost never are).
+hosts_near_routine = hosts | hosts.map(_eligible)
+beats = st.builds(
+    h.HeartbeatSeen,
+    pid=st.sampled_from([1, 1, 1, 2]),
+    ready=st.sampled_from([True, True, True, False]),
+    remote_heartbeat_at=st.sampled_from([None, 1.0, 3.0]),
+    remote_seq=st.sampled_from([None, 1, 3]),
+)
+
+
+@settings(max_examples=2000)
+@given(host=hosts_near_routine, beat=beats, now=st.floats(0.0, 100.0), policy=policies)
+def test_the_routine_heartbeat_shortcut_agrees_with_the_full_step(
+    host: h.Host, beat: h.HeartbeatSeen, now: float, policy: h.Policy
+) -> None:
+    """Whenever ``step`` takes the shortcut, the full path gives the same host and actions."""
+    assert h.step(host, beat, now, policy) == h._step_in_full(host, beat, now, policy)
+
+
+def test_a_ready_workers_next_heartbeat_takes_the_shortcut() -> None:
+    """The steady-state heartbeat is the case the shortcut exists for (else it is dead code)."""
+    policy = h.Policy()
+    host, now = _ready_host(policy)
+    beat = h.HeartbeatSeen(pid=7, ready=True, remote_heartbeat_at=2.0)
+    routine = h._routine_beat(host, beat, now + 1.0, policy)
+    assert routine is not None
+    assert routine.alive_at == now + 1.0
+    assert routine.deadline_at == now + 1.0 + policy.heartbeat_stale_s
+    assert (routine, []) == h._step_in_full(host, beat, now + 1.0, policy)
+    # Not for a different pid, a not-ready report, or a stamp already seen.
+    for other in (
+        h.HeartbeatSeen(pid=8, ready=True, remote_heartbeat_at=2.0),
+        h.HeartbeatSeen(pid=7, ready=False, remote_heartbeat_at=2.0),
+        h.HeartbeatSeen(pid=7, ready=True, remote_heartbeat_at=1.0),
+    ):
+        assert h._routine_beat(host, other, now + 1.0, policy) is None
+
+
+@given(host=hosts, data=st.data())
+def test_evolve_builds_what_dataclasses_replace_builds(host: h.Host, data: st.DataObject) -> None:
+    """The hot path's copy equals ``replace`` for any subset of changed fields."""
+    names = data.draw(st.sets(st.sampled_from([f.name for f in fields(h.Host)])))
+    changes: dict[str, Any] = {name: data.draw(st.none() | st.integers(0, 3)) for name in names}
+    assert h._evolve(host, **changes) == replace(host, **changes)
+    assert h._evolve(host) == host and h._evolve(host) is not host
