@@ -140,6 +140,9 @@ class Daemon:
         self._notifier: NotifierProtocol = notifier or Notifier()
         self._remote_factory = remote_factory
         self._members: dict[str, _Member] = {}
+        # The watcher asks for the names on every batch; the same object until the fleet
+        # changes tells it that nothing was added or removed without comparing N names.
+        self._names: frozenset[str] = frozenset()
         self._waiting: dict[str, HostConfig] = {}  # hosts waiting for their shard to be free
         self._watcher = watcher_factory(config, self._member_names)
         self._handshakes = asyncio.Semaphore(config.ssh.max_concurrent_handshakes)
@@ -357,7 +360,7 @@ class Daemon:
         return self._tg
 
     def _member_names(self) -> Collection[str]:
-        return self._members.keys()
+        return self._names
 
     def _add_member(
         self, cfg: HostConfig, history: health.History | None, sentinel: bool
@@ -378,6 +381,7 @@ class Daemon:
             )
         member = _Member(cfg=cfg, host=host, remote=remote)
         self._members[name] = member
+        self._names = frozenset(self._members)
         if not self._ready and not _settled(member):
             self._unsettled.add(name)
         return member
@@ -815,6 +819,7 @@ class Daemon:
         if self._members.get(name) is not member:
             return
         del self._members[name]
+        self._names = frozenset(self._members)
         self._unsettled.discard(name)
         self._stop_member_tasks(member)
         if self._tg is not None:

@@ -422,6 +422,7 @@ class Watcher:
         # host -> (reason of its current status problem, whether that was logged)
         self._logged_problem: dict[str, tuple[str, bool]] = {}
         self._known_hosts: frozenset[str] = frozenset()
+        self._hosts_given: Collection[str] | None = None
         self._pending: set[_Key] = set()
         self._all_requested = False
         self._check_dirs = False
@@ -460,9 +461,7 @@ class Watcher:
 
     def scan_all(self) -> list[Observation]:
         """Read every host's files now, in the calling thread; returns all of them."""
-        hosts = frozenset(self._hosts())
-        self._forget_hosts_except(hosts)
-        self._known_hosts = hosts
+        hosts, _ = self._current_hosts()
         batch = self._read_batch(_all_keys(hosts), check_dirs=False)
         return self._observe(batch.observations, every=True)
 
@@ -650,10 +649,7 @@ class Watcher:
         while True:
             await wake.wait()
             wake.clear()
-            hosts = frozenset(self._hosts())
-            new_hosts = hosts - self._known_hosts
-            self._forget_hosts_except(hosts)
-            self._known_hosts = hosts
+            hosts, new_hosts = self._current_hosts()
             keys = {k for k in self._pending if k[0] in hosts}
             self._pending.clear()
             if self._all_requested:
@@ -691,6 +687,20 @@ class Watcher:
             return await future
         finally:
             future.cancel()  # only matters when we are cancelled: abandon the result
+
+    def _current_hosts(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The hosts to watch now, and which of them are new since the last batch."""
+        names = self._hosts()
+        if names is self._hosts_given:
+            # The daemon hands out one frozenset until its fleet changes: comparing and
+            # pruning N hosts on every batch cost ~0.5% of a core at 1000 hosts.
+            return self._known_hosts, frozenset()
+        hosts = frozenset(names)
+        new_hosts = hosts - self._known_hosts
+        self._forget_hosts_except(hosts)
+        self._known_hosts = hosts
+        self._hosts_given = names
+        return hosts, new_hosts
 
     def _forget_hosts_except(self, hosts: frozenset[str]) -> None:
         # A host removed by a reload and added back later is reported afresh.
