@@ -1,9 +1,9 @@
-"""The remote side: an agent serving JSON-lines requests on one SSH channel, and the shepherd
-that launches, holds the shard lock for, and reaps one worker.
+"""The remote side: an agent serving JSON-lines requests on one SSH channel, its launcher (a
+fork server), and the shepherd that launches, holds the shard lock for, and reaps one worker.
 
 This file is never imported by the daemon: ``remote.py`` sends its text as the ``-c``
 argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.8 (no
-``match``, no runtime ``X | Y``, nothing newer unless guarded). Two modes:
+``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
 
 ``python -X utf8 -u -c SRC agent``
     Reads one JSON request per line on stdin, ``{"id": N, "op": OP, ...}``, serves each in its
@@ -11,13 +11,30 @@ argument of the worker host's python. So it is stdlib-only and runs on Python >=
     line ``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "kind":
     "error"|"refused", "error": TEXT, "holder_pid": PID|null}``. The first line it writes is
     ``{"hello": {...}}``. It exits at EOF. Ops: ``ping``, ``probe``, ``launch``, ``terminate``.
+    At start it starts its launcher (or, in-process callers, the first launch does).
+
+``python -X utf8 -c SRC launcher``
+    The agent's fork server, so that a launch costs a fork, not a new interpreter (the agent,
+    being multithreaded, must not fork itself). Single-threaded; fd 0 is a SEQPACKET socket
+    from the agent carrying one launch order per message, with the write end of that launch's
+    report pipe attached. For each it forks a middle child, which starts a new session and
+    forks the shepherd and exits (reaped at once: no zombies, and the shepherd is a child of
+    init, outside the agent's tree); it confirms the fork to the agent, which then reads the
+    shepherd's report (or EOF, if the shepherd died first) from the pipe. It exits at EOF,
+    leaving its shepherds running. A launch never depends on it: when it cannot be started,
+    has died or does not confirm within ``LAUNCHER_ACK_S``, the agent kills it, starts a new
+    one for the next launch, and launches this one through a fresh interpreter; the reply's
+    ``via`` (and the worker log's "starting worker" line) says which way a launch went.
 
 ``python -X utf8 -c SRC shepherd``
-    Started by ``launch`` with the launch spec on stdin; detaches (new session, double fork),
-    takes the shard lock, starts the worker in its own process group, writes the pidfile and
-    launch record, reports ``{pid, start_time}`` on stdout and closes it, then waits for the
-    worker and writes the exit record. It ignores SIGTERM/SIGINT/SIGHUP so the exit is always
-    recorded.
+    The fresh-interpreter launch: started by ``launch`` with the launch order on stdin; detaches
+    (new session, double fork) and becomes the shepherd, as a launcher-forked one does.
+
+The shepherd (``rs-shepherd`` in ``ps -o comm``) takes the shard lock, starts the worker in its
+own process group, writes the pidfile and launch record, reports ``{pid, start_time}`` on the
+report pipe and closes it, then waits for the worker and writes the exit record. It ignores
+SIGTERM/SIGINT/SIGHUP (by a handler, so the worker gets default dispositions) so the exit is
+always recorded.
 
 Processes are identified by pid *and* start time (field 22 of ``/proc/PID/stat``, clock ticks
 since boot); a process in state ``Z`` (zombie) or ``X`` is dead.
@@ -25,16 +42,20 @@ since boot); a process in state ``Z`` (zombie) or ``X`` is dead.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +68,13 @@ POLL_S = 0.02
 KILL_CONFIRM_S = 10.0
 #: A shepherd reports within milliseconds; this bounds a shared filesystem that hangs.
 SHEPHERD_REPORT_S = 60.0
+#: The launcher confirms a fork within a millisecond or two, or, just started, once python is
+#: up (~50 ms, seconds on a box in trouble). Silence this long means it is wedged (stopped,
+#: swapped out): it is killed, and the launch goes to a fresh interpreter.
+LAUNCHER_ACK_S = 5.0
+#: The largest message from the agent to its launcher: a launch spec is a few KiB, and the
+#: whole source must fit one argv string (128 KiB), so no spec comes near this.
+LAUNCHER_MESSAGE_MAX = 1 << 20
 
 #: A launch spec (``supervisor.layout.LaunchSpec`` as JSON). Annotations only: this file
 #: must not subscript builtin types at run time, which Python 3.8 cannot do.
@@ -288,9 +316,56 @@ def own_source() -> str:
 
 
 def op_launch(request: dict[str, Any]) -> dict[str, Any]:
-    """Start a shepherd for the spec and return the worker's ``{pid, start_time}``."""
+    """Start a shepherd for the spec and return the worker's ``{pid, start_time, via}``.
+
+    The launcher forks it when it can; when it cannot (it failed to start, died, or is
+    wedged), a fresh interpreter does, so a launch never fails for want of a launcher.
+    ``via`` says which, and why.
+    """
     spec: dict[str, Any] = request["spec"]
     python = sys.executable or spec["python"]
+    with _LAUNCHER_LOCK:
+        report_fd, via, trouble = _hand_to_launcher(python, spec)
+    if report_fd is not None:
+        output = _read_to_eof(report_fd, SHEPHERD_REPORT_S)
+        if output is None:
+            raise OpError(f"the shepherd did not report within {SHEPHERD_REPORT_S:g}s")
+        if trouble is None:
+            return _launch_result(_parse_report(output, "", "exited"), via)
+        if output:
+            # The launcher forked the shepherd, then failed to confirm it.
+            return _launch_result(_parse_report(output, "", "exited"), f"{via}; {trouble}")
+        # Nothing on the pipe and no fork confirmed: the launcher went down before forking,
+        # so no shepherd exists and a fresh one is no second launch.
+    via = f"fresh interpreter; {trouble or via}"
+    return _launch_result(_launch_fresh(python, spec, via), via)
+
+
+def _launch_result(report: dict[str, Any], via: str) -> dict[str, Any]:
+    """The reply to a launch from the shepherd's report; raises its refusal or error."""
+    if report.get("ok"):
+        return {"pid": report["pid"], "start_time": report["start_time"], "via": via}
+    if report.get("kind") == "refused":
+        raise Refused(report["error"], report.get("holder_pid"))
+    raise OpError(report["error"])
+
+
+def _parse_report(out: str, err: str, how: str) -> dict[str, Any]:
+    """The shepherd's report, the last line of ``out``; OpError quoting ``err`` (or the
+    output itself) when there is none."""
+    lines = out.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        report = None
+    if not isinstance(report, dict):
+        tail = (err or out).strip()[-2000:]
+        raise OpError(f"the shepherd {how} without a report: {tail or '-'}")
+    return report
+
+
+def _launch_fresh(python: str, spec: dict[str, Any], via: str) -> dict[str, Any]:
+    """Start a shepherd as a new interpreter (``shepherd`` mode); return its report."""
     shepherd = subprocess.Popen(
         [python, "-X", "utf8", "-c", own_source(), "shepherd"],
         stdin=subprocess.PIPE,
@@ -300,8 +375,9 @@ def op_launch(request: dict[str, Any]) -> dict[str, Any]:
         close_fds=True,
         start_new_session=True,
     )
+    order = json.dumps({"spec": spec, "via": via}).encode("utf-8")
     try:
-        out, err = shepherd.communicate(json.dumps(spec).encode("utf-8"), SHEPHERD_REPORT_S)
+        out, err = shepherd.communicate(order, SHEPHERD_REPORT_S)
     except subprocess.TimeoutExpired:
         # The detached shepherd still holds the pipes: close our ends rather than wait.
         for pipe in (shepherd.stdin, shepherd.stdout, shepherd.stderr):
@@ -310,19 +386,138 @@ def op_launch(request: dict[str, Any]) -> dict[str, Any]:
         shepherd.kill()
         shepherd.wait()
         raise OpError(f"the shepherd did not report within {SHEPHERD_REPORT_S:g}s") from None
-    lines = out.decode("utf-8", "replace").strip().splitlines()
+    return _parse_report(
+        out.decode("utf-8", "replace"),
+        err.decode("utf-8", "replace"),
+        f"exited {shepherd.returncode}",
+    )
+
+
+def _read_to_eof(fd: int, timeout_s: float) -> str | None:
+    """Everything written to the pipe ``fd`` until its last writer closes it, or None after
+    ``timeout_s``; closes ``fd`` either way (a late writer then gets EPIPE)."""
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    # poll, not select: select cannot watch a descriptor numbered 1024 or above.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     try:
-        report = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        tail = err.decode("utf-8", "replace").strip()[-2000:]
-        raise OpError(
-            f"the shepherd exited {shepherd.returncode} without a report: {tail or '-'}"
-        ) from None
-    if report.get("ok"):
-        return {"pid": report["pid"], "start_time": report["start_time"]}
-    if report.get("kind") == "refused":
-        raise Refused(report["error"], report.get("holder_pid"))
-    raise OpError(report["error"])
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return None
+            if not poller.poll(remaining_s * 1000):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks).decode("utf-8", "replace")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+# --- the launcher, seen from the agent ---------------------------------------------------
+
+
+class _Launcher:
+    """The agent's fork server: this file in ``launcher`` mode, a single-threaded python
+    that forks shepherds, which the multithreaded agent cannot safely do itself."""
+
+    def __init__(self, python: str) -> None:
+        # SEQPACKET: one message per spec with the pipe attached, and EOF when either dies.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [python, "-X", "utf8", "-c", own_source(), "launcher"],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,  # its stderr is ours: a traceback reaches the daemon
+                cwd="/",
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.channel = ours
+        self.channel.settimeout(LAUNCHER_ACK_S)
+
+    def hand_over(self, spec: dict[str, Any], via: str, report_fd: int) -> str | None:
+        """Have a shepherd forked for ``spec``, reporting on ``report_fd``; None once the
+        launcher confirms the fork, else why it did not."""
+        order = json.dumps({"spec": spec, "via": via}).encode("utf-8")
+        fds = array.array("i", [report_fd])
+        try:
+            self.channel.sendmsg([order], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            reply = self.channel.recv(65536)
+        except socket.timeout:  # noqa: UP041 - on Python < 3.10 it is no TimeoutError
+            return f"did not answer within {LAUNCHER_ACK_S:g}s"
+        except OSError as exc:
+            return f"is gone ({exc.strerror or exc})"
+        if not reply:
+            return "is gone"
+        try:
+            answer = json.loads(reply.decode("utf-8"))
+        except ValueError:
+            answer = {"error": f"unreadable answer {reply[:200]!r}"}
+        return None if "forked" in answer else f"could not fork: {answer.get('error')}"
+
+    def discard(self) -> str:
+        """Kill and reap the launcher; what became of it. Its shepherds live on (each in
+        its own session, a child of init)."""
+        self.channel.close()
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        # SIGKILL ends even a stopped process at once; only a hung disk read could delay it.
+        code = self.process.wait()
+        return f"exited {code}" if code >= 0 else f"died of signal {-code}"
+
+
+#: Serializes use of the launcher: the agent serves each request in its own thread.
+_LAUNCHER_LOCK = threading.Lock()
+#: The running launcher, if any (a list so that no function needs ``global``).
+_LAUNCHER: list[_Launcher] = []
+
+
+def start_launcher(python: str) -> str:
+    """Start the launcher unless one runs (call with ``_LAUNCHER_LOCK`` held); returns what
+    was done, for the launch reply. Never raises: without a launcher, launches go fresh."""
+    if _LAUNCHER:
+        return f"launcher pid {_LAUNCHER[0].process.pid}"
+    try:
+        launcher = _Launcher(python)
+    except (OSError, OpError) as exc:
+        return f"no launcher (cannot start one: {exc})"
+    _LAUNCHER.append(launcher)
+    return f"launcher pid {launcher.process.pid} (started now)"
+
+
+def _hand_to_launcher(python: str, spec: dict[str, Any]) -> tuple[int | None, str, str | None]:
+    """Pass the launch to the launcher (call with ``_LAUNCHER_LOCK`` held). Returns the read
+    end of the shepherd's report pipe (None if there is no launcher to hand it to), which
+    launcher it went to, and what went wrong with it (None once it confirmed the fork)."""
+    via = start_launcher(python)
+    if not _LAUNCHER:
+        return None, via, None
+    launcher = _LAUNCHER[0]
+    read_fd, write_fd = os.pipe()
+    try:
+        trouble = launcher.hand_over(spec, via, write_fd)
+    finally:
+        # Only the shepherd may hold the write end: its exit is the EOF we wait for.
+        os.close(write_fd)
+    if trouble is None:
+        return read_fd, via, None
+    _LAUNCHER.clear()
+    fate = launcher.discard()
+    # Restart it now, so the next launch finds one up; whether this launch was forked
+    # before the trouble only its report pipe can tell.
+    restarted = start_launcher(python)
+    return (
+        read_fd,
+        via,
+        f"launcher pid {launcher.process.pid} {trouble}, {fate}; restarted: {restarted}",
+    )
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
@@ -389,6 +584,10 @@ def serve() -> int:
     def handle(request: dict[str, Any]) -> None:
         send(answer(request))
 
+    if sys.executable:
+        # Now, so that it boots while the daemon is still busy with the hello.
+        with _LAUNCHER_LOCK:
+            start_launcher(sys.executable)
     send({"hello": hello()})
     for line in sys.stdin.buffer:
         try:
@@ -410,18 +609,27 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def shepherd() -> int:
-    """Detach, launch the worker, report, wait, record its exit."""
-    spec: dict[str, Any] = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    """``shepherd`` mode: read the launch order on stdin, detach, and be its shepherd."""
+    order: dict[str, Any] = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     # Double fork: the launching agent reaps the first child at once, and the shepherd, not a
     # session leader, is a child of init that survives the channel, connection and daemon.
+    # (Popen's start_new_session made the first child a session leader.)
     if os.fork() > 0:
         os._exit(0)
+    return _shepherd(order["spec"], order["via"])
+
+
+def _shepherd(spec: dict[str, Any], via: str) -> int:
+    """Launch the worker, report, wait, record its exit: the shepherd's one body, however
+    it was started. Detached already; fd 1 is the report pipe, fd 2 its stderr."""
+    _name_process("rs-shepherd")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _ignore)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
+    os.close(devnull)
     try:
-        lock_fd, log_fd, worker = _start(spec)
+        lock_fd, log_fd, worker = _start(spec, via)
     except OpError as exc:
         _report({"ok": False, "kind": exc.kind, "error": str(exc), "holder_pid": exc.holder_pid})
         return 1
@@ -460,6 +668,12 @@ def shepherd() -> int:
     return 0
 
 
+def _name_process(name: str) -> None:
+    """Set the name ``ps -o comm``, ``top`` and ``pgrep`` show (argv stays python's)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(name)
+
+
 def _report(message: dict[str, Any]) -> bool:
     """Tell the launching agent (one line on stdout), then let go of its pipe; False if the
     agent was gone (its connection dropped mid-launch), which must not end the shepherd:
@@ -481,7 +695,7 @@ def _log(fd: int, text: str) -> None:
     os.write(fd, f"[shepherd {os.getpid()} {stamp}] {text}\n".encode())
 
 
-def _start(spec: dict[str, Any]) -> tuple[int, int, subprocess.Popen[bytes]]:
+def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes]]:
     """Lock the shard, check the pidfile, rotate the log, start the worker and record it."""
     os.makedirs(os.path.dirname(spec["lock"]), exist_ok=True)
     # fcntl/lockf locks are per process and released by *any* close of the file in this
@@ -510,7 +724,7 @@ def _start(spec: dict[str, Any]) -> tuple[int, int, subprocess.Popen[bytes]]:
     log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     env = dict(os.environ)
     env.update(spec["env"])
-    _log(log_fd, f"starting worker: {json.dumps(spec['argv'])}")
+    _log(log_fd, f"starting worker (via {via}): {json.dumps(spec['argv'])}")
     try:
         worker = subprocess.Popen(
             spec["argv"],
@@ -609,14 +823,121 @@ def _rotate(path: str, max_bytes: int, backups: int) -> None:
     os.replace(path, path + ".1")
 
 
+# --- launcher ---------------------------------------------------------------------------
+
+
+def launcher() -> int:
+    """``launcher`` mode: fork a shepherd for each order the agent sends on fd 0 (a
+    SEQPACKET socket, the report pipe attached), confirm each fork, exit at EOF."""
+    _name_process("rs-launcher")
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, 0)
+    fd_space = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+    # The received pipe must not leak into the next order's fork in the meantime.
+    flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    while True:
+        try:
+            order, ancillary, _, _ = channel.recvmsg(LAUNCHER_MESSAGE_MAX, fd_space, flags)
+        except ConnectionResetError:
+            order, ancillary = b"", []
+        fds = _received_fds(ancillary)
+        if not order:
+            # The agent is gone. The shepherds are not our children (double fork) and live
+            # in their own sessions: they carry on without us.
+            for fd in fds:
+                os.close(fd)
+            return 0
+        try:
+            child = _fork_shepherd(channel, order, fds)
+            answer: dict[str, Any] = {"forked": child}
+        except Exception as exc:  # noqa: BLE001 - one bad order must not end the launcher
+            child, answer = 0, {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            channel.send(json.dumps(answer).encode("utf-8"))
+        except OSError:
+            return 0  # the agent is gone
+        if child:
+            # The middle child exits right after forking the shepherd: reap it, so no
+            # zombie stays behind (PID 1 would be no help: it is our child, not an orphan).
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child, 0)
+
+
+def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors that came with a message (SCM_RIGHTS)."""
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return list(fds)
+
+
+def _fork_shepherd(channel: socket.socket, order: bytes, fds: list[int]) -> int:
+    """Fork the middle child, which starts a session and forks the shepherd; its pid."""
+    if len(fds) != 1:
+        raise OpError(f"an order came with {len(fds)} descriptors, not 1")
+    report_fd = fds[0]
+    child = os.fork()
+    if child > 0:
+        return child
+    code = 1
+    try:
+        channel.detach()  # fd 0 is about to be replaced; the socket must not close it later
+        os.setsid()
+        if os.fork() > 0:
+            os._exit(0)
+        _become_shepherd(report_fd)
+        launch = json.loads(order.decode("utf-8"))
+        code = _shepherd(launch["spec"], launch["via"])
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _become_shepherd(report_fd: int) -> None:
+    """Drop what the launcher gave its forked child: its stdio (the agent's socket and
+    stderr) for /dev/null and the report pipe, and its signal state for a fresh one."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(report_fd, 1)
+    os.dup2(report_fd, 2)
+    os.close(devnull)
+    os.close(report_fd)  # or the shepherd would hold the pipe open and the agent see no EOF
+    _reset_signals()
+
+
+def _reset_signals() -> None:
+    """The signal state of a fresh interpreter: nothing blocked, every disposition default,
+    but for what python itself sets at startup (SIGPIPE and SIGXFSZ ignored, so a closed
+    pipe is EPIPE, which ``_report`` relies on; SIGINT its handler). SIGCHLD above all must
+    be default, or the shepherd could not wait for its worker. A worker keeps across exec
+    whatever is blocked or ignored here (Popen resets only SIGPIPE and SIGXFSZ)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        # glibc reserves two real-time signals, which cannot be set.
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str]) -> int:
-    """``agent`` (the default) or ``shepherd``."""
+    """``agent`` (the default), ``launcher`` or ``shepherd``."""
     mode = argv[0] if argv else "agent"
     if mode == "shepherd":
         return shepherd()
+    if mode == "launcher":
+        return launcher()
     if mode == "agent":
         return serve()
-    sys.stderr.write("usage: agent | shepherd\n")
+    sys.stderr.write("usage: agent | launcher | shepherd\n")
     return 2
 
 

@@ -1,0 +1,568 @@
+"""The agent's launcher (its fork server) with real processes and signals: the agent runs as
+the daemon starts it (``python -X utf8 -u -c SRC agent``), talked to over its pipes.
+
+Workers are ``sleep``: what matters here is who forked them, what they inherited, and what
+outlives what.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import agent as agent_module
+
+AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
+#: Polling interval of the waits below; every wait has a deadline.
+POLL_S = 0.01
+#: Generous: a loaded 2-core box starts python and forks in well under this.
+DEADLINE_S = 30.0
+PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python"
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = DEADLINE_S) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(POLL_S)  # wait-ok: polling /proc and files, which have no event to await
+
+
+def status_field(pid: int, name: str) -> str:
+    """One field of /proc/PID/status (``PPid``, ``SigIgn``...)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise AssertionError(f"no {name} in /proc/{pid}/status")
+
+
+def signal_mask(pid: int, name: str) -> set[int]:
+    """The signals in a mask of /proc/PID/status (``SigIgn``, ``SigBlk``, ``SigCgt``)."""
+    bits = int(status_field(pid, name), 16)
+    return {n for n in range(1, 65) if bits & (1 << (n - 1))}
+
+
+def is_alive(pid: int) -> bool:
+    """Running or stopped; gone and zombies are dead."""
+    return not agent_module.is_dead(agent_module.proc_stat(pid))
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent chain of ``pid`` up to (and including) PID 1."""
+    chain: list[int] = []
+    while pid > 1:
+        pid = int(status_field(pid, "PPid"))
+        chain.append(pid)
+    return chain
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (zombies included)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def open_fd_targets(pid: int) -> dict[int, str]:
+    """What each open descriptor of ``pid`` points at."""
+    targets = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            targets[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return targets
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None while missing or partial."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def make_spec(root: Path, argv: list[str] | None = None) -> dict[str, Any]:
+    """A launch spec for shard 0 under ``root``."""
+    ctl = root / "ctl"
+    ctl.mkdir(parents=True, exist_ok=True)
+    return {
+        "host": "worker-0",
+        "shard": 0,
+        "argv": argv or ["sleep", "300"],
+        "env": {},
+        "python": sys.executable,
+        "root": str(root),
+        "pidfile": str(ctl / "worker-0.pid"),
+        "launch_record": str(ctl / "worker-0.launch.json"),
+        "exit_record": str(ctl / "worker-0.exit.json"),
+        "log": str(root / "worker-0.log"),
+        "lock": str(ctl / "shard-0.lock"),
+        "log_max_bytes": 1 << 20,
+        "log_backups": 1,
+    }
+
+
+@dataclass
+class Launched:
+    """A worker a launch reported, and its shepherd (from the launch record)."""
+
+    pid: int
+    shepherd: int
+    via: str
+
+
+class Agent:
+    """``agent.py`` in agent mode as a child process, spoken to over its stdin and stdout."""
+
+    def __init__(self, python: str, prefix: tuple[str, ...] = ()) -> None:
+        self.process = subprocess.Popen(
+            [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_SOURCE, "agent"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.process.stdout, selectors.EVENT_READ)
+        self._buffer = b""
+        self._next_id = 0
+        self.hello = self.read_message()["hello"]
+
+    @property
+    def pid(self) -> int:
+        """The agent's pid."""
+        return self.process.pid
+
+    def read_message(self) -> dict[str, Any]:
+        """The next line the agent writes, as JSON; fails the test after ``DEADLINE_S``."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + DEADLINE_S
+        while b"\n" not in self._buffer:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                pytest.fail(f"the agent said nothing for {DEADLINE_S}s")
+            if self._selector.select(remaining_s):
+                chunk = os.read(self.process.stdout.fileno(), 65536)
+                if not chunk:
+                    pytest.fail(f"the agent closed its stdout; exit {self.process.poll()}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        message = json.loads(line)
+        assert isinstance(message, dict)
+        return message
+
+    def call(self, op: str, **payload: Any) -> dict[str, Any]:
+        """One request and its reply (requests are not overlapped here)."""
+        assert self.process.stdin is not None
+        self._next_id += 1
+        request = {"id": self._next_id, "op": op, **payload}
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        self.process.stdin.flush()
+        reply = self.read_message()
+        assert reply["id"] == self._next_id
+        return reply
+
+    def launch(self, spec: dict[str, Any]) -> Launched:
+        """Launch ``spec``'s worker; fail the test unless the launch succeeds."""
+        reply = self.call("launch", spec=spec)
+        assert reply["ok"], reply
+        record = read_json(spec["launch_record"])
+        assert record is not None
+        assert record["pid"] == reply["result"]["pid"]
+        return Launched(reply["result"]["pid"], int(record["shepherd_pid"]), reply["result"]["via"])
+
+    def launcher(self) -> int:
+        """The pid of the agent's live launcher, once it has one."""
+        found: list[int] = []
+
+        def live_launcher() -> bool:
+            found[:] = [
+                pid
+                for pid in children(self.pid)
+                if is_alive(pid) and agent_module.cmdline(pid)[-1:] == ["launcher"]
+            ]
+            return len(found) == 1
+
+        wait_until(live_launcher, f"a live launcher under agent {self.pid}")
+        return found[0]
+
+    def kill(self) -> None:
+        """SIGKILL the agent and reap it."""
+        self.process.kill()
+        self.process.wait()
+        self._selector.close()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@dataclass
+class Cleanup:
+    """Agents and workers started by a test; killed at its end, whatever it did."""
+
+    agents: list[Agent] = field(default_factory=list)
+    workers: list[int] = field(default_factory=list)
+
+    def agent(self, python: str = sys.executable, prefix: tuple[str, ...] = ()) -> Agent:
+        """A new agent, killed at the end of the test."""
+        started = Agent(python, prefix)
+        self.agents.append(started)
+        return started
+
+    def launch(self, on: Agent, spec: dict[str, Any]) -> Launched:
+        """``on.launch(spec)``, the worker's group killed at the end of the test."""
+        launched = on.launch(spec)
+        self.workers.append(launched.pid)
+        return launched
+
+    def run(self) -> None:
+        """Kill every worker group (its shepherd then exits) and every agent still running."""
+        for pid in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        for started in self.agents:
+            if started.process.poll() is None:
+                started.kill()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[Cleanup]:
+    """What a test starts dies with it."""
+    keeper = Cleanup()
+    try:
+        yield keeper
+    finally:
+        keeper.run()
+
+
+def exit_record_of(spec: dict[str, Any], pid: int) -> dict[str, Any]:
+    """Wait for the shepherd's exit record of ``pid``; return it."""
+    wait_until(
+        lambda: (r := read_json(spec["exit_record"])) is not None and r["pid"] == pid,
+        f"the exit record of pid {pid}",
+    )
+    record = read_json(spec["exit_record"])
+    assert record is not None
+    return record
+
+
+def stop_and_await_shepherd(spec: dict[str, Any], launched: Launched) -> None:
+    """SIGKILL the worker; wait for its exit record and its shepherd's end."""
+    os.killpg(launched.pid, signal.SIGKILL)
+    exit_record_of(spec, launched.pid)
+    wait_until(lambda: not is_alive(launched.shepherd), f"shepherd {launched.shepherd} to exit")
+
+
+# --- through the launcher ---------------------------------------------------------------
+
+
+INTERPRETERS = [
+    pytest.param(sys.executable, id="python3.11"),
+    pytest.param(
+        str(PYTHON38),
+        id="python3.8",
+        marks=[
+            pytest.mark.optional_env,
+            pytest.mark.skipif(not PYTHON38.exists(), reason="no Python 3.8 on this machine"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_launched_worker_is_outside_the_agents_tree_and_outlives_agent_and_launcher(
+    python: str, tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A launch through the launcher gives a worker whose parent chain holds neither agent
+    nor launcher, which keeps running when both are SIGKILLed, and whose exit is recorded."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent(python)
+    launcher = agent.launcher()
+    launched = cleanup.launch(agent, spec)
+    assert launched.via == f"launcher pid {launcher}"
+    chain = ancestors(launched.pid)
+    assert chain[0] == launched.shepherd
+    assert agent.pid not in chain
+    assert launcher not in chain
+    assert Path(f"/proc/{launched.shepherd}/comm").read_text().strip() == "rs-shepherd"
+    # The shepherd is no session leader (it cannot gain a terminal), and the worker leads
+    # its own group, which terminate signals.
+    assert os.getsid(launched.shepherd) != launched.shepherd
+    assert os.getsid(launched.shepherd) not in (os.getsid(agent.pid), os.getsid(0))
+    assert os.getpgid(launched.pid) == launched.pid
+
+    agent.kill()
+    os.kill(launcher, signal.SIGKILL)
+    wait_until(lambda: not is_alive(launcher), "the launcher to die")
+    assert is_alive(launched.pid)
+    assert is_alive(launched.shepherd)
+
+    os.kill(launched.pid, signal.SIGTERM)
+    record = exit_record_of(spec, launched.pid)
+    assert (record["exit_code"], record["signal"]) == (None, signal.SIGTERM)
+
+
+def test_worker_and_shepherd_inherit_nothing_from_the_launcher(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """The worker gets default signal dispositions, an empty mask and only its stdio; the
+    shepherd keeps no socket or pipe of the launcher's and waits with SIGCHLD at default."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent()
+    launched = cleanup.launch(agent, spec)
+    assert launched.via.startswith("launcher pid ")
+
+    assert signal_mask(launched.pid, "SigIgn") == set()
+    assert signal_mask(launched.pid, "SigBlk") == set()
+    log = os.path.realpath(spec["log"])
+    assert open_fd_targets(launched.pid) == {0: "/dev/null", 1: log, 2: log}
+
+    # What a fresh python ignores (SIGPIPE, so a lost report is EPIPE; SIGXFSZ), nothing
+    # else: in particular not SIGCHLD.
+    assert signal_mask(launched.shepherd, "SigIgn") == {signal.SIGPIPE, signal.SIGXFSZ}
+    assert signal_mask(launched.shepherd, "SigBlk") == set()
+    assert {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} <= signal_mask(
+        launched.shepherd, "SigCgt"
+    )
+    assert signal.SIGCHLD not in signal_mask(launched.shepherd, "SigCgt")
+    targets = open_fd_targets(launched.shepherd)
+    assert not [t for t in targets.values() if t.startswith(("socket:", "pipe:"))], targets
+    assert set(targets.values()) == {"/dev/null", log, os.path.realpath(spec["lock"])}
+
+
+def test_shepherd_shrugs_off_sigterm_sighup_sigint_and_still_records_the_exit(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A launcher-forked shepherd ignores SIGTERM, SIGHUP and SIGINT and records the exit of
+    its worker afterwards; the worker itself dies of SIGTERM."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent()
+    launched = cleanup.launch(agent, spec)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        os.kill(launched.shepherd, sig)
+    # Signals are delivered before the shepherd runs again; so if it records the exit
+    # below, it lived through them.
+    os.kill(launched.pid, signal.SIGTERM)
+    record = exit_record_of(spec, launched.pid)
+    assert record["signal"] == signal.SIGTERM
+    log = Path(spec["log"]).read_text()
+    assert f"worker pid {launched.pid} exited (signal {signal.SIGTERM})" in log
+
+
+def test_launcher_leaves_no_zombies_after_several_launches(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """After five launches and exits nothing is left under the launcher, not even a zombie:
+    it reaps its middle children, and the shepherds were never its children."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent()
+    launcher = agent.launcher()
+    for _ in range(5):
+        launched = cleanup.launch(agent, spec)
+        assert launched.via == f"launcher pid {launcher}"
+        assert launched.shepherd not in children(launcher)
+        stop_and_await_shepherd(spec, launched)
+    wait_until(lambda: children(launcher) == [], f"no children under launcher {launcher}")
+    assert agent.launcher() == launcher
+
+
+def test_launcher_exits_when_the_agent_does_and_the_worker_carries_on(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """Closing the agent's stdin ends the agent and then its launcher; the worker and its
+    shepherd keep running."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent()
+    launcher = agent.launcher()
+    launched = cleanup.launch(agent, spec)
+    assert agent.process.stdin is not None
+    agent.process.stdin.close()
+    assert agent.process.wait(timeout=DEADLINE_S) == 0
+    agent.kill()  # closes our pipes; the agent is gone already
+    wait_until(lambda: not is_alive(launcher), "the launcher to exit")
+    assert is_alive(launched.pid)
+    assert is_alive(launched.shepherd)
+
+
+def test_launch_after_the_launcher_was_killed_goes_fresh_and_restarts_it(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """With the launcher SIGKILLed, the next launch still succeeds, through a fresh
+    interpreter, and says so; the launch after it goes through a restarted launcher. Both
+    shepherds are alike."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent()
+    first = agent.launcher()
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: not is_alive(first), "the launcher to die")
+
+    fresh = cleanup.launch(agent, spec)
+    assert fresh.via.startswith(f"fresh interpreter; launcher pid {first} is gone")
+    assert "died of signal 9" in fresh.via
+    assert agent.pid not in ancestors(fresh.pid)
+    masks = {name: signal_mask(fresh.shepherd, name) for name in ("SigIgn", "SigBlk", "SigCgt")}
+    stop_and_await_shepherd(spec, fresh)
+
+    second = agent.launcher()
+    assert second != first
+    forked = cleanup.launch(agent, spec)
+    assert forked.via == f"launcher pid {second}"
+    assert {name: signal_mask(forked.shepherd, name) for name in masks} == masks
+
+
+def test_stopped_launcher_is_replaced_and_the_launch_starts_one_worker(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A SIGSTOPped launcher costs a launch ``LAUNCHER_ACK_S``, then is killed and replaced,
+    and the launch goes to a fresh interpreter: exactly one worker, no refusal."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent()
+    stopped = agent.launcher()
+    os.kill(stopped, signal.SIGSTOP)
+    wait_until(lambda: status_field(stopped, "State").startswith("T"), "the launcher to stop")
+
+    launched = cleanup.launch(agent, spec)
+    assert launched.via.startswith(
+        f"fresh interpreter; launcher pid {stopped} did not answer within"
+        f" {agent_module.LAUNCHER_ACK_S:g}s"
+    )
+    wait_until(lambda: not is_alive(stopped), "the stopped launcher to be killed")
+    assert agent.launcher() != stopped
+    assert agent.call("probe", spec=spec, pid=None)["result"]["pid"] == launched.pid
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not SYSTEM_PYTHON.exists() or not shutil.which("setpriv"),
+    reason="needs root (to become nobody), setpriv and a python nobody may run",
+)
+def test_agent_as_nobody_launches_through_its_launcher(cleanup: Cleanup) -> None:
+    """An agent running as user nobody starts its launcher as nobody, and the worker it
+    launches runs as nobody outside the agent's tree."""
+    shared = Path(tempfile.mkdtemp(prefix="launcher-nonroot-"))
+    try:
+        shared.chmod(0o755)
+        root = shared / "run"
+        spec = make_spec(root)
+        nobody = int(subprocess.run(["id", "-u", "nobody"], capture_output=True, check=True).stdout)
+        for path in (root, root / "ctl"):
+            os.chown(path, nobody, -1)
+        prefix = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+        agent = cleanup.agent(str(SYSTEM_PYTHON), prefix)
+        launcher = agent.launcher()
+        assert os.stat(f"/proc/{launcher}").st_uid == nobody
+        launched = cleanup.launch(agent, spec)
+        assert launched.via == f"launcher pid {launcher}"
+        assert os.stat(f"/proc/{launched.pid}").st_uid == nobody
+        assert agent.pid not in ancestors(launched.pid)
+        os.kill(launched.pid, signal.SIGTERM)
+        assert exit_record_of(spec, launched.pid)["signal"] == signal.SIGTERM
+    finally:
+        cleanup.run()
+        shutil.rmtree(shared)
+
+
+# --- in-process, as the fleet simulator calls it ----------------------------------------
+
+
+@pytest.fixture
+def in_process() -> Iterator[None]:
+    """``agent.answer`` usable in this process (its source set, as ``bench/fleetsim.py``
+    does); any launcher it starts is killed at the end."""
+    agent_module._SOURCE[:] = [AGENT_SOURCE]
+    try:
+        yield
+    finally:
+        with agent_module._LAUNCHER_LOCK:
+            for launcher in agent_module._LAUNCHER:
+                launcher.discard()
+            agent_module._LAUNCHER.clear()
+
+
+@pytest.mark.usefixtures("in_process")
+def test_answer_in_process_starts_a_launcher_on_first_launch(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """Without ``serve()`` no launcher runs; the first launch starts one, and says so."""
+    assert agent_module._LAUNCHER == []
+    spec = make_spec(tmp_path)
+    reply = agent_module.answer({"id": 7, "op": "launch", "spec": spec})
+    assert reply["ok"], reply
+    cleanup.workers.append(reply["result"]["pid"])
+    [launcher] = agent_module._LAUNCHER
+    assert reply["result"]["via"] == f"launcher pid {launcher.process.pid} (started now)"
+    assert os.getpid() not in ancestors(reply["result"]["pid"])
+
+
+@pytest.mark.usefixtures("in_process")
+def test_launch_goes_fresh_when_no_launcher_can_start(
+    tmp_path: Path, cleanup: Cleanup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher that cannot be started (here: no such program) does not fail the launch:
+    a fresh interpreter starts the shepherd, and the reply says why."""
+
+    def cannot_start(python: str) -> agent_module._Launcher:
+        """Fail as Popen fails on a missing interpreter."""
+        raise FileNotFoundError(2, "No such file or directory", python)
+
+    monkeypatch.setattr(agent_module, "_Launcher", cannot_start)
+    spec = make_spec(tmp_path)
+    reply = agent_module.answer({"id": 1, "op": "launch", "spec": spec})
+    assert reply["ok"], reply
+    cleanup.workers.append(reply["result"]["pid"])
+    assert reply["result"]["via"].startswith("fresh interpreter; no launcher (cannot start one:")
+    assert "No such file or directory" in reply["result"]["via"]
+    log = Path(spec["log"]).read_text()
+    assert "starting worker (via fresh interpreter; no launcher" in log
+
+
+@pytest.mark.usefixtures("in_process")
+def test_shepherd_dying_before_its_report_closes_the_pipe_with_its_traceback(
+    tmp_path: Path,
+) -> None:
+    """A forked shepherd that dies before reporting (here: an order without ``via``) leaves
+    the agent EOF on the report pipe and its traceback, not a wait for the deadline."""
+    launcher = agent_module._Launcher(sys.executable)
+    agent_module._LAUNCHER.append(launcher)  # the fixture discards it
+    read_fd, write_fd = os.pipe()
+    order = json.dumps({"spec": make_spec(tmp_path)}).encode()
+    fds = [
+        (
+            socket.SOL_SOCKET,
+            socket.SCM_RIGHTS,
+            bytes(array.array("i", [write_fd])),
+        )
+    ]
+    launcher.channel.sendmsg([order], fds)
+    os.close(write_fd)
+    assert b"forked" in launcher.channel.recv(4096)
+    started = time.monotonic()
+    output = agent_module._read_to_eof(read_fd, DEADLINE_S)
+    assert output is not None
+    assert time.monotonic() - started < DEADLINE_S
+    assert "KeyError: 'via'" in output
+    with pytest.raises(agent_module.OpError, match="exited without a report: Traceback"):
+        agent_module._parse_report(output, "", "exited")
+    assert not Path(make_spec(tmp_path)["pidfile"]).exists()
