@@ -67,6 +67,16 @@ CLOSE_TIMEOUT_S: Final = 5.0
 #: turn of its loop; an open sent right behind the close can be refused with "open failed"
 #: although we never exceed MaxSessions. Nothing ran, so opening again is safe.
 OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
+#: asyncssh's defaults, AES-GCM first: asyncssh drives chacha20-poly1305 with several Python
+#: calls per packet (~20 us) where AES-GCM is one OpenSSL call (~3.5 us); at 1000 hosts the
+#: keepalives alone made that ~1% of a core (docs/BENCHMARKS.md). Either is an OpenSSH
+#: default; a server that offers no GCM still negotiates the rest of the list.
+_GCM_FIRST: Final = ("aes256-gcm@openssh.com", "aes128-gcm@openssh.com")
+ENCRYPTION_ALGS: Final = _GCM_FIRST + tuple(
+    alg.decode("ascii")
+    for alg in asyncssh.encryption.get_default_encryption_algs()
+    if alg.decode("ascii") not in _GCM_FIRST
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +232,7 @@ class RemoteHost:
                     agent_path=None,
                     x509_trusted_certs=None,
                     gss_host=None,
+                    encryption_algs=list(ENCRYPTION_ALGS),
                     keepalive_interval=ssh.keepalive_interval_s,
                     keepalive_count_max=ssh.keepalive_count_max,
                     connect_timeout=ssh.connect_timeout_s,
