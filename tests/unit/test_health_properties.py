@@ -570,12 +570,18 @@ beats = st.builds(
 
 
 @settings(max_examples=2000)
-@given(host=hosts_near_routine, beat=beats, now=st.floats(0.0, 100.0), policy=policies)
-def test_the_routine_heartbeat_shortcut_agrees_with_the_full_step(
-    host: h.Host, beat: h.HeartbeatSeen, now: float, policy: h.Policy
+@given(
+    host=hosts_near_routine,
+    event=beats | st.just(h.DeadlinePassed()),
+    now=st.floats(0.0, 100.0),
+    policy=policies,
+)
+def test_the_shortcuts_agree_with_the_full_step(
+    host: h.Host, event: h.Event, now: float, policy: h.Policy
 ) -> None:
-    """Whenever ``step`` takes the shortcut, the full path gives the same host and actions."""
-    assert h.step(host, beat, now, policy) == h._step_in_full(host, beat, now, policy)
+    """Whenever ``step`` takes a shortcut (a routine heartbeat, an early timer), the full
+    path gives the same host and actions."""
+    assert h.step(host, event, now, policy) == h._step_in_full(host, event, now, policy)
 
 
 def test_a_ready_workers_next_heartbeat_takes_the_shortcut() -> None:
@@ -595,6 +601,22 @@ def test_a_ready_workers_next_heartbeat_takes_the_shortcut() -> None:
         h.HeartbeatSeen(pid=7, ready=True, remote_heartbeat_at=1.0),
     ):
         assert h._routine_beat(host, other, now + 1.0, policy) is None
+
+
+def test_a_timer_that_fires_before_the_moved_deadline_takes_the_shortcut() -> None:
+    """The timer armed at the first heartbeat fires while later ones moved the deadline."""
+    policy = h.Policy()
+    host, now = _ready_host(policy)
+    beat = h.HeartbeatSeen(pid=7, ready=True, remote_heartbeat_at=2.0)
+    host, _ = h.step(host, beat, now + 10.0, policy)
+    early = h._early_deadline(host, now + policy.heartbeat_stale_s, policy)
+    assert early is host
+    assert h._step_in_full(host, h.DeadlinePassed(), now + policy.heartbeat_stale_s, policy) == (
+        host,
+        [],
+    )
+    # Past the moved deadline it is due, and the full step makes the host stale.
+    assert h._early_deadline(host, now + 10.0 + policy.heartbeat_stale_s, policy) is None
 
 
 @given(host=hosts, data=st.data())
