@@ -183,8 +183,8 @@ async def test_status_watch_prints_only_changes_when_not_a_tty(
     running: tuple[DaemonProcess, Path],
 ) -> None:
     """``status --watch --json`` on a pipe prints each host once, then a line per change: a
-    killed worker shows up as its way back to ready under a new pid, the other host stays
-    silent."""
+    killed worker shows up as its way back to ready under a new pid (one line or more), the
+    other host stays silent."""
     daemon, config = running
     old = (await daemon.status())["hosts"]["worker-0"]["pid"]
     watcher = await asyncio.create_subprocess_exec(
@@ -211,7 +211,9 @@ async def test_status_watch_prints_only_changes_when_not_a_tty(
         assert await watcher.wait() == 0  # Ctrl-C ends a watch quietly
     changes = lines[2:]
     assert {line["host"] for line in changes} == {"worker-0"}, changes
-    assert len(changes) >= 2  # away from ready, and back
+    # The way back may be one line (ready under the new pid) when the restart completes
+    # between two polls (a launch takes ~10 ms); each line differs from the one before.
+    assert changes[-1]["state"] == "ready" and changes[-1]["pid"] != old, changes
     assert all(a != b for a, b in itertools.pairwise(changes))
 
 
