@@ -18,10 +18,10 @@ import statistics
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import asyncssh
 
@@ -197,6 +197,36 @@ def thread_count(pid: int) -> int:
     return int(fields[17]) if fields is not None else 0
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: tid -> (its name, utime + stime in seconds)."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            data = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = data[data.index(b"(") + 1 : data.rindex(b")")].decode(errors="replace")
+        fields = data[data.rindex(b")") + 2 :].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+    return out
+
+
+#: How the daemon's threads are reported: its event loop, watchfiles' Rust inotify reader,
+#: and the rest (the status-file reader thread, watchfiles' waiting thread, executors).
+THREAD_KINDS: Final = ("event loop", "inotify reader", "other threads")
+
+
+def _thread_kind(pid: int, tid: int, name: str) -> str:
+    """Which of THREAD_KINDS a thread is."""
+    if tid == pid:
+        return "event loop"
+    return "inotify reader" if name.startswith("notify-rs") else "other threads"
+
+
 @dataclass(frozen=True, slots=True)
 class CpuWindow:
     """CPU used by one process over a wall-clock window."""
@@ -206,6 +236,12 @@ class CpuWindow:
     rss_start: int
     rss_end: int
     rss_peak: int
+    #: CPU seconds by THREAD_KINDS over the window (threads born in it count from zero).
+    by_thread: dict[str, float] = field(default_factory=dict)
+
+    def thread_percent(self, kind: str) -> float:
+        """% of one core used by the threads of one kind."""
+        return 100 * self.by_thread.get(kind, 0.0) / self.seconds if self.seconds > 0 else math.nan
 
     @property
     def percent(self) -> float:
@@ -217,15 +253,26 @@ async def measure_cpu(pid: int, seconds: float, *, sample_s: float = 1.0) -> Cpu
     """utime+stime of ``pid`` over ``seconds`` of wall time, and its RSS along the way."""
     rss_start = rss_bytes(pid)
     peak = rss_start
+    threads0 = thread_cpu_seconds(pid)
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
     end = t0 + seconds
     while (left := end - time.monotonic()) > 0:
         await asyncio.sleep(min(sample_s, left))  # wait-ok: the measurement window itself
         peak = max(peak, rss_bytes(pid))
     cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    by_thread: dict[str, float] = {}
+    for tid, (name, spent) in thread_cpu_seconds(pid).items():
+        kind = _thread_kind(pid, tid, name)
+        before = threads0.get(tid, (name, 0.0))[1]
+        by_thread[kind] = by_thread.get(kind, 0.0) + spent - before
     rss_end = rss_bytes(pid)
     return CpuWindow(
-        seconds=t1 - t0, cpu_s=cpu1 - cpu0, rss_start=rss_start, rss_end=rss_end, rss_peak=peak
+        seconds=t1 - t0,
+        cpu_s=cpu1 - cpu0,
+        rss_start=rss_start,
+        rss_end=rss_end,
+        rss_peak=peak,
+        by_thread=by_thread,
     )
 
 

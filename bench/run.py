@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 
 from bench import scale  # noqa: E402 - after the path tweak that makes the checkout importable
 from bench.common import (  # noqa: E402
+    THREAD_KINDS,
     fmt_range,
     fmt_s,
     load_average,
@@ -239,6 +240,19 @@ def scale_table(results: list[scale.ScaleResult]) -> list[str]:
             f" {r.cpu_us_per_write:.0f} µs | {rss} | {per_host} | {r.threads} |"
             f" {r.writes_per_s:.0f} | {r.writer_late_p99_ms:.0f} ms |"
         )
+    lines += [
+        "",
+        "Where the daemon's CPU goes, % of one core by thread (the event loop runs health.step,"
+        " SSH and the watch loop; the inotify reader is watchfiles' Rust thread; the other"
+        " threads are chiefly the status-file reader):",
+        "",
+        "| hosts | watch | " + " | ".join(THREAD_KINDS) + " |",
+        "|---:|---|" + "---:|" * len(THREAD_KINDS),
+    ]
+    for r in results:
+        if r.cpu is not None:
+            shares = " | ".join(f"{r.cpu.thread_percent(kind):.1f}" for kind in THREAD_KINDS)
+            lines.append(f"| {r.hosts} | {r.mode} | {shares} |")
     lines += [
         "",
         "Status write -> state change (ms): p50 / p99 / max (samples)",
