@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asyncssh
 
+from supervisor.statusfiles import FILE_THREAD_NAME
+
 if TYPE_CHECKING:
     from tests.sshd import OpenSsh
 
@@ -215,15 +217,17 @@ def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
-#: How the daemon's threads are reported: its event loop, watchfiles' Rust inotify reader,
-#: and the rest (the status-file reader thread, watchfiles' waiting thread, executors).
-THREAD_KINDS: Final = ("event loop", "inotify reader", "other threads")
+#: How the daemon's threads are reported: its event loop, its status-file reader thread,
+#: watchfiles' Rust inotify reader, and the rest (watchfiles' waiting thread, executors).
+THREAD_KINDS: Final = ("event loop", "status-file reader", "inotify reader", "other threads")
 
 
 def _thread_kind(pid: int, tid: int, name: str) -> str:
     """Which of THREAD_KINDS a thread is."""
     if tid == pid:
         return "event loop"
+    if name == FILE_THREAD_NAME:
+        return "status-file reader"
     return "inotify reader" if name.startswith("notify-rs") else "other threads"
 
 

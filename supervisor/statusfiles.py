@@ -70,6 +70,8 @@ _DIR_CHECK_INTERVAL_S: Final = 0.5
 # first, then once a second; the loop keeps ticking meanwhile, so the daemon stays healthy.
 _RETRY_MIN_S: Final = 0.05
 _RETRY_MAX_S: Final = 1.0
+#: The file reader thread's name in ``top -H`` and /proc/PID/task/TID/comm.
+FILE_THREAD_NAME: Final = "rs-statusfiles"
 # A read that takes this long means the filesystem is hanging: say so once per read.
 _SLOW_READ_S: Final = 10.0
 
@@ -939,6 +941,7 @@ class _FileThread:
             self._thread = None
 
     def _serve(self) -> None:
+        _name_this_thread(FILE_THREAD_NAME)
         while (job := self._jobs.get()) is not None:
             loop, future, fn = job
             if future.cancelled():  # abandoned before it started (a benign racy read)
@@ -950,6 +953,13 @@ class _FileThread:
                 _resolve_threadsafe(loop, future, None, exc)
             else:
                 _resolve_threadsafe(loop, future, result, None)
+
+
+def _name_this_thread(name: str) -> None:
+    """Name the calling thread for ``top -H``, ``ps -L`` and /proc (at most 15 bytes)."""
+    path = f"/proc/self/task/{threading.get_native_id()}/comm"
+    with contextlib.suppress(OSError), open(path, "w", encoding="ascii") as f:
+        f.write(name)
 
 
 def _resolve_threadsafe(

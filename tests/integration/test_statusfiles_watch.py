@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 
 from supervisor.layout import write_json_atomic
 from supervisor.statusfiles import (
+    FILE_THREAD_NAME,
     ExitObserved,
     ExitRecord,
     FilesystemCheck,
@@ -155,6 +156,21 @@ async def test_atomic_rewrite_is_observed(root: Path, mode: Mode) -> None:
         await seen.wait_for(StatusObserved("h1", record), after=mark)
         record = beat(root, "h1", 2)
         await seen.wait_for(StatusObserved("h1", record), after=mark)
+
+
+async def test_the_file_reader_thread_is_named_for_top(root: Path, mode: Mode) -> None:
+    """Operators (``top -H``) and the benchmark's CPU split find the reader by its name."""
+
+    def names() -> set[str]:
+        """The names of this process's threads."""
+        found = set()
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                found.add(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+        return found
+
+    async with watching(root, lambda: ["h1"], mode):
+        assert FILE_THREAD_NAME in names()
 
 
 async def test_rewrites_in_quick_succession_are_each_seen(root: Path, mode: Mode) -> None:
