@@ -243,8 +243,9 @@ def scale_table(results: list[scale.ScaleResult]) -> list[str]:
     lines += [
         "",
         "Where the daemon's CPU goes, % of one core by thread (the event loop runs health.step,"
-        " SSH and the watch loop; the inotify reader is watchfiles' Rust thread; the other"
-        " threads are chiefly the status-file reader):",
+        " SSH and the watch loop; the status-file reader stats and reads the files; the"
+        " inotify reader is watchfiles' Rust thread; the other threads are chiefly"
+        " watchfiles' waiting thread):",
         "",
         "| hosts | watch | " + " | ".join(THREAD_KINDS) + " |",
         "|---:|---|" + "---:|" * len(THREAD_KINDS),
