@@ -72,6 +72,9 @@ _RETRY_MIN_S: Final = 0.05
 _RETRY_MAX_S: Final = 1.0
 #: The file reader thread's name in ``top -H`` and /proc/PID/task/TID/comm.
 FILE_THREAD_NAME: Final = "rs-statusfiles"
+# Poll mode stats this many paths (status, exit record, stop sentinel per host) before it
+# hands the changes to the reader: small enough that a change waits ~1 ms, not a whole sweep.
+_POLL_CHUNK_KEYS: Final = 300
 # A read that takes this long means the filesystem is hanging: say so once per read.
 _SLOW_READ_S: Final = 10.0
 
@@ -482,12 +485,7 @@ class Watcher:
         next_at = loop.time()
         while True:
             keys = _all_keys(frozenset(self._hosts()))
-            changed, root_exists = await self._files.call(functools.partial(self._poll, keys))
-            self._tick()
-            if changed:
-                self.changes_seen += len(changed)
-                self._pending.update(changed)
-                self._wake_reader()
+            root_exists = await self._poll_in_chunks(keys)
             if root_exists == root_missing:
                 root_missing = not root_exists
                 if root_missing:
@@ -498,17 +496,42 @@ class Watcher:
             next_at = max(next_at + self._poll_interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
 
-    def _poll(self, keys: list[_Key]) -> tuple[list[_Key], bool]:
-        """In the file thread: the keys whose stat changed (or were never seen); root exists."""
+    async def _poll_in_chunks(self, keys: list[_Key]) -> bool:
+        """One poll of ``keys``; whether the run root exists.
+
+        In chunks, each handed to the reader as soon as it is stat'ed: a whole sweep of 1000
+        hosts (3000 stats) before the first read put a change found early behind the rest
+        of the sweep and every other read, ~70 ms at worst (docs/BENCHMARKS.md).
+        """
+        for start in range(0, max(len(keys), 1), _POLL_CHUNK_KEYS):
+            chunk = keys[start : start + _POLL_CHUNK_KEYS]
+            last = start + _POLL_CHUNK_KEYS >= len(keys)
+            poll = functools.partial(self._poll, chunk, whole=keys if last else None)
+            changed, root_exists = await self._files.call(poll)
+            self._tick()
+            if changed:
+                self.changes_seen += len(changed)
+                self._pending.update(changed)
+                self._wake_reader()
+        return root_exists
+
+    def _poll(self, keys: list[_Key], whole: list[_Key] | None) -> tuple[list[_Key], bool]:
+        """In the file thread: the keys whose stat changed (or were never seen), and whether
+        the root exists (checked only with ``whole``, the sweep's last chunk, which also
+        forgets the paths of hosts that are no longer configured)."""
         changed: list[_Key] = []
-        previous = self._signatures
-        current: dict[_Key, _Signature] = {}
+        signatures = self._signatures
         for key in keys:
             signature = _signature(self._path_of(key))
-            current[key] = signature
-            if key not in previous or previous[key] != signature:
+            if key not in signatures or signatures[key] != signature:
                 changed.append(key)
-        self._signatures = current  # drops hosts no longer configured
+            signatures[key] = signature
+        if whole is None:
+            return changed, True
+        if len(signatures) > len(whole):
+            kept = set(whole)
+            for key in [k for k in signatures if k not in kept]:
+                del signatures[key]
         return changed, _dir_id(self._root_str) is not None
 
     # -- watch loop ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Literal
 import pytest
 from structlog.testing import capture_logs
 
+from supervisor import statusfiles
 from supervisor.layout import write_json_atomic
 from supervisor.statusfiles import (
     FILE_THREAD_NAME,
@@ -685,6 +686,25 @@ async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: P
     assert full.finding.startswith("the run filesystem is full")
     missing = await check_filesystem(tmp_path / "absent", timeout_s=10)
     assert missing.error is not None and "cannot be examined" in missing.finding
+
+
+async def test_a_poll_in_chunks_sees_every_change_and_forgets_removed_hosts(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep stat'ed and read chunk by chunk (4 paths here, hosts split across chunks)
+    still reports every host's change, and the last chunk forgets hosts no longer watched."""
+    monkeypatch.setattr(statusfiles, "_POLL_CHUNK_KEYS", 4)
+    hosts = {f"h{i}" for i in range(10)}
+    async with watching(root, lambda: set(hosts), "poll") as (watcher, seen):
+        mark = seen.mark()
+        records = {host: beat(root, host, 2) for host in sorted(hosts)}
+        for host, record in records.items():
+            await seen.wait_for(StatusObserved(host, record), after=mark)
+        hosts.discard("h3")
+        # Two changes seen one after the other: a whole sweep began after the removal.
+        for seq in (3, 4):
+            await seen.wait_for(StatusObserved("h0", beat(root, "h0", seq)), after=mark)
+        assert {host for host, _ in watcher._signatures} == hosts
 
 
 async def test_a_poll_delivers_exits_and_news_before_routine_heartbeats(root: Path) -> None:
