@@ -1,7 +1,7 @@
 """Every benchmark of the supervisor, side by side with the old way, in one run; one report.
 
     .venv/bin/python bench/run.py --quick     # ~13 minutes
-    .venv/bin/python bench/run.py --full      # ~45 minutes
+    .venv/bin/python bench/run.py --full      # ~26 minutes
     .venv/bin/python bench/run.py --only ops,scale,idle --out FILE
 
 Sections (each module's docstring says exactly what it measures):
