@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -28,6 +29,19 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("reward-supervisor")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start from default SIGINT and SIGQUIT whoever launched pytest.
+
+    A background job of a non-interactive shell (``./.ci/run &`` in a script) has both
+    ignored, and every process a test starts would inherit that: ``status --watch`` would
+    shrug off the SIGINT a test sends it, and signal masks would carry the runner's choice.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

@@ -138,11 +138,19 @@ class Launched:
 class Agent:
     """``agent.py`` in agent mode as a child process, spoken to over its stdin and stdout."""
 
-    def __init__(self, python: str, prefix: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, python: str, prefix: tuple[str, ...] = (), ignore: tuple[int, ...] = ()
+    ) -> None:
+        def ignore_signals() -> None:
+            """In the child before exec: ignore ``ignore``, as a parent shell may have."""
+            for sig in ignore:
+                signal.signal(sig, signal.SIG_IGN)
+
         self.process = subprocess.Popen(
             [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_SOURCE, "agent"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            preexec_fn=ignore_signals if ignore else None,
         )
         assert self.process.stdout is not None
         self._selector = selectors.DefaultSelector()
@@ -226,9 +234,15 @@ class Cleanup:
     agents: list[Agent] = field(default_factory=list)
     workers: list[int] = field(default_factory=list)
 
-    def agent(self, python: str = sys.executable, prefix: tuple[str, ...] = ()) -> Agent:
+    def agent(
+        self,
+        python: str = sys.executable,
+        prefix: tuple[str, ...] = (),
+        *,
+        ignore: tuple[int, ...] = (),
+    ) -> Agent:
         """A new agent, killed at the end of the test."""
-        started = Agent(python, prefix)
+        started = Agent(python, prefix, ignore)
         self.agents.append(started)
         return started
 
@@ -351,6 +365,32 @@ def test_worker_and_shepherd_inherit_nothing_from_the_launcher(
     targets = open_fd_targets(launched.shepherd)
     assert not [t for t in targets.values() if t.startswith(("socket:", "pipe:"))], targets
     assert set(targets.values()) == {"/dev/null", log, os.path.realpath(spec["lock"])}
+
+
+def test_signals_the_agent_inherited_ignored_stay_ignored_by_either_launch_path(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A shepherd forked by the launcher has the signal state a fresh interpreter would
+    have, including what the agent's own parent ignored (SIGQUIT here, as a background job
+    of a script has it), and so does its worker: the launcher is faster, not different."""
+    spec = make_spec(tmp_path)
+    agent = cleanup.agent(ignore=(signal.SIGQUIT,))
+    forked = cleanup.launch(agent, spec)
+    assert forked.via.startswith("launcher pid ")
+    names = ("SigIgn", "SigBlk", "SigCgt")
+    forked_masks = {name: signal_mask(forked.shepherd, name) for name in names}
+    assert signal.SIGQUIT in forked_masks["SigIgn"]
+    forked_worker_ignores = signal_mask(forked.pid, "SigIgn")
+    assert signal.SIGQUIT in forked_worker_ignores
+    stop_and_await_shepherd(spec, forked)
+
+    first = agent.launcher()
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: not is_alive(first), "the launcher to die")
+    fresh = cleanup.launch(agent, spec)
+    assert fresh.via.startswith("fresh interpreter; ")
+    assert {name: signal_mask(fresh.shepherd, name) for name in names} == forked_masks
+    assert signal_mask(fresh.pid, "SigIgn") == forked_worker_ignores
 
 
 def test_shepherd_shrugs_off_sigterm_sighup_sigint_and_still_records_the_exit(
