@@ -42,7 +42,6 @@ wake-ups are harmless.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
@@ -668,10 +667,11 @@ def _steady(host: Host) -> bool:
     )
 
 
-#: Host's fields in declaration order, and one getter that reads them all at once.
-_HOST_FIELDS: Final = tuple(f.name for f in fields(Host))
-_HOST_VALUES: Final = operator.attrgetter(*_HOST_FIELDS)
-_HOST_SETTERS: Final = tuple(getattr(Host, name).__set__ for name in _HOST_FIELDS)
+#: Each of Host's slots as (its setter, its getter): the descriptors themselves, called
+#: directly, which is what ``object.__setattr__`` and attribute access go through anyway.
+_HOST_SLOTS: Final = tuple(
+    (getattr(Host, f.name).__set__, getattr(Host, f.name).__get__) for f in fields(Host)
+)
 
 
 def _evolve(host: Host, **changes: Any) -> Host:
@@ -682,8 +682,8 @@ def _evolve(host: Host, **changes: Any) -> Host:
     field with ``init=False``, so filling the slots directly builds the same value.
     """
     new = object.__new__(Host)
-    for setter, value in zip(_HOST_SETTERS, _HOST_VALUES(host), strict=True):
-        setter(new, value)
+    for setter, getter in _HOST_SLOTS:
+        setter(new, getter(host))
     for name, value in changes.items():
         object.__setattr__(new, name, value)
     return new

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import supervisor.health
 
-ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "operator", "collections.abc"}
+ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
 
 
 def _imports(path: Path) -> set[str]:
