@@ -27,30 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from supervisor import agent  # noqa: E402
+from tests.integration.test_launcher import make_spec  # noqa: E402
 
 #: How often the benchmark looks for a dead shepherd between launches (untimed).
 POLL_S = 0.002
-
-
-def make_spec(root: Path) -> dict[str, Any]:
-    """A launch spec whose worker is a ``sleep``."""
-    ctl = root / "ctl"
-    ctl.mkdir(parents=True, exist_ok=True)
-    return {
-        "host": "bench-0",
-        "shard": 0,
-        "argv": ["sleep", "1000"],
-        "env": {},
-        "python": sys.executable,
-        "root": str(root),
-        "pidfile": str(ctl / "bench-0.pid"),
-        "launch_record": str(ctl / "bench-0.launch.json"),
-        "exit_record": str(ctl / "bench-0.exit.json"),
-        "log": str(root / "bench-0.log"),
-        "lock": str(ctl / "shard-0.lock"),
-        "log_max_bytes": 1 << 20,
-        "log_backups": 1,
-    }
 
 
 def via_launcher(spec: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     agent._SOURCE[:] = [(ROOT / "supervisor" / "agent.py").read_text(encoding="utf-8")]
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
-        spec = make_spec(Path(tmp))
+        spec = make_spec(Path(tmp), ["sleep", "1000"])
         time_launch(via_launcher, spec)  # starts the launcher; not counted
         time_launch(via_fresh_interpreter, spec)
         samples: dict[str, list[float]] = {"launcher": [], "fresh interpreter": []}

@@ -830,10 +830,6 @@ def launcher() -> int:
     """``launcher`` mode: fork a shepherd for each order the agent sends on fd 0 (a
     SEQPACKET socket, the report pipe attached), confirm each fork, exit at EOF."""
     _name_process("rs-launcher")
-    # Now, before anything could change it: a fresh interpreter started by the agent would
-    # have exactly this, including what the agent's own parent ignored (a SIGQUIT ignored by
-    # a shell that started sshd in the background, say).
-    _STARTUP_SIGNALS.append(_signal_state())
     channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, 0)
     fd_space = socket.CMSG_SPACE(4 * array.array("i").itemsize)
     # The received pipe must not leak into the next order's fork in the meantime.
@@ -904,47 +900,20 @@ def _fork_shepherd(channel: socket.socket, order: bytes, fds: list[int]) -> int:
 
 def _become_shepherd(report_fd: int) -> None:
     """Drop what the launcher gave its forked child: its stdio (the agent's socket and
-    stderr) for /dev/null and the report pipe, and its signal state for a fresh one."""
+    stderr) for /dev/null and the report pipe.
+
+    Its signal state it keeps: the launcher never changes its own, so it is what a fresh
+    interpreter started by the agent has (SIGPIPE and SIGXFSZ ignored, so a closed pipe is
+    EPIPE, which ``_report`` relies on; SIGCHLD as it came, so the shepherd can wait for its
+    worker; and whatever the agent inherited ignored). tests/integration/test_launcher.py
+    compares both paths, so a handler added to the launcher would have to be undone here.
+    """
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(report_fd, 1)
     os.dup2(report_fd, 2)
     os.close(devnull)
     os.close(report_fd)  # or the shepherd would hold the pipe open and the agent see no EOF
-    _reset_signals()
-
-
-#: The launcher's signal state as it started (one entry once the launcher runs).
-_STARTUP_SIGNALS: list[tuple[Any, dict[int, Any]]] = []
-
-
-def _signal_state() -> tuple[Any, dict[int, Any]]:
-    """This process's blocked signals and the disposition of every signal python can set."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    handlers: dict[int, Any] = {}
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        # glibc reserves two real-time signals, which cannot be read or set.
-        with contextlib.suppress(OSError, ValueError):
-            handler = signal.getsignal(sig)
-            if handler is not None:  # None: set outside python, left as it is
-                handlers[sig] = handler
-    return blocked, handlers
-
-
-def _reset_signals() -> None:
-    """Give the forked shepherd the signal state of a fresh interpreter started by the
-    agent, which is the launcher's own as it started: what python sets at startup (SIGPIPE
-    and SIGXFSZ ignored, so a closed pipe is EPIPE, which ``_report`` relies on; SIGINT its
-    handler) and whatever the agent inherited, nothing the launcher did since. SIGCHLD above
-    all must be as it came, or the shepherd could not wait for its worker. A worker keeps
-    across exec whatever is blocked or ignored here (Popen resets only SIGPIPE and SIGXFSZ)."""
-    blocked, handlers = _STARTUP_SIGNALS[0] if _STARTUP_SIGNALS else _signal_state()
-    for sig, handler in handlers.items():
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def main(argv: list[str]) -> int:

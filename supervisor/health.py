@@ -506,7 +506,8 @@ def _step_in_full(
     host: Host, event: Event, now: float, policy: Policy
 ) -> tuple[Host, list[Action]]:
     """``step`` through observation, transition and reconciliation; the reference that the
-    routine-heartbeat shortcut must agree with (tests/unit/test_health_properties.py)."""
+    shortcuts (a routine heartbeat, an early timer) must agree with
+    (tests/unit/test_health_properties.py)."""
     changes: list[Action] = []
     state = host.state
     host, applies = _observe(host, event, now, policy)
