@@ -95,6 +95,13 @@ async def test_crash_loop_reaches_failed_after_max_restarts_and_stays(fault_run:
         assert len(launches(daemon)) == 4
         assert fault_run.monitor.live_on(0) == []
 
+    # The last worker died before its exit made the host fail, but the monitor's latest
+    # sample (every 20 ms, later under load) can predate that: check from a scan that began
+    # after ``failed``.
+    taken = fault_run.monitor.samples
+    await daemon.wait_until(
+        lambda: fault_run.monitor.samples >= taken + 2, READY_S, "two fresh monitor samples"
+    )
     # Longer than any cooldown: a failed host is left alone.
     await hold_for(BACKOFF_MAX_S + 1.0, nothing_launched)
     await control.request(daemon.socket, "start-host", host="worker-0")
