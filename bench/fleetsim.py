@@ -1,6 +1,7 @@
 """A simulated fleet of N worker hosts on this machine, for the scale benchmark.
 
     python -m bench.fleetsim --workdir DIR --hosts N [--agents inproc|real] [--watch MODE]
+                             [--fresh [--startup-delay S]]
 
 What is real and what is simulated (the report repeats this):
 
@@ -17,6 +18,16 @@ What is real and what is simulated (the report repeats this):
   process rewrites every host's ``status/<host>.json`` once per interval (temp file + rename,
   staggered evenly, no fsync), with the pid the host's pidfile names: after the daemon replaces
   a worker (a real shepherd launching ``sleep``), the new pid heartbeats.
+- ``--fresh``: no worker, pidfile, launch record or status file at start (not even the run
+  root's directories), so the daemon launches every host itself (the real shepherd starts
+  ``sleep`` and writes the pidfile), as on a fleet's first start. The in-process agent's
+  launcher is started before ``ready``, as a real agent starts its own when it starts. A
+  worker's first heartbeat is written ``--startup-delay`` seconds (default 0.05: the
+  reference worker takes ~65 ms from spawn to ready) after its spawn (``launched_at`` of the
+  launch record, which the shepherd stamps right after the spawn and writes after the
+  pidfile), not at its next slot; it then beats in its slot once per interval. Only a
+  host's first worker is timed so: replacements start beating at their next slot, as
+  without ``--fresh``.
 
 stdin takes JSON commands, one per line; stdout reports JSON events, one per line:
 
@@ -24,7 +35,8 @@ stdin takes JSON commands, one per line; stdout reports JSON events, one per lin
   would; reports ``exit_written`` with the wall time of the rename.
 - ``{"cmd": "silence", "host": H}``: stop H's heartbeats until its pid changes; reports
   ``silenced`` with the wall time of H's last write.
-- a new pid's first heartbeat reports ``first_beat`` with the wall time of the rename.
+- a new pid's first heartbeat reports ``first_beat`` with the wall time of the rename (with
+  ``--fresh``, a host's first worker's also ``launched_at`` from its launch record).
 - ``{"cmd": "stats"}`` reports ``stats`` (writes, writer lateness); ``{"cmd": "quit"}`` ends.
 """
 
@@ -46,7 +58,7 @@ from typing import Any
 
 import asyncssh
 
-from bench.common import percentile, raise_nofile, start_time, write_atomic
+from bench.common import percentile, raise_nofile, read_json, start_time, write_atomic
 from supervisor import agent
 from supervisor.remote import AGENT_PATH
 from supervisor.seedimport import render_toml
@@ -212,6 +224,10 @@ class SimHost:
     silenced: bool = False
     last_write: float = 0.0
     first_beat_pending: bool = False
+    #: --fresh: no first worker's heartbeat written yet; the slot writer leaves it alone.
+    awaiting_first: bool = False
+    #: --fresh: the first worker's ``launched_at``, for its ``first_beat`` event.
+    launched_at: float | None = None
     writes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -219,11 +235,16 @@ class SimHost:
 class Fleet:
     """The hosts, their fake workers and the heartbeat writer."""
 
-    def __init__(self, root: Path, names: list[str], interval_s: float) -> None:
+    def __init__(
+        self, root: Path, names: list[str], interval_s: float, startup_delay_s: float = 0.0
+    ) -> None:
         self.root = root
         self.hosts = [SimHost(name, i) for i, name in enumerate(names)]
         self.by_name = {h.name: h for h in self.hosts}
         self.interval_s = interval_s
+        self.startup_delay_s = startup_delay_s
+        #: --fresh: hosts whose first launch record has not appeared yet.
+        self.pending: list[SimHost] = []
         self.lateness: list[float] = []
         self.writes = 0
         self._boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -260,8 +281,36 @@ class Fleet:
             host.pid_sig = _sig(self.pidfile(host))
             self.beat(host)
 
+    def expect_launches(self) -> None:
+        """--fresh: no worker anywhere; every host waits for the daemon to launch its first."""
+        for host in self.hosts:
+            host.awaiting_first = True
+        self.pending = list(self.hosts)
+
+    def watch_first_launches(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Schedule the first heartbeat of each pending host whose launch record has
+        appeared, at its ``launched_at`` + the start-up delay (a real worker beats once it
+        is up, not in a slot). Looked at every tick: the delay absorbs the tick's lag."""
+        still: list[SimHost] = []
+        for host in self.pending:
+            record = read_json(self.root / "ctl" / f"{host.name}.launch.json")
+            if record is None:
+                still.append(host)
+                continue
+            host.launched_at = float(record["launched_at"])
+            delay = max(0.0, host.launched_at + self.startup_delay_s - time.time())
+            loop.call_later(delay, self._first_beat, host)
+        self.pending = still
+
+    def _first_beat(self, host: SimHost) -> None:
+        """The first worker's ready heartbeat; its slot writes the next ones."""
+        host.awaiting_first = False
+        self.beat(host)
+
     def beat(self, host: SimHost) -> None:
         """Write one heartbeat for ``host`` (if its worker lives and it is not silenced)."""
+        if host.awaiting_first:
+            return  # --fresh: its first worker is not up yet
         sig = _sig(self.pidfile(host))
         if sig != host.pid_sig:
             host.pid_sig = sig
@@ -284,7 +333,9 @@ class Fleet:
         self.writes += 1
         if host.first_beat_pending:
             host.first_beat_pending = False
-            _emit("first_beat", host=host.name, pid=host.pid, t=host.last_write)
+            extra = {} if host.launched_at is None else {"launched_at": host.launched_at}
+            host.launched_at = None
+            _emit("first_beat", host=host.name, pid=host.pid, t=host.last_write, **extra)
 
     async def heartbeats(self) -> None:
         """Every host once per interval, host i at offset i/N of it."""
@@ -301,6 +352,8 @@ class Fleet:
             self.lateness.append(loop.time() - due)
             if len(self.lateness) > 100_000:
                 del self.lateness[:50_000]
+            if self.pending:
+                self.watch_first_launches(loop)
             for host in slots[n % ticks]:
                 self.beat(host)
             n += 1
@@ -457,9 +510,14 @@ async def main_async(args: argparse.Namespace) -> None:
         await server.start()
         client_key, known_hosts = server.client_key_path, server.known_hosts_path
     root = workdir / "run"
-    fleet = Fleet(root, names, args.interval)
+    fleet = Fleet(root, names, args.interval, args.startup_delay)
     try:
-        fleet.spawn_workers()
+        if args.fresh:
+            fleet.expect_launches()
+            with agent._LAUNCHER_LOCK:
+                agent.start_launcher(sys.executable)  # as a real agent does when it starts
+        else:
+            fleet.spawn_workers()
         config = daemon_config(
             workdir,
             root,
@@ -475,7 +533,14 @@ async def main_async(args: argparse.Namespace) -> None:
         async with asyncio.TaskGroup() as tg:
             beats = tg.create_task(fleet.heartbeats())
             tg.create_task(_commands(fleet, done))
-            _emit("ready", config=str(config_path), hosts=len(names), pid=os.getpid())
+            _emit(
+                "ready",
+                config=str(config_path),
+                hosts=len(names),
+                pid=os.getpid(),
+                fresh=args.fresh,
+                startup_delay_s=args.startup_delay,
+            )
             await done.wait()
             beats.cancel()
     finally:
@@ -492,6 +557,15 @@ def main() -> None:
     parser.add_argument("--watch", choices=("auto", "inotify", "poll"), default="inotify")
     parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval (s)")
     parser.add_argument("--stale", type=float, default=5.0, help="heartbeat_stale_s")
+    parser.add_argument(
+        "--fresh", action="store_true", help="no workers at start: the daemon launches all"
+    )
+    parser.add_argument(
+        "--startup-delay",
+        type=float,
+        default=0.05,
+        help="--fresh: a first worker's pidfile -> its first ready heartbeat (s)",
+    )
     args = parser.parse_args()
     asyncio.run(main_async(args))
 

@@ -22,7 +22,17 @@ from tests.system.daemonproc import DaemonProcess
 class SimProcess:
     """``python -m bench.fleetsim``: commands in on stdin, events out on stdout."""
 
-    def __init__(self, workdir: Path, hosts: int, *, agents: str, watch: str, stale_s: float):
+    def __init__(
+        self,
+        workdir: Path,
+        hosts: int,
+        *,
+        agents: str,
+        watch: str,
+        stale_s: float,
+        fresh: bool = False,
+        startup_delay_s: float | None = None,
+    ):
         self.args = [
             "--workdir",
             str(workdir),
@@ -35,6 +45,10 @@ class SimProcess:
             "--stale",
             str(stale_s),
         ]
+        if fresh:
+            self.args.append("--fresh")  # no workers: the daemon launches every host
+        if startup_delay_s is not None:
+            self.args += ["--startup-delay", str(startup_delay_s)]
         self.events: list[dict[str, Any]] = []
         self.process: asyncio.subprocess.Process | None = None
         self._changed = asyncio.Event()

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py --quick     # ~13 minutes
     .venv/bin/python bench/run.py --full      # ~26 minutes
-    .venv/bin/python bench/run.py --only ops,scale,idle --out FILE
+    .venv/bin/python bench/run.py --only ops,scale,simstart,idle --out FILE
 
 Sections (each module's docstring says exactly what it measures):
 
@@ -11,6 +11,9 @@ Sections (each module's docstring says exactly what it measures):
   (``ops.py``); first with sessions that run no rc files, then with root's own rc files;
 - ``scale``: one daemon supervising 100 to 1000 simulated hosts (``scale.py``,
   ``fleetsim.py``), inotify and poll mode;
+- ``simstart``: start 50 (and 100) on simulated hosts whose remote side is in-process
+  (``simstart.py``): the daemon's own part of "start 50", which ``ops`` cannot isolate on
+  this machine;
 - ``idle``: the daemon's CPU over 60 s with a small fleet of real workers.
 
 Writes ``bench/results/report-quick.md`` or ``report-full.md`` (or ``--out``) and prints it.
@@ -36,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `python bench/run.py` from a checkout
 
-from bench import scale  # noqa: E402 - after the path tweak that makes the checkout importable
+# After the path tweak that makes the checkout importable:
+from bench import scale, simstart  # noqa: E402
 from bench.common import (  # noqa: E402
     THREAD_KINDS,
     fmt_range,
@@ -68,6 +72,8 @@ class Plan:
     exit_samples: int
     stale_samples: int
     idle_s: float
+    simstart_sizes: tuple[int, ...]
+    simstart_runs: int
 
 
 QUICK = Plan(
@@ -82,6 +88,8 @@ QUICK = Plan(
     exit_samples=20,
     stale_samples=3,
     idle_s=60.0,
+    simstart_sizes=(FLEET, 2 * FLEET),
+    simstart_runs=3,
 )
 FULL = Plan(
     name="full",
@@ -95,6 +103,8 @@ FULL = Plan(
     exit_samples=40,
     stale_samples=5,
     idle_s=60.0,
+    simstart_sizes=(FLEET, 2 * FLEET),
+    simstart_runs=5,
 )
 
 
@@ -110,6 +120,7 @@ class Report:
     ops: OpsResults | None = None
     ops_rc: OpsResults | None = None
     scales: list[scale.ScaleResult] = field(default_factory=list)
+    simstarts: list[simstart.SimStartResult] = field(default_factory=list)
     idle: scale.IdleResult | None = None
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -148,6 +159,11 @@ async def measure(plan: Plan, only: set[str], report: Report) -> None:
                             profile_dir=report.profile_dir,
                         )
                     )
+        if "simstart" in only:
+            for hosts in plan.simstart_sizes:
+                print(f"== start {hosts} on simulated hosts", flush=True)
+                with _section(report, f"start {hosts} on simulated hosts"):
+                    report.simstarts.append(await simstart.run_simstart(hosts, plan.simstart_runs))
         if "idle" in only:
             print("== idle", flush=True)
             with _section(report, "idle"):
@@ -293,6 +309,46 @@ def marginal_memory(results: list[scale.ScaleResult]) -> list[str]:
     return lines
 
 
+def simstart_table(results: list[simstart.SimStartResult]) -> list[str]:
+    """One row per fleet size: the start and where it went, all from the daemon's spawn."""
+    lines = [
+        "| hosts | all ready | daemon's first log line | all SSH connections up |"
+        " last launch answered | READY=1 | daemon CPU | simulator CPU |"
+        " machine CPU, all processes | samples |",
+        "|---:|---|---|---|---|---|---|---|---|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.hosts} | {fmt_range(r.all_ready)} | {fmt_range(r.first_line)} |"
+            f" {fmt_range(r.connected)} |"
+            f" {fmt_range(r.launched)} | {fmt_range(r.daemon_ready)} |"
+            f" {_cpu_range(r.daemon_cpu)} | {_cpu_range(r.sim_cpu)} |"
+            f" {_cpu_range(r.machine_cpu)} | {len(r.all_ready)} |"
+        )
+    lines.append("")
+    for r in results:
+        spawn = r.first_beat_after_spawn
+        if spawn:
+            order = ", ".join(fmt_s(t) for t in r.all_ready)
+            lines.append(
+                f"{r.hosts} hosts: all ready per sample, in the order run: {order}. Simulated"
+                f" worker start-up (spawn -> first ready heartbeat written; set to"
+                f" {fmt_s(r.startup_delay_s)}): p50 {fmt_s(median(spawn))},"
+                f" max {fmt_s(max(spawn))} ({len(spawn)} workers)."
+            )
+    errors = [f"{r.hosts}: {e}" for r in results for e in r.errors]
+    if errors:
+        lines += ["", "Errors:", "", *(f"- {e}" for e in errors)]
+    return lines
+
+
+def _cpu_range(samples: list[float]) -> str:
+    """CPU seconds, ``median (min-max)``."""
+    if not samples:
+        return "-"
+    return f"{median(samples):.2f} s ({min(samples):.2f}-{max(samples):.2f})"
+
+
 def _pcts(samples: list[float]) -> str:
     """``p50 / p99 / max (n)`` in ms."""
     if not samples:
@@ -344,6 +400,18 @@ def targets(report: Report) -> list[str]:
                 f"{fmt_s(start50)} vs {fmt_s(budget)} (on this machine {FLEET} workers"
                 f" started at once without SSH take {fmt_s(local50)} alone)",
                 start50 <= budget,
+            )
+    for r in report.simstarts:
+        if r.hosts == FLEET and r.all_ready:
+            took = median(r.all_ready)
+            row(
+                f"start of {FLEET} hosts within 2 s plus one worker start-up:"
+                " simulated hosts (remote side in-process)",
+                f"{fmt_range(r.all_ready)} vs {fmt_s(r.target_s)} (2 s + simulated start-up"
+                f" {fmt_s(r.startup_delay_s)}); SSH up {fmt_s(median(r.connected))}, last launch"
+                f" answered {fmt_s(median(r.launched))}, daemon CPU"
+                f" {median(r.daemon_cpu):.2f} s",
+                took <= r.target_s,
             )
     for r in report.scales:
         if r.hosts == max(s.hosts for s in report.scales) and r.cpu is not None:
@@ -414,6 +482,20 @@ def render(report: Report) -> str:
             *scale_table(report.scales),
             "",
         ]
+    if report.simstarts:
+        lines += [
+            "## Start N on simulated hosts (remote side in-process)",
+            "",
+            "`reward-supervisor run` spawned against a fresh simulated fleet (`fleetsim.py"
+            " --fresh`): nothing runs, so the daemon connects, probes and launches every host"
+            " (the real agent functions and shepherd, in the simulator's process; `sleep` as"
+            " the worker, its first ready heartbeat written a fixed start-up delay after its"
+            " spawn). Times from the spawn to the daemon's own log lines; CPU in seconds"
+            " until all ready, median (range).",
+            "",
+            *simstart_table(report.simstarts),
+            "",
+        ]
     if report.idle is not None:
         idle = report.idle
         lines += [
@@ -437,7 +519,9 @@ def main() -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer samples (default)")
     size.add_argument("--full", action="store_true", help="more samples and fleet sizes")
-    parser.add_argument("--only", default="ops,scale,idle", help="sections, comma-separated")
+    parser.add_argument(
+        "--only", default="ops,scale,simstart,idle", help="sections, comma-separated"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--profile", type=Path, default=None, help="py-spy profiles of the scale runs here"
