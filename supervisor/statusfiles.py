@@ -435,6 +435,14 @@ class Watcher:
         self._watched_ids: _DirIds | None = None
         # Poll mode's last stat of each path; only the file thread touches it.
         self._signatures: dict[_Key, _Signature] = {}
+        # status/'s and ctl/'s names -> inode numbers at the current poll (None: stat each
+        # path), and the base names of the paths. Only the file thread touches them.
+        self._status_listing: dict[str, int] | None = None
+        self._ctl_listing: dict[str, int] | None = None
+        self._names: dict[_Key, str] = {}
+        # The poll loop's key list and the host collection it was built from.
+        self._poll_keys_cache: list[_Key] = []
+        self._poll_hosts_given: Collection[str] | None = None
         self._tick_at: float | None = None
         self._wake: asyncio.Event | None = None
         # Set to end the current awatch (directories replaced) and, by awatch itself, when
@@ -484,8 +492,7 @@ class Watcher:
         # slower beat than the workers' would let two heartbeats fall between polls.
         next_at = loop.time()
         while True:
-            keys = _all_keys(frozenset(self._hosts()))
-            root_exists = await self._poll_in_chunks(keys)
+            root_exists = await self._poll_in_chunks(self._poll_keys())
             if root_exists == root_missing:
                 root_missing = not root_exists
                 if root_missing:
@@ -495,6 +502,14 @@ class Watcher:
             self.watching = root_exists
             next_at = max(next_at + self._poll_interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
+
+    def _poll_keys(self) -> list[_Key]:
+        """Every path a poll looks at, sorted; built again only when the fleet changes."""
+        names = self._hosts()
+        if names is not self._poll_hosts_given:
+            self._poll_keys_cache = _all_keys(frozenset(names))
+            self._poll_hosts_given = names
+        return self._poll_keys_cache
 
     async def _poll_in_chunks(self, keys: list[_Key]) -> bool:
         """One poll of ``keys``; whether the run root exists.
@@ -506,7 +521,9 @@ class Watcher:
         for start in range(0, max(len(keys), 1), _POLL_CHUNK_KEYS):
             chunk = keys[start : start + _POLL_CHUNK_KEYS]
             last = start + _POLL_CHUNK_KEYS >= len(keys)
-            poll = functools.partial(self._poll, chunk, whole=keys if last else None)
+            poll = functools.partial(
+                self._poll, chunk, whole=keys if last else None, listing=start == 0
+            )
             changed, root_exists = await self._files.call(poll)
             self._tick()
             if changed:
@@ -515,14 +532,20 @@ class Watcher:
                 self._wake_reader()
         return root_exists
 
-    def _poll(self, keys: list[_Key], whole: list[_Key] | None) -> tuple[list[_Key], bool]:
+    def _poll(
+        self, keys: list[_Key], whole: list[_Key] | None, *, listing: bool = False
+    ) -> tuple[list[_Key], bool]:
         """In the file thread: the keys whose stat changed (or were never seen), and whether
         the root exists (checked only with ``whole``, the sweep's last chunk, which also
-        forgets the paths of hosts that are no longer configured)."""
+        forgets the paths of hosts that are no longer configured). ``listing``: list
+        ``status/`` and ``ctl/`` first, as the sweep's first chunk does."""
+        if listing:
+            self._status_listing = _list_dir(self._status_str, (".json",))
+            self._ctl_listing = _list_dir(self._ctl_str, (".exit.json", ".stop"))
         changed: list[_Key] = []
         signatures = self._signatures
         for key in keys:
-            signature = _signature(self._path_of(key))
+            signature = self._poll_signature(key, signatures.get(key))
             if key not in signatures or signatures[key] != signature:
                 changed.append(key)
             signatures[key] = signature
@@ -758,6 +781,39 @@ class Watcher:
             path = self._paths[key] = str(built)
         return path
 
+    def _poll_signature(self, key: _Key, previous: _Signature) -> _Signature:
+        """What this poll compares for ``key``: from the directory listings where they could
+        be read (their inode numbers come with the names, no stat per path), else a stat.
+
+        One listing of each directory replaces three stats per host per poll (an atomic
+        rewrite, the workers' and the shepherd's way, always brings a new inode), and on NFS
+        a few READDIR calls replace a lookup per path (docs/BENCHMARKS.md). A status file
+        whose inode stayed is stat'ed, because a worker may rewrite it in place; an exit
+        record is only ever renamed into place by the shepherd, so one rewritten in place
+        by someone else waits for the next rescan.
+        """
+        status = key[1] == "status"
+        listing = self._status_listing if status else self._ctl_listing
+        if listing is None:
+            return _signature(self._path_of(key))
+        inode = listing.get(self._name_of(key))
+        if inode is None:
+            return None
+        if not status:
+            return ("listed", inode)
+        if previous is not None and previous[:2] == ("listed", inode):
+            # The file of the last poll: only a stat can tell an in-place rewrite.
+            return ("listed", inode, _signature(self._path_of(key)))
+        # A new file, read anyway: its stat waits for a poll that finds the inode unchanged
+        # (that poll, having no stat to compare with, reports one change that reads the same).
+        return ("listed", inode, None)
+
+    def _name_of(self, key: _Key) -> str:
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = self._path_of(key).rpartition("/")[2]
+        return name
+
     def _read_batch(self, keys: Iterable[_Key], *, check_dirs: bool) -> _Batch:
         ctl_exists: bool | None = None
         found: list[tuple[_Key, Observation]] = []
@@ -844,7 +900,25 @@ def _all_keys(hosts: Iterable[str]) -> list[_Key]:
     return [(host, kind) for host in sorted(hosts) for kind in kinds]
 
 
-_Signature = tuple[int, ...] | None
+_Signature = tuple[object, ...] | None
+
+
+def _list_dir(path: str, suffixes: tuple[str, ...]) -> dict[str, int] | None:
+    """The names in ``path`` ending with one of ``suffixes``, with their inode numbers;
+    ``{}`` when the directory is missing, None when it cannot be listed (then poll mode
+    stats each path, as without listings)."""
+    found: dict[str, int] = {}
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(suffixes):
+                    found[name] = entry.inode()
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except OSError:
+        return None
+    return found
 
 
 def _signature(path: str) -> _Signature:

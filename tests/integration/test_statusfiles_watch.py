@@ -738,3 +738,73 @@ async def test_a_poll_delivers_exits_and_news_before_routine_heartbeats(root: Pa
         exit_at = await seen.wait_for(exited, after=mark)
         news_at = await seen.wait_for(StatusObserved("h28", news), after=mark)
     assert exit_at < news_at < first_routine, (exit_at, news_at, first_routine)
+
+
+async def test_a_poll_lists_directories_instead_of_stating_each_path(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Poll mode learns what changed from one listing of status/ and ctl/ per sweep: no ctl
+    path is stat'ed, a status file only when its inode stayed (an in-place rewrite keeps
+    it); renamed-in exit records, a sentinel's coming and going are all still reported."""
+    stated: list[str] = []
+    real_signature = statusfiles._signature
+
+    def recording_signature(path: str) -> statusfiles._Signature:
+        stated.append(path)
+        return real_signature(path)
+
+    monkeypatch.setattr(statusfiles, "_signature", recording_signature)
+    beat(root, "h1", 1)
+    beat(root, "h2", 1)
+    exit_path = root / "ctl" / "h1.exit.json"
+    async with watching(root, lambda: ["h1", "h2"], "poll") as (_, seen):
+        mark = seen.mark()
+        for pid in (41, 42):  # a second record replaces the first (a new inode each time)
+            write_json_atomic(exit_path, {"pid": pid, "exit_code": 1, "signal": None})
+            record = ExitRecord(pid=pid, exit_code=1, signal=None, exited_at=None)
+            mark = await seen.wait_for(ExitObserved("h1", record), after=mark)
+        (root / "ctl" / "h2.stop").touch()
+        mark = await seen.wait_for(SentinelObserved("h2", True), after=mark)
+        (root / "ctl" / "h2.stop").unlink()
+        await seen.wait_for(SentinelObserved("h2", False), after=mark)
+    assert {Path(path).name for path in stated} == {"h1.json", "h2.json"}
+
+
+async def test_a_status_file_rewritten_in_place_is_seen(root: Path, mode: Mode) -> None:
+    """A worker that rewrites its heartbeat in place (same inode) is seen, polling included."""
+    path = root / "status" / "h1.json"
+    beat(root, "h1", 1)
+    inode = path.stat().st_ino
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        for seq in (2, 3):
+            with path.open("r+") as f:  # truncate and write: the inode stays
+                f.truncate()
+                f.write(
+                    f'{{"pid": 4242, "ready": true, "heartbeat_at": {1000.0 + seq}, "seq": {seq}}}'
+                )
+            record = StatusRecord(pid=4242, ready=True, heartbeat_at=1000.0 + seq, seq=seq)
+            mark = await seen.wait_for(StatusObserved("h1", record), after=mark)
+    assert path.stat().st_ino == inode
+
+
+async def test_a_poll_stats_ctl_paths_when_ctl_cannot_be_listed(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If a directory cannot be listed (EACCES, EIO...), each path is stat'ed as before, and
+    heartbeats and exit records are still seen."""
+    real_scandir = os.scandir
+
+    def refusing_scandir(path: str) -> object:
+        if str(path).endswith(("/ctl", "/status")):
+            raise PermissionError(13, "Permission denied", path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(statusfiles.os, "scandir", refusing_scandir)
+    async with watching(root, lambda: ["h1"], "poll") as (watcher, seen):
+        mark = seen.mark()
+        write_json_atomic(root / "ctl" / "h1.exit.json", {"pid": 7, "signal": 9})
+        record = ExitRecord(pid=7, exit_code=None, signal=9, exited_at=None)
+        await seen.wait_for(ExitObserved("h1", record), after=mark)
+        await seen.wait_for(StatusObserved("h1", beat(root, "h1", 5)), after=mark)
+        assert watcher._ctl_listing is None and watcher._status_listing is None
