@@ -800,7 +800,7 @@ async def test_a_poll_stats_ctl_paths_when_ctl_cannot_be_listed(
             raise PermissionError(13, "Permission denied", path)
         return real_scandir(path)
 
-    monkeypatch.setattr(statusfiles.os, "scandir", refusing_scandir)
+    monkeypatch.setattr(os, "scandir", refusing_scandir)
     async with watching(root, lambda: ["h1"], "poll") as (watcher, seen):
         mark = seen.mark()
         write_json_atomic(root / "ctl" / "h1.exit.json", {"pid": 7, "signal": 9})
