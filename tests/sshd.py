@@ -191,11 +191,11 @@ class OpenSsh:
         whose connection came in on ``address``."""
         if self.process is None:
             return []
-        children = _children(self.process.pid)
+        pids = children(self.process.pid)
         if address is None:
-            return children
+            return pids
         inodes = _tcp_inodes(local=(address, self.port))
-        return [pid for pid in children if inodes & _socket_inodes(pid)]
+        return [pid for pid in pids if inodes & _socket_inodes(pid)]
 
     def kill_sessions(self, address: str | None = None) -> list[int]:
         """SIGKILL the per-connection sshd of every connection (on ``address``); the pids."""
@@ -324,8 +324,8 @@ def _speaks_ssh(address: str, port: int) -> bool:
         return False
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid``."""
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (zombies included)."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:

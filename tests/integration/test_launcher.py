@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from supervisor import agent as agent_module
+from tests.sshd import children
 
 AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
 #: Polling interval of the waits below; every wait has a deadline.
@@ -76,15 +77,6 @@ def ancestors(pid: int) -> list[int]:
         pid = int(status_field(pid, "PPid"))
         chain.append(pid)
     return chain
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (zombies included)."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
 
 
 def open_fd_targets(pid: int) -> dict[int, str]:

@@ -750,6 +750,7 @@ async def test_a_poll_lists_directories_instead_of_stating_each_path(
     real_signature = statusfiles._signature
 
     def recording_signature(path: str) -> statusfiles._Signature:
+        """The real stat signature, noting the path."""
         stated.append(path)
         return real_signature(path)
 
@@ -788,7 +789,7 @@ async def test_a_status_file_rewritten_in_place_is_seen(root: Path, mode: Mode) 
     assert path.stat().st_ino == inode
 
 
-async def test_a_poll_stats_ctl_paths_when_ctl_cannot_be_listed(
+async def test_a_poll_stats_each_path_when_a_directory_cannot_be_listed(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If a directory cannot be listed (EACCES, EIO...), each path is stat'ed as before, and
@@ -796,6 +797,7 @@ async def test_a_poll_stats_ctl_paths_when_ctl_cannot_be_listed(
     real_scandir = os.scandir
 
     def refusing_scandir(path: str) -> object:
+        """os.scandir, except for the run's status/ and ctl/."""
         if str(path).endswith(("/ctl", "/status")):
             raise PermissionError(13, "Permission denied", path)
         return real_scandir(path)
