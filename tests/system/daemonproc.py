@@ -186,7 +186,9 @@ class DaemonProcess:
             async with asyncio.timeout(timeout_s):
                 while True:
                     self._fail_if_exited(what)
-                    with contextlib.suppress(ControlError):
+                    # KeyError: the control socket answers while the daemon still reads its
+                    # run directory, before it has any host; such a status is "not yet".
+                    with contextlib.suppress(ControlError, KeyError):
                         last = await self.status()
                         if predicate(last):
                             return last
