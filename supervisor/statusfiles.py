@@ -376,8 +376,10 @@ class Watcher:
     inotify mode runs watchfiles (non-recursive, on the root, ``status/`` and ``ctl/``).
     Poll mode does not use watchfiles' poller: it compares modification times in whole
     seconds, so a file rewritten twice within one second (even to a new inode and size)
-    looks unchanged and the last write can go unseen for good. We stat each host's three
-    paths every ``poll_interval_s`` and compare inode, size and nanosecond times instead.
+    looks unchanged and the last write can go unseen for good. Every ``poll_interval_s`` we
+    list ``status/`` and ``ctl/`` and compare each host's files' inode numbers (an atomic
+    rewrite always brings a new one), and stat a status file whose inode stayed to compare
+    size and nanosecond times (a rewrite in place).
     Both modes re-read everything every ``rescan_interval_s``.
     """
 
