@@ -4,12 +4,14 @@
 
 A writer process rewrites N status files once a second each (temp file + rename, staggered
 over the second) on /dev/shm; a ``Watcher`` in poll mode (1 s) watches them in this process.
-For every heartbeat delivered to the sink, the time since the watcher's ``stat`` of that
-file (recorded by wrapping ``statusfiles._signature``) is its wait for the rest of the work
-between that stat and the sink: the remaining stats and the reads before delivery. A change
-waits up to one interval for its stat by design; this is what comes on top. To compare two
-versions, run the script with each on ``PYTHONPATH``. Measurements only: nothing here
-asserts a time.
+For every heartbeat delivered to the sink, the time since the watcher looked at that file
+(its signature taken: ``Watcher._poll_signature``, or ``statusfiles._signature`` in versions
+that stat every path) is its wait for the rest of the work between that look and the sink:
+the remaining paths and the reads before delivery. A change waits up to one interval for its
+look by design; this is what comes on top. Also reported: the CPU this process used over the
+window (the watcher's loop and file thread; the writer is another process), in % of one
+core. To compare two versions, run the script with each on ``PYTHONPATH``. Measurements
+only: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -48,17 +50,29 @@ while True:
 """
 
 
-async def measure(root: Path, hosts: list[str], seconds: float) -> list[float]:
-    """Stat -> delivery, in seconds, of every heartbeat delivered during ``seconds``."""
+async def measure(root: Path, hosts: list[str], seconds: float) -> tuple[list[float], float]:
+    """Look -> delivery, in seconds, of every heartbeat delivered during ``seconds``; and this
+    process's CPU over that window, in % of one core."""
     stat_at: dict[str, float] = {}
     signature = statusfiles._signature
+    poll_signature = getattr(Watcher, "_poll_signature", None)
 
     def timed_signature(path: str) -> statusfiles._Signature:
         """The watcher's stat, with the instant it ran."""
         stat_at[path] = time.monotonic()
         return signature(path)
 
-    statusfiles._signature = timed_signature  # type: ignore[assignment]
+    def timed_poll_signature(self: Watcher, key: tuple[str, str], previous: object) -> object:
+        """The watcher's look at one path, with the instant it ran."""
+        if key[1] == "status":
+            stat_at[f"{root}/status/{key[0]}.json"] = time.monotonic()
+        assert poll_signature is not None
+        return poll_signature(self, key, previous)
+
+    if poll_signature is None:
+        statusfiles._signature = timed_signature
+    else:
+        Watcher._poll_signature = timed_poll_signature  # type: ignore[method-assign,assignment]
     lags: list[float] = []
 
     def sink(batch: list[Observation]) -> None:
@@ -81,12 +95,16 @@ async def measure(root: Path, hosts: list[str], seconds: float) -> list[float]:
     try:
         await asyncio.sleep(5.0)  # wait-ok: the first sweeps read everything; not measured
         lags.clear()
+        cpu_before, wall_before = time.process_time(), time.monotonic()
         await asyncio.sleep(seconds)  # wait-ok: the measurement window itself
+        cpu_pct = 100 * (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         statusfiles._signature = signature
-    return lags
+        if poll_signature is not None:
+            Watcher._poll_signature = poll_signature  # type: ignore[method-assign]
+    return lags, cpu_pct
 
 
 def main() -> None:
@@ -101,7 +119,7 @@ def main() -> None:
     hosts = [f"h{i:04d}" for i in range(args.hosts)]
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(args.hosts)])
     try:
-        lags = asyncio.run(measure(root, hosts, args.seconds))
+        lags, cpu_pct = asyncio.run(measure(root, hosts, args.seconds))
     finally:
         writer.kill()
         writer.wait()
@@ -113,6 +131,7 @@ def main() -> None:
         "p50_ms": round(percentile(ms, 50), 1),
         "p99_ms": round(percentile(ms, 99), 1),
         "max_ms": round(max(ms), 1) if ms else None,
+        "cpu_pct": round(cpu_pct, 2),
         "code": str(Path(statusfiles.__file__).parent),
     }
     print(json.dumps(summary))
