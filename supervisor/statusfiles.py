@@ -604,9 +604,7 @@ class Watcher:
         # task churn in inbox/ and outbox/ never reaches us, in either mode.
         changes_stream = awatch(
             *paths,
-            # No filter: watchfiles would call one for every raw event on the loop, four or
-            # five per atomic rewrite; _note looks at each path once anyway.
-            watch_filter=None,
+            watch_filter=self._wanted,
             debounce=self._debounce_ms,
             step=self._step_ms,
             stop_event=self._restart,
@@ -640,22 +638,27 @@ class Watcher:
             self._check_dirs = True
             self._wake_reader()
 
+    def _wanted(self, change: Change, path: str) -> bool:
+        """watchfiles filter: a status or ctl file of any host, or a watched directory."""
+        return self._key_of(path) is not None or path in (
+            self._root_str,
+            self._status_str,
+            self._ctl_str,
+        )
+
     def _note(self, changes: Iterable[tuple[Change, str]]) -> None:
-        """Queue the files that changed; count what concerns us (a status or ctl file of a
-        host, a watched directory), ignoring the rest (temp files, other names)."""
-        dirs = (self._root_str, self._status_str, self._ctl_str)
         for _change, path in changes:  # the event type is never trusted: re-read
+            self.changes_seen += 1
             key = self._key_of(path)
-            if key is not None:
-                self.changes_seen += 1
-                self._pending.add(key)
-            elif path in dirs:
-                self.changes_seen += 1
-                # A watched directory was removed, made or replaced. Its (dev, inode) can
-                # come back unchanged (ext4 reuses a freed inode at once), so comparing ids
-                # would keep the dead watch: start a fresh one, which re-reads all.
+            if key is None:
                 self._check_dirs = True
-                self._restart.set()
+                if path in (self._root_str, self._status_str, self._ctl_str):
+                    # A watched directory was removed, made or replaced. Its (dev, inode) can
+                    # come back unchanged (ext4 reuses a freed inode at once), so comparing
+                    # ids would keep the dead watch: start a fresh one, which re-reads all.
+                    self._restart.set()
+            else:
+                self._pending.add(key)
         if self._pending or self._check_dirs:
             self._wake_reader()
 
