@@ -19,6 +19,7 @@ live workers; at the end every task must have exactly one correct result.
 
     .venv/bin/python bench/soak.py --minutes 30            # the soak
     .venv/bin/python bench/soak.py --minutes 2 --seed 7    # a quick look
+    .venv/bin/python bench/soak.py --watch poll            # poll mode, as on NFS
 
 Writes a markdown summary to bench/results/soak.md (or --out); exits 1 if any check failed.
 """
@@ -77,11 +78,13 @@ FAULTS = (
 class Soak:
     """One soak run: a daemon, its workers, a producer, a monitor and the fault schedule."""
 
-    def __init__(self, workdir: Path, hosts: int, rng: random.Random) -> None:
+    def __init__(self, workdir: Path, hosts: int, rng: random.Random, watch: str = "auto") -> None:
         """See the class docstring."""
         self.workdir = workdir
         self.hosts = hosts
         self.rng = rng
+        #: watch.mode of the daemon's config ("poll" exercises the listings, as on NFS).
+        self.watch = watch
         self.openssh = OpenSsh.create(workdir / "sshd")
         self.monitor = InvariantMonitor(workdir)
         self.run = FaultRun(self.openssh, workdir, self.monitor)
@@ -97,7 +100,7 @@ class Soak:
     async def start(self) -> None:
         """Write the config and start the daemon; returns once every host is ready."""
         self.monitor.start()
-        self.run.write(self.run.raw(self.hosts))
+        self.run.write(self.run.raw(self.hosts, watch={"mode": self.watch}))
         self.daemon = await self.run.start(ready=self.hosts)
 
     def feed(self) -> None:
@@ -225,7 +228,8 @@ def report(soak: Soak, args: argparse.Namespace, elapsed_s: float) -> str:
     lines = [
         "# Soak",
         "",
-        f"`bench/soak.py --minutes {args.minutes:g} --hosts {args.hosts} --seed {args.seed}`"
+        f"`bench/soak.py --minutes {args.minutes:g} --hosts {args.hosts} --seed {args.seed}"
+        f" --watch {args.watch}`"
         f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.platform()}),"
         f" {elapsed_s / 60:.1f} min, {sum(len(load.tasks) for load in soak.loads)} tasks,"
         f" {soak.monitor.samples} monitor samples (largest gap {soak.monitor.max_gap_s:.2f}s).",
@@ -259,7 +263,7 @@ async def main_async(args: argparse.Namespace) -> int:
     """Run the soak; the exit code."""
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="rs-soak-") as tmp:
-        soak = Soak(Path(tmp), args.hosts, rng)
+        soak = Soak(Path(tmp), args.hosts, rng, args.watch)
         started = time.monotonic()
         try:
             await soak.start()
@@ -280,6 +284,9 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--watch", choices=("auto", "inotify", "poll"), default="auto", help="watch.mode"
+    )
     return asyncio.run(main_async(parser.parse_args()))
 
 
