@@ -537,7 +537,7 @@ class Watcher:
     def _poll(
         self, keys: list[_Key], whole: list[_Key] | None, *, listing: bool = False
     ) -> tuple[list[_Key], bool]:
-        """In the file thread: the keys whose stat changed (or were never seen), and whether
+        """In the file thread: the keys whose signature changed (or were never seen), and whether
         the root exists (checked only with ``whole``, the sweep's last chunk, which also
         forgets the paths of hosts that are no longer configured). ``listing``: list
         ``status/`` and ``ctl/`` first, as the sweep's first chunk does."""
