@@ -378,8 +378,8 @@ class Watcher:
     seconds, so a file rewritten twice within one second (even to a new inode and size)
     looks unchanged and the last write can go unseen for good. Every ``poll_interval_s`` we
     list ``status/`` and ``ctl/`` and compare each host's files' inode numbers (an atomic
-    rewrite always brings a new one), and stat a status file whose inode stayed to compare
-    size and nanosecond times (a rewrite in place).
+    rewrite always brings a new one), and stat a file whose inode stayed to compare size and
+    nanosecond times (a rewrite in place).
     Both modes re-read everything every ``rescan_interval_s``.
     """
 
@@ -435,7 +435,7 @@ class Watcher:
         self._check_dirs = False
         self._dirs_checked_at = -math.inf
         self._watched_ids: _DirIds | None = None
-        # Poll mode's last stat of each path; only the file thread touches it.
+        # Poll mode's last signature of each path; only the file thread touches it.
         self._signatures: dict[_Key, _Signature] = {}
         # status/'s and ctl/'s names -> inode numbers at the current poll (None: stat each
         # path), and the base names of the paths. Only the file thread touches them.
@@ -787,21 +787,21 @@ class Watcher:
         """What this poll compares for ``key``: from the directory listings where they could
         be read (their inode numbers come with the names, no stat per path), else a stat.
 
-        One listing of each directory replaces three stats per host per poll (an atomic
-        rewrite, the workers' and the shepherd's way, always brings a new inode), and on NFS
-        a few READDIR calls replace a lookup per path (docs/BENCHMARKS.md). A status file
-        whose inode stayed is stat'ed, because a worker may rewrite it in place; an exit
-        record is only ever renamed into place by the shepherd, so one rewritten in place
-        by someone else waits for the next rescan.
+        One listing of each directory replaces most stats of a poll (an atomic rewrite, the
+        workers' and the shepherd's way, always brings a new inode), and on NFS a few
+        READDIR calls replace a lookup per path (docs/BENCHMARKS.md). A file whose listed
+        inode stayed is stat'ed: it may have been rewritten in place, and some filesystems
+        (FUSE without ``use_ino``) list one made-up inode number for every entry. A stop
+        sentinel only says whether it is there, which the listing tells.
         """
-        status = key[1] == "status"
-        listing = self._status_listing if status else self._ctl_listing
+        kind = key[1]
+        listing = self._status_listing if kind == "status" else self._ctl_listing
         if listing is None:
             return _signature(self._path_of(key))
         inode = listing.get(self._name_of(key))
         if inode is None:
             return None
-        if not status:
+        if kind == "stop":
             return ("listed", inode)
         if previous is not None and previous[:2] == ("listed", inode):
             # The file of the last poll: only a stat can tell an in-place rewrite.

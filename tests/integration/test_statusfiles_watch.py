@@ -743,9 +743,9 @@ async def test_a_poll_delivers_exits_and_news_before_routine_heartbeats(root: Pa
 async def test_a_poll_lists_directories_instead_of_stating_each_path(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Poll mode learns what changed from one listing of status/ and ctl/ per sweep: no ctl
-    path is stat'ed, a status file only when its inode stayed (an in-place rewrite keeps
-    it); renamed-in exit records, a sentinel's coming and going are all still reported."""
+    """Poll mode learns what changed from one listing of status/ and ctl/ per sweep: a path
+    that is not there or that the listing settles (a stop sentinel) is never stat'ed, and
+    renamed-in exit records, a sentinel's coming and going are all still reported."""
     stated: list[str] = []
     real_signature = statusfiles._signature
 
@@ -768,7 +768,25 @@ async def test_a_poll_lists_directories_instead_of_stating_each_path(
         mark = await seen.wait_for(SentinelObserved("h2", True), after=mark)
         (root / "ctl" / "h2.stop").unlink()
         await seen.wait_for(SentinelObserved("h2", False), after=mark)
-    assert {Path(path).name for path in stated} == {"h1.json", "h2.json"}
+    assert stated, "a file whose inode stayed is stat'ed"
+    assert {Path(path).name for path in stated} <= {"h1.json", "h2.json", "h1.exit.json"}
+
+
+async def test_an_exit_record_rewritten_in_place_is_seen(root: Path, mode: Mode) -> None:
+    """An exit record rewritten in place (same inode) is seen, polling included: the inode
+    number a listing gives is not trusted to change (nor, on some FUSE mounts, to be real)."""
+    path = root / "ctl" / "h1.exit.json"
+    write_json_atomic(path, {"pid": 40, "signal": 9})
+    inode = path.stat().st_ino
+    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+        mark = seen.mark()
+        for pid in (41, 42):
+            with path.open("r+") as f:  # truncate and write: the inode stays
+                f.truncate()
+                f.write(f'{{"pid": {pid}, "signal": 9}}')
+            record = ExitRecord(pid=pid, exit_code=None, signal=9, exited_at=None)
+            mark = await seen.wait_for(ExitObserved("h1", record), after=mark)
+    assert path.stat().st_ino == inode
 
 
 async def test_a_status_file_rewritten_in_place_is_seen(root: Path, mode: Mode) -> None:
