@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -113,6 +114,13 @@ def beat(root: Path, host: str, seq: int, *, pid: int = 4242, ready: bool = True
         {"pid": pid, "ready": ready, "heartbeat_at": 1000.0 + seq, "seq": seq},
     )
     return StatusRecord(pid=pid, ready=ready, heartbeat_at=1000.0 + seq, seq=seq)
+
+
+def write_json_in_place(path: Path, data: object) -> None:
+    """Truncate ``path`` and write ``data`` into it: the inode stays, unlike an atomic write."""
+    with path.open("r+") as f:
+        f.truncate()
+        f.write(json.dumps(data))
 
 
 @contextlib.asynccontextmanager
@@ -781,9 +789,7 @@ async def test_an_exit_record_rewritten_in_place_is_seen(root: Path, mode: Mode)
     async with watching(root, lambda: ["h1"], mode) as (_, seen):
         mark = seen.mark()
         for pid in (41, 42):
-            with path.open("r+") as f:  # truncate and write: the inode stays
-                f.truncate()
-                f.write(f'{{"pid": {pid}, "signal": 9}}')
+            write_json_in_place(path, {"pid": pid, "signal": 9})
             record = ExitRecord(pid=pid, exit_code=None, signal=9, exited_at=None)
             mark = await seen.wait_for(ExitObserved("h1", record), after=mark)
     assert path.stat().st_ino == inode
@@ -797,11 +803,9 @@ async def test_a_status_file_rewritten_in_place_is_seen(root: Path, mode: Mode) 
     async with watching(root, lambda: ["h1"], mode) as (_, seen):
         mark = seen.mark()
         for seq in (2, 3):
-            with path.open("r+") as f:  # truncate and write: the inode stays
-                f.truncate()
-                f.write(
-                    f'{{"pid": 4242, "ready": true, "heartbeat_at": {1000.0 + seq}, "seq": {seq}}}'
-                )
+            write_json_in_place(
+                path, {"pid": 4242, "ready": True, "heartbeat_at": 1000.0 + seq, "seq": seq}
+            )
             record = StatusRecord(pid=4242, ready=True, heartbeat_at=1000.0 + seq, seq=seq)
             mark = await seen.wait_for(StatusObserved("h1", record), after=mark)
     assert path.stat().st_ino == inode
