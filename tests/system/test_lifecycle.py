@@ -26,13 +26,18 @@ pytestmark = [pytest.mark.system, pytest.mark.openssh]
 async def test_ready_watchdog_reload_and_stop(
     openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
-    """READY only once every host has a worker; WATCHDOG pings; RELOADING/READY around
-    SIGHUP; STOPPING then exit 0 on SIGTERM with no worker left; every line is JSON."""
+    """READY only once every host has a worker; the start-up heap frozen; WATCHDOG pings;
+    RELOADING/READY around SIGHUP; STOPPING then exit 0 on SIGTERM with no worker left; every
+    line is JSON."""
     config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
     daemon = await daemons.start(config, watchdog_usec=400_000)
     ready_at = await daemon.wait_notify("READY=1")
     status = await daemon.status()
     assert all(row["pid"] is not None for row in status["hosts"].values()), status
+    # Start-up's heap is frozen out of the collector once ready (daemon._collect_loop).
+    collected = await daemon.wait_log("daemon.gc")
+    assert collected["frozen"] > 10_000, collected
+    assert collected["pause_ms"] >= 0, collected
     launched = {line["host"] for line in daemon.lines if line.get("event") == "host.launched"}
     assert launched == {"worker-0", "worker-1"}
     await daemon.wait_until(
