@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    ROOT,
     SCRATCH,
     CpuWindow,
     cpu_seconds,
@@ -37,6 +38,7 @@ from bench.common import (
     thread_count,
 )
 from bench.procs import LogIndex, SimProcess, stop_daemon
+from supervisor.config import load as load_config
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import DaemonProcess
 
@@ -64,6 +66,9 @@ class ScaleResult:
     stale_error: list[float] = field(default_factory=list)
     writer_late_p99_ms: float = float("nan")
     writes_per_s: float = float("nan")
+    #: bench/floor.py's parts on the same fleet: "watch" (watching alone), "read" (and
+    #: reading each changed heartbeat), "ssh" (its connections, idle): the least they cost.
+    floor: dict[str, CpuWindow] = field(default_factory=dict)
     sim_cpu_pct: float = float("nan")
     log_lines_in_window: int = 0
     errors: list[str] = field(default_factory=list)
@@ -91,8 +96,10 @@ async def run_scale(
     stale_samples: int = 5,
     profile_dir: Path | None = None,
     log_dir: Path | None = None,
+    floor_parts: tuple[str, ...] = ("watch", "read"),
 ) -> ScaleResult:
-    """Measure one fleet size in one watch mode."""
+    """Measure one fleet size in one watch mode, then the floor's ``floor_parts``
+    (``bench/floor.py``) on the same fleet."""
     result = ScaleResult(hosts=hosts, mode=mode, agents=agents)
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-scale-{hosts}-{mode}-", dir=SCRATCH))
     sim = SimProcess(workdir, hosts, agents=agents, watch=mode, stale_s=STALE_S)
@@ -129,6 +136,22 @@ async def run_scale(
         victims = names[::step][: exit_samples + stale_samples]
         await _exit_samples(sim, logs, victims[:exit_samples], result)
         await _stale_samples(sim, logs, victims[exit_samples:], result)
+        # The daemon leaves its workers running when it stops (on_exit = "detach"), so the
+        # same heartbeats go on for the floor, which then has the machine to itself.
+        await stop_daemon(daemon)
+        if log_dir is not None:
+            _save_log(daemon, log_dir / f"daemon-{hosts}-{mode}.jsonl")
+        daemon = None
+        for part in floor_parts:
+            if part == "ssh":
+                # Each connection's keepalive comes once per interval: a whole interval, so
+                # that connections made early and late weigh the same.
+                keepalive_s = load_config(ready["config"]).ssh.keepalive_interval_s
+                seconds = max(window_s / 2, keepalive_s)
+                result.floor[part] = await run_floor(part, seconds, config=ready["config"])
+            else:
+                root = workdir / "run"
+                result.floor[part] = await run_floor(part, window_s / 2, mode=mode, root=root)
     except (TimeoutError, AssertionError, RuntimeError) as exc:
         result.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
@@ -139,6 +162,41 @@ async def run_scale(
         await sim.aclose()
         _remove(workdir)
     return result
+
+
+async def run_floor(
+    part: str, window_s: float, *, mode: str = "", root: Path | None = None, config: str = ""
+) -> CpuWindow:
+    """``bench/floor.py`` doing ``part`` for ``window_s`` once it is ready: its CPU and RSS."""
+    args = ["--part", part]
+    args += ["--config", config] if part == "ssh" else ["--mode", mode, "--root", str(root)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.floor",
+        *args,
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(600):  # a thousand handshakes on two cores
+            line = await proc.stdout.readline()
+        if b'"ready"' not in line:
+            raise RuntimeError(f"bench.floor --part {part} did not start: {line[:200]!r}")
+        # Settled: the first listing or batch read every file, the handshakes are over.
+        await asyncio.sleep(2.0)  # wait-ok: let start-up work drain before measuring
+        return await measure_cpu(proc.pid, window_s)
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()  # its end of the run
+        try:
+            async with asyncio.timeout(60):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
 def _save_log(daemon: DaemonProcess, path: Path) -> None:

@@ -1,0 +1,175 @@
+"""The least any supervisor can do to notice every heartbeat of a fleet: the scale floor.
+
+    python -m bench.floor --part watch|read --mode inotify|poll --root RUN_ROOT
+    python -m bench.floor --part ssh --config DAEMON_TOML
+
+Runs until stdin closes (or SIGTERM), doing one part of what the design requires of a
+supervisor and nothing else, in one thread where it can:
+
+- ``watch``: in ``inotify`` mode watchfiles' ``awatch`` on ``status/`` with the daemon's
+  settings (debounce 50 ms, step 10 ms, not recursive) but no filter; in ``poll`` mode one
+  listing of ``status/`` a second;
+- ``read``: the same, and each changed heartbeat file opened, read and parsed with
+  ``json.loads``: a heartbeat counts only when its ``heartbeat_at`` or ``seq`` changed
+  (DESIGN.md §4), so every rewrite must be read;
+- ``ssh``: one asyncssh connection to every host of the daemon's config, with its
+  keepalive settings and ciphers, held open and idle (the daemon keeps one per host).
+
+No state machine, no logging, no second thread of our own. ``bench/scale.py`` runs it
+against the same simulated fleet as the daemon and measures its CPU the same way, so the
+report can say how far above this floor the daemon is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+
+import asyncssh
+from watchfiles import awatch
+
+from supervisor import config as configuration
+from supervisor.remote import ENCRYPTION_ALGS
+
+#: The parts, each measured on its own: watching status/, watching and reading each changed
+#: heartbeat, holding the fleet's SSH connections.
+PARTS = ("watch", "read", "ssh")
+#: The daemon's debounce (config ``[watch] debounce_ms``), and the step it derives from it.
+DEBOUNCE_MS = 50
+STEP_MS = 10
+
+
+def read_heartbeat(path: str) -> None:
+    """Open, read and parse one status file; a file that vanished or is partial is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        data = os.read(fd, 65536)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(ValueError):
+        json.loads(data)
+
+
+async def watch_inotify(status: str, read: bool, stop: asyncio.Event) -> None:
+    """watchfiles on ``status/``; each changed heartbeat file read (``read``)."""
+    async for changes in awatch(
+        status,
+        watch_filter=None,
+        debounce=DEBOUNCE_MS,
+        step=STEP_MS,
+        stop_event=stop,
+        recursive=False,
+        force_polling=False,
+    ):
+        if read:
+            for _change, path in changes:
+                if path.endswith(".json") and not path.rpartition("/")[2].startswith("."):
+                    read_heartbeat(path)
+
+
+async def watch_poll(status: str, read: bool, stop: asyncio.Event) -> None:
+    """One listing of ``status/`` a second; each file with a new inode read (``read``)."""
+    inodes: dict[str, int] = {}
+    loop = asyncio.get_running_loop()
+    due = loop.time()
+    while not stop.is_set():
+        with os.scandir(status) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith(".") or not name.endswith(".json"):
+                    continue
+                inode = entry.inode()
+                if inodes.get(name) != inode:
+                    inodes[name] = inode
+                    if read:
+                        read_heartbeat(entry.path)
+        due += 1.0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, due - loop.time())):
+                await stop.wait()
+
+
+async def hold_connections(config_path: str, stop: asyncio.Event) -> None:
+    """One idle connection per host of the daemon's config until ``stop``; "ready" once all
+    are up."""
+    cfg = configuration.load(config_path)
+    ssh = cfg.ssh
+    known_hosts = asyncssh.read_known_hosts(str(ssh.known_hosts))
+    keys = [asyncssh.read_private_key(str(path)) for path in ssh.client_keys]
+    handshakes = asyncio.Semaphore(20)  # as the daemon's handshake budget, not a storm
+
+    async def connect(host: configuration.HostConfig) -> asyncssh.SSHClientConnection:
+        """One connection, as the daemon opens it."""
+        async with handshakes:
+            return await asyncssh.connect(
+                host.address,
+                host.port,
+                username=host.username or ssh.username,
+                known_hosts=known_hosts,
+                client_keys=keys,
+                config=None,
+                agent_path=None,
+                encryption_algs=list(ENCRYPTION_ALGS),
+                keepalive_interval=ssh.keepalive_interval_s,
+                keepalive_count_max=ssh.keepalive_count_max,
+            )
+
+    conns = await asyncio.gather(*(connect(host) for host in cfg.hosts))
+    try:
+        print(json.dumps({"event": "ready", "connections": len(conns)}), flush=True)
+        await stop.wait()
+    finally:
+        for conn in conns:
+            conn.close()
+        await asyncio.gather(*(conn.wait_closed() for conn in conns))
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    """Do the part until stdin closes or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def stop_on_eof() -> None:
+        """The parent closing our stdin ends the run (a pipe read on the loop: cancellable)."""
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        await reader.read()
+        stop.set()
+
+    async with asyncio.TaskGroup() as tg:
+        eof = tg.create_task(stop_on_eof())
+        if args.part == "ssh":
+            await hold_connections(args.config, stop)
+        else:
+            watch = watch_inotify if args.mode == "inotify" else watch_poll
+            print(json.dumps({"event": "ready"}), flush=True)
+            await watch(os.path.join(args.root, "status"), args.part == "read", stop)
+        eof.cancel()
+
+
+def main() -> None:
+    """Parse arguments and watch."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=PARTS, required=True, help="what to do")
+    parser.add_argument("--root", help="watch, read: the run root whose status/ to watch")
+    parser.add_argument("--mode", choices=("inotify", "poll"), help="watch, read: how")
+    parser.add_argument("--config", help="ssh: the daemon's config (hosts, keys, keepalive)")
+    args = parser.parse_args()
+    if args.part == "ssh" and not args.config:
+        parser.error("--part ssh needs --config")
+    if args.part != "ssh" and not (args.root and args.mode):
+        parser.error(f"--part {args.part} needs --root and --mode")
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
