@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -598,3 +599,43 @@ def test_shepherd_dying_before_its_report_closes_the_pipe_with_its_traceback(
     with pytest.raises(agent_module.OpError, match="exited without a report: Traceback"):
         agent_module._parse_report(output, "", "exited")
     assert not Path(make_spec(tmp_path)["pidfile"]).exists()
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "proc-polling"])
+def test_wait_dead_times_out_on_a_live_process_and_returns_once_it_dies(
+    pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """terminate's wait: False after its timeout while the process lives; True once it died
+    (a zombie is dead), or at once when the pid's start time is not ours (reused). With the
+    kernel's pidfd, and by polling /proc where the kernel or Python has none."""
+    opened: list[int] = []
+    if pidfd:
+        real_open = os.pidfd_open
+
+        def spy(pid: int, flags: int = 0) -> int:
+            """os.pidfd_open, noting which pid it was asked for."""
+            opened.append(pid)
+            return real_open(pid, flags)
+
+        monkeypatch.setattr(os, "pidfd_open", spy)
+    else:
+        monkeypatch.delattr(os, "pidfd_open")
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = agent_module.proc_stat(proc.pid)
+        assert stat is not None
+        start_time = stat[2]
+        assert agent_module._wait_dead(proc.pid, start_time, 0.05) is False
+        assert agent_module._wait_dead(proc.pid, start_time + 1, DEADLINE_S) is True
+        outcome: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: outcome.append(agent_module._wait_dead(proc.pid, start_time, DEADLINE_S))
+        )
+        waiter.start()
+        os.kill(proc.pid, signal.SIGKILL)  # our child: a zombie until proc.wait() below
+        waiter.join(DEADLINE_S + 5)
+        assert outcome == [True]
+        assert opened == ([proc.pid] * 3 if pidfd else [])
+    finally:
+        proc.kill()
+        proc.wait()
