@@ -34,7 +34,7 @@ import asyncssh
 from watchfiles import awatch
 
 from supervisor import config as configuration
-from supervisor.remote import ENCRYPTION_ALGS
+from supervisor.remote import connect_options
 
 #: The parts, each measured on its own: watching status/, watching and reading each changed
 #: heartbeat, holding the fleet's SSH connections.
@@ -101,26 +101,12 @@ async def hold_connections(config_path: str, stop: asyncio.Event) -> None:
     """One idle connection per host of the daemon's config until ``stop``; "ready" once all
     are up."""
     cfg = configuration.load(config_path)
-    ssh = cfg.ssh
-    known_hosts = asyncssh.read_known_hosts(str(ssh.known_hosts))
-    keys = [asyncssh.read_private_key(str(path)) for path in ssh.client_keys]
     handshakes = asyncio.Semaphore(20)  # as the daemon's handshake budget, not a storm
 
     async def connect(host: configuration.HostConfig) -> asyncssh.SSHClientConnection:
-        """One connection, as the daemon opens it."""
+        """One connection, opened as the daemon opens it."""
         async with handshakes:
-            return await asyncssh.connect(
-                host.address,
-                host.port,
-                username=host.username or ssh.username,
-                known_hosts=known_hosts,
-                client_keys=keys,
-                config=None,
-                agent_path=None,
-                encryption_algs=list(ENCRYPTION_ALGS),
-                keepalive_interval=ssh.keepalive_interval_s,
-                keepalive_count_max=ssh.keepalive_count_max,
-            )
+            return await asyncssh.connect(host.address, host.port, **connect_options(host, cfg.ssh))
 
     conns = await asyncio.gather(*(connect(host) for host in cfg.hosts))
     try:

@@ -224,20 +224,8 @@ class RemoteHost:
                 conn = await asyncssh.connect(
                     host.address,
                     host.port,
-                    username=host.username or ssh.username,
-                    known_hosts=_trusted_hosts(ssh.known_hosts),
-                    client_keys=_client_keys(ssh.client_keys),
-                    # Nothing from $HOME: no ~/.ssh/config, agent, default keys or CAs.
-                    config=None,
-                    agent_path=None,
-                    x509_trusted_certs=None,
-                    gss_host=None,
-                    encryption_algs=list(ENCRYPTION_ALGS),
-                    keepalive_interval=ssh.keepalive_interval_s,
-                    keepalive_count_max=ssh.keepalive_count_max,
-                    connect_timeout=ssh.connect_timeout_s,
-                    login_timeout=ssh.connect_timeout_s,
                     client_factory=lambda: _Client(ended),
+                    **connect_options(host, ssh),
                 )
             except (OSError, asyncssh.Error, ValueError) as exc:
                 # ValueError: an unreadable or encrypted client key (asyncssh.KeyImportError).
@@ -757,6 +745,26 @@ def _stamp_or_none(path: Path) -> _FileStamp | None:
         return _stamp(path)
     except OSError:
         return None
+
+
+def connect_options(host: HostConfig, ssh: SshConfig) -> dict[str, Any]:
+    """``asyncssh.connect``'s options for ``host`` but its address, port and client factory:
+    the daemon's, which ``bench/floor.py`` shares to measure the same connections."""
+    return {
+        "username": host.username or ssh.username,
+        "known_hosts": _trusted_hosts(ssh.known_hosts),
+        "client_keys": _client_keys(ssh.client_keys),
+        # Nothing from $HOME: no ~/.ssh/config, agent, default keys or CAs.
+        "config": None,
+        "agent_path": None,
+        "x509_trusted_certs": None,
+        "gss_host": None,
+        "encryption_algs": list(ENCRYPTION_ALGS),
+        "keepalive_interval": ssh.keepalive_interval_s,
+        "keepalive_count_max": ssh.keepalive_count_max,
+        "connect_timeout": ssh.connect_timeout_s,
+        "login_timeout": ssh.connect_timeout_s,
+    }
 
 
 def _trusted_hosts(path: Path) -> asyncssh.SSHKnownHosts:
