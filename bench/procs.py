@@ -19,6 +19,22 @@ from bench.common import ROOT, iso_to_epoch
 from tests.system.daemonproc import DaemonProcess
 
 
+async def spawn_module(
+    module: str, args: list[str], *, limit: int = 1 << 16
+) -> asyncio.subprocess.Process:
+    """``python -m module args`` from the checkout, its stdin and stdout piped to us."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        *args,
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        limit=limit,
+    )
+
+
 class SimProcess:
     """``python -m bench.fleetsim``: commands in on stdin, events out on stdout."""
 
@@ -56,16 +72,7 @@ class SimProcess:
 
     async def start(self) -> dict[str, Any]:
         """Start the simulator; its ``ready`` event (with the daemon's config path)."""
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.fleetsim",
-            *self.args,
-            cwd=ROOT,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=1 << 20,
-        )
+        self.process = await spawn_module("bench.fleetsim", self.args, limit=1 << 20)
         self._reader = asyncio.create_task(self._read())
         return await self.wait_event(lambda e: e["event"] == "ready", 600, "simulator ready")
 

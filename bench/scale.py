@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    ROOT,
     SCRATCH,
     CpuWindow,
     cpu_seconds,
@@ -37,7 +36,7 @@ from bench.common import (
     percentile,
     thread_count,
 )
-from bench.procs import LogIndex, SimProcess, stop_daemon
+from bench.procs import LogIndex, SimProcess, spawn_module, stop_daemon
 from supervisor.config import load as load_config
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import DaemonProcess
@@ -170,15 +169,7 @@ async def run_floor(
     """``bench/floor.py`` doing ``part`` for ``window_s`` once it is ready: its CPU and RSS."""
     args = ["--part", part]
     args += ["--config", config] if part == "ssh" else ["--mode", mode, "--root", str(root)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.floor",
-        *args,
-        cwd=ROOT,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
+    proc = await spawn_module("bench.floor", args)
     try:
         assert proc.stdout is not None
         async with asyncio.timeout(600):  # a thousand handshakes on two cores
