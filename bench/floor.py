@@ -101,7 +101,7 @@ async def hold_connections(config_path: str, stop: asyncio.Event) -> None:
     """One idle connection per host of the daemon's config until ``stop``; "ready" once all
     are up."""
     cfg = configuration.load(config_path)
-    handshakes = asyncio.Semaphore(20)  # as the daemon's handshake budget, not a storm
+    handshakes = asyncio.Semaphore(cfg.ssh.max_concurrent_handshakes)  # as the daemon does
 
     async def connect(host: configuration.HostConfig) -> asyncssh.SSHClientConnection:
         """One connection, opened as the daemon opens it."""
@@ -143,7 +143,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    """Parse arguments and watch."""
+    """Parse arguments and do the part."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=PARTS, required=True, help="what to do")
     parser.add_argument("--root", help="watch, read: the run root whose status/ to watch")
