@@ -44,7 +44,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.faults.harness import (  # noqa: E402 - after the path tweak that makes the checkout importable
+from bench.common import rss_bytes  # noqa: E402 - after the path tweak that makes the checkout importable
+from tests.faults.harness import (  # noqa: E402
     FaultRun,
     Workload,
     events,
@@ -96,6 +97,9 @@ class Soak:
         self.durations: dict[str, list[float]] = defaultdict(list)
         self.failures: list[str] = []
         self._whole_at: float | None = None
+        #: The daemon's RSS once the fleet is whole again after each fault, by daemon pid
+        #: (daemon_kill starts a new one): memory that only grows would show here.
+        self.rss: dict[int, list[int]] = defaultdict(list)
 
     async def start(self) -> None:
         """Write the config and start the daemon; returns once every host is ready."""
@@ -189,6 +193,9 @@ class Soak:
             self.failures.append(f"{fault}: not recovered within {RECOVERY_LIMIT_S:g}s: {exc}")
             return
         self.recoveries[fault].append((self._whole_at or time.monotonic()) - started)
+        process = self.daemon.process
+        if process is not None and (rss := rss_bytes(process.pid)):
+            self.rss[process.pid].append(rss)
 
     async def soak(self, minutes: float) -> None:
         """Inject faults until ``minutes`` have passed, feeding tasks all along."""
@@ -254,6 +261,17 @@ def report(soak: Soak, args: argparse.Namespace, elapsed_s: float) -> str:
             )
         else:
             lines.append(f"| {fault} | 0 | - | - | - |")
+    lines += [
+        "",
+        "The daemon's RSS after each recovery, one row per daemon process (a daemon_kill"
+        " starts the next):",
+        "",
+        "| daemon | samples | first (MB) | last (MB) | max (MB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for n, samples in enumerate(soak.rss.values(), 1):
+        first, last, peak = (x / 2**20 for x in (samples[0], samples[-1], max(samples)))
+        lines.append(f"| {n} | {len(samples)} | {first:.1f} | {last:.1f} | {peak:.1f} |")
     lines += ["", "Failures: " + ("none" if not soak.failures else "")]
     lines += [f"- {failure}" for failure in soak.failures]
     return "\n".join(lines) + "\n"
