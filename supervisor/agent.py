@@ -301,6 +301,10 @@ def _wait_dead(pid: int, start_time: int, timeout_s: float) -> bool:
     """
     deadline = time.monotonic() + timeout_s
     pidfd = _open_pidfd(pid)
+    poller = None
+    if pidfd is not None:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)  # readable once it exited (zombie or reaped)
     try:
         while True:
             stat = proc_stat(pid)
@@ -309,12 +313,9 @@ def _wait_dead(pid: int, start_time: int, timeout_s: float) -> bool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if pidfd is None:
+            if poller is None:
                 time.sleep(min(POLL_S, remaining))
             else:
-                poller = select.poll()
-                poller.register(pidfd, select.POLLIN)
-                # Readable once the process has exited (a zombie, or reaped).
                 poller.poll(max(1, int(remaining * 1000)))
     finally:
         if pidfd is not None:
