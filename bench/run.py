@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
 from bench import scale, simstart  # noqa: E402
 from bench.common import (  # noqa: E402
     THREAD_KINDS,
+    CpuWindow,
     fmt_range,
     fmt_s,
     load_average,
@@ -297,11 +298,15 @@ def scale_table(results: list[scale.ScaleResult]) -> list[str]:
     return lines
 
 
+def ssh_floor(results: list[scale.ScaleResult], hosts: int) -> CpuWindow | None:
+    """The floor's SSH part for a fleet size: measured once, in whichever mode's run had it."""
+    return next((r.floor["ssh"] for r in results if r.hosts == hosts and "ssh" in r.floor), None)
+
+
 def floor_cpu(results: list[scale.ScaleResult], r: scale.ScaleResult) -> float:
     """The floor of ``r`` in % of one core: watching + reading in its mode, plus the fleet's
-    SSH connections (measured once per fleet size, in whichever mode's run had it)."""
-    read = r.floor.get("read")
-    ssh = next((x.floor["ssh"] for x in results if x.hosts == r.hosts and "ssh" in x.floor), None)
+    SSH connections."""
+    read, ssh = r.floor.get("read"), ssh_floor(results, r.hosts)
     if read is None or ssh is None:
         return math.nan
     return read.percent + ssh.percent
@@ -330,7 +335,7 @@ def floor_table(results: list[scale.ScaleResult]) -> list[str]:
     for r in rows:
         assert r.cpu is not None
         watch, read = r.floor.get("watch"), r.floor["read"]
-        ssh = next((x.floor["ssh"] for x in rows if x.hosts == r.hosts and "ssh" in x.floor), None)
+        ssh = ssh_floor(results, r.hosts)
         floor = floor_cpu(results, r)
         lines.append(
             f"| {r.hosts} | {r.mode} | {r.cpu.percent:.1f} |"
