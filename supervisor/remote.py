@@ -27,6 +27,7 @@ whole life; a second launch finds it held and is refused with ``LaunchRefused``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -67,6 +68,12 @@ CLOSE_TIMEOUT_S: Final = 5.0
 #: turn of its loop; an open sent right behind the close can be refused with "open failed"
 #: although we never exceed MaxSessions. Nothing ran, so opening again is safe.
 OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
+#: The agent's largest reply (a launch or probe result) is well under a kilobyte; a line
+#: longer than this is not a reply, and is dropped unparsed. asyncssh's readline already
+#: cuts a line at the channel's receive window (2 MiB), so this bounds the parse, not the read.
+MAX_REPLY_CHARS: Final = 64 * 1024
+#: What of a line from the host is kept for logs and error messages.
+MAX_NOISE_CHARS: Final = 500
 #: asyncssh's defaults, AES-GCM first: asyncssh drives chacha20-poly1305 with several Python
 #: calls per packet (~20 us) where AES-GCM is one OpenSSL call (~3.5 us); at 1000 hosts the
 #: keepalives alone made that ~1% of a core (docs/BENCHMARKS.md). Either is an OpenSSH
@@ -106,6 +113,36 @@ def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
     # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
     return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(agent_source())} agent"
+
+
+def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
+    """The request id and reply that ``line`` carries; None for anything else. Never raises:
+    every byte from a host is hostile input, and one bad line must not end the daemon."""
+    if len(line) > MAX_REPLY_CHARS:
+        return None
+    try:
+        reply = json.loads(line)
+    except (ValueError, RecursionError):
+        # ValueError covers bad JSON and integers past the interpreter's digit limit;
+        # RecursionError, nesting deeper than the stack (a line of ``[``).
+        return None
+    if not isinstance(reply, dict):
+        return None
+    rid = reply.get("id")
+    # Our ids are positive ints; bool is an int subclass, and a float id (1e999) is not ours.
+    if type(rid) is not int or rid <= 0:
+        return None
+    return rid, reply
+
+
+def reply_int(host: str, op: str, result: dict[str, Any], key: str) -> int | None:
+    """``result[key]`` as an int (None when absent or null); RemoteError if it is not one."""
+    value = result.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise RemoteError(host, f"{op}: the agent sent a {type(value).__name__} as {key!r}")
+    return value
 
 
 class Backoff:
@@ -204,7 +241,11 @@ class RemoteHost:
                 await _close(conn)
                 break
             up_at = time.monotonic()
-            await self._serve(conn, ended)
+            try:
+                await self._serve(conn, ended)
+            except Exception as exc:  # task root of a link: a fault ends this link, not the daemon
+                log.exception("ssh.link_failed", host=self.name)
+                ended.set(f"internal error on the link: {_describe(exc)}")
             if time.monotonic() - up_at >= STABLE_S:
                 backoff.reset()
             if self._closed.is_set():
@@ -230,6 +271,9 @@ class RemoteHost:
             except (OSError, asyncssh.Error, ValueError) as exc:
                 # ValueError: an unreadable or encrypted client key (asyncssh.KeyImportError).
                 raise _ConnectFailed(_connect_failure(exc, host, ssh)) from None
+            except Exception as exc:  # a broken or hostile peer costs one attempt, no more
+                log.exception("ssh.connect_internal_error", host=self.name)
+                raise _ConnectFailed(f"internal error: {_describe(exc)}") from None
         return conn
 
     async def _serve(self, conn: asyncssh.SSHClientConnection, ended: _Ended) -> None:
@@ -320,7 +364,11 @@ class RemoteHost:
         Raises LaunchRefused when a live worker holds the shard, RemoteError otherwise.
         """
         result = await self._call("launch", {"spec": _spec_json(spec)}, RPC_TIMEOUT_S)
-        started = Started(pid=int(result["pid"]), start_time=int(result["start_time"]))
+        pid = reply_int(self.name, "launch", result, "pid")
+        start_time = reply_int(self.name, "launch", result, "start_time")
+        if pid is None or pid <= 0 or start_time is None:
+            raise RemoteError(self.name, "launch: the agent's reply has no valid pid")
+        started = Started(pid=pid, start_time=start_time)
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
@@ -329,16 +377,20 @@ class RemoteHost:
         only once it is confirmed dead (or was not ours), raises RemoteError otherwise."""
         payload = {"spec": _spec_json(spec), "pid": pid, "grace_s": grace_s, "kill": kill}
         result = await self._call("terminate", payload, grace_s + TERMINATE_SLACK_S)
-        log.info("remote.terminated", host=self.name, pid=pid, outcome=result.get("outcome"))
+        outcome = result.get("outcome")
+        outcome = outcome[:MAX_NOISE_CHARS] if isinstance(outcome, str) else None
+        log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """The live worker of ``spec``'s shard on this host (``pid`` or the pidfile's), if
         any: alive, not a zombie, and ours by start time or command line."""
         payload = {"spec": _spec_json(spec), "pid": pid}
         result = await self._call("probe", payload, RPC_TIMEOUT_S)
-        found = result.get("pid")
-        log.debug("remote.probed", host=self.name, pid=found, checked=result.get("checked"))
-        return int(found) if found is not None else None
+        found = reply_int(self.name, "probe", result, "pid")
+        if found is not None and found <= 0:
+            raise RemoteError(self.name, f"probe: the agent named pid {found}")
+        log.debug("remote.probed", host=self.name, pid=found)
+        return found
 
     async def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
         """Run one command (each argv element quoted) on its own channel.
@@ -412,7 +464,8 @@ class RemoteHost:
         if reply.get("ok"):
             result = reply.get("result")
             return result if isinstance(result, dict) else {}
-        error = str(reply.get("error"))
+        error = reply.get("error")
+        error = error[:MAX_NOISE_CHARS] if isinstance(error, str) else "the agent gave no reason"
         if reply.get("kind") == "refused":
             holder = reply.get("holder_pid")
             raise LaunchRefused(
@@ -578,14 +631,14 @@ class _Agent:
     async def _read_hello(self) -> dict[str, Any] | None:
         """The agent's hello, skipping whatever the user's rc files print first; None at EOF."""
         while line := await self._process.stdout.readline():
-            try:
-                message = json.loads(line)
-            except ValueError:
-                message = None
+            message: object = None
+            if len(line) <= MAX_REPLY_CHARS:
+                with contextlib.suppress(ValueError, RecursionError):
+                    message = json.loads(line)
             if isinstance(message, dict) and isinstance(message.get("hello"), dict):
                 hello: dict[str, Any] = message["hello"]
                 return hello
-            self._stderr.append(line.rstrip())
+            self._stderr.append(line.rstrip()[:MAX_NOISE_CHARS])
         return None
 
     async def _failed_start(self) -> str:
@@ -652,6 +705,9 @@ class _Agent:
                 self._dispatch(line)
         except (asyncssh.Error, OSError) as exc:
             reason = f"the agent channel failed: {_describe(exc)}"
+        except Exception as exc:  # task root: whatever a host sends ends its agent, nothing more
+            log.exception("agent.failed", host=self._host)
+            reason = f"the agent channel failed: internal error: {_describe(exc)}"
         finally:
             if self._link.ended.is_set():
                 reason = self._link.ended.reason
@@ -662,13 +718,13 @@ class _Agent:
             log.warning("agent.closed", host=self._host, reason=self.closed_reason)
 
     def _dispatch(self, line: str) -> None:
-        """Resolve the request ``line`` answers."""
-        try:
-            reply = json.loads(line)
-            entry = self._pending.pop(int(reply["id"]), None)
-        except (ValueError, TypeError, KeyError):
-            log.warning("agent.noise", host=self._host, line=line[:500])
+        """Resolve the request ``line`` answers; anything else is logged as noise."""
+        parsed = parse_reply(line)
+        if parsed is None:
+            log.warning("agent.noise", host=self._host, line=line[:MAX_NOISE_CHARS])
             return
+        rid, reply = parsed
+        entry = self._pending.pop(rid, None)
         if entry is not None and not entry[1].done():
             entry[1].set_result(reply)
 
@@ -676,8 +732,9 @@ class _Agent:
         """Log what the agent says on stderr and keep the last lines for error messages."""
         try:
             while line := await self._process.stderr.readline():
-                self._stderr.append(line.rstrip())
-                log.warning("agent.stderr", host=self._host, line=line.rstrip()[:500])
+                line = line.rstrip()[:MAX_NOISE_CHARS]
+                self._stderr.append(line)
+                log.warning("agent.stderr", host=self._host, line=line)
         except (asyncssh.Error, OSError):
             return  # the stdout reader reports why the channel ended
 
@@ -815,9 +872,10 @@ def _describe(exc: BaseException | None) -> str:
     """The short reason of an exception."""
     if exc is None:
         return "closed"
+    # Bounded: an asyncssh error's reason can be text the peer sent.
     if isinstance(exc, asyncssh.Error):
-        return exc.reason or type(exc).__name__
-    return str(exc) or type(exc).__name__
+        return (exc.reason or type(exc).__name__)[:MAX_NOISE_CHARS]
+    return (str(exc) or type(exc).__name__)[:MAX_NOISE_CHARS]
 
 
 def _connect_failure(exc: BaseException, host: HostConfig, ssh: SshConfig) -> str:

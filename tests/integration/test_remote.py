@@ -786,6 +786,56 @@ def test_agent_running_as_another_user_says_it_may_not_signal(
         shutil.rmtree(shared)
 
 
+#: A stand-in for the host's python that speaks the agent protocol with garbage around each
+#: reply: what a compromised host, or a broken python on it, can send.
+HOSTILE_AGENT = """\
+import json, sys
+out = sys.stdout.buffer
+def send(data):
+    out.write(data + b"\\n")
+    out.flush()
+send(b'{"id": 1}')  # a reply before the hello
+send(json.dumps({"hello": {"pid": 1, "python": "hostile"}}).encode())
+for line in sys.stdin.buffer:
+    rid = json.loads(line)["id"]
+    for junk in (
+        b'{"id": 1e999}', b'{"id": -1e999}', b'{"id": %d.0}' % rid, b'{"id": "%d"}' % rid,
+        b'{"id": -%d}' % rid, b'{"id": true}', b'{"id": 123456789}', b'{"id": NaN}',
+        b'{"id": ' + b"9" * 5000 + b'}', b"[" * 200000, b"[" * 50000, b"\\x00\\xff\\xfe{",
+        b"x" * (10 * 1024 * 1024), b"null", b"{",
+    ):
+        send(junk)
+    reply = {"id": rid, "ok": True, "result": {"pid": None}}
+    if b'"pid": 999' in line:  # the test's cue for a well-framed reply with a bad field
+        reply["result"] = {"pid": 1e999}
+    send(json.dumps(reply).encode())
+"""
+
+
+async def test_garbage_from_the_agent_is_noise_and_the_link_stays_up(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path
+) -> None:
+    """Replies with float, huge, negative or string ids, nesting past the recursion limit,
+    a 10 MB line, invalid UTF-8 and a reply before the hello are dropped as noise: the real
+    reply still answers the probe, and a well-framed reply with a bad field is a RemoteError
+    of that host, while the connection stays up."""
+    fake = tmp_path / "hostile-python"
+    fake.write_text(f"#!{sys.executable}\n{HOSTILE_AGENT}")
+    fake.chmod(0o755)
+    config = make_config(openssh, run_root, python=str(fake))
+    async with maintained(config) as h:
+        with capture_logs() as logs:
+            assert await h.remote.probe(h.spec, None) is None
+            with pytest.raises(RemoteError, match="'pid'"):
+                await h.remote.probe(h.spec, 999)
+            assert await h.remote.probe(h.spec, None) is None
+        assert h.remote.connected
+        assert h.events == [(True, h.events[0][1])]  # connected once, never lost
+        noise = [e for e in logs if e["event"] == "agent.noise"]
+        assert len(noise) >= 20
+        assert all(len(e["line"]) <= 500 for e in noise)
+
+
 async def test_agent_that_cannot_start_is_reported(openssh: OpenSsh, run_root: Path) -> None:
     """A ``worker.python`` that does not exist makes operations fail with the shell's words,
     and the connection stays up."""
