@@ -30,7 +30,7 @@ from supervisor import config as config_mod
 from supervisor import fleet, health, layout, view
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
-from supervisor.errors import ConfigError, ControlError, LaunchRefused, RemoteError
+from supervisor.errors import ConfigError, ControlError, RemoteError, RunLocked, ShardHeld
 from supervisor.layout import LaunchSpec
 from supervisor.metrics import Metrics, snapshot_on_loop
 from supervisor.notify import Notifier, NotifierProtocol
@@ -225,7 +225,7 @@ class Daemon:
         )
         try:
             await asyncio.to_thread(self._prepare_run_directory)
-        except (OSError, ControlError) as exc:
+        except (OSError, RunLocked) as exc:
             log.error("daemon.cannot_start", reason=str(exc))
             return 1
         control = ControlServer(self._config.control.socket, self)
@@ -544,7 +544,7 @@ class Daemon:
         event: health.Event
         try:
             result = await link.remote.launch(spec)
-        except LaunchRefused as exc:
+        except ShardHeld as exc:
             log.warning(
                 "host.launch_refused", host=name, holder_pid=exc.holder_pid, reason=exc.reason
             )
@@ -1000,7 +1000,7 @@ def _lock_run(path: Path) -> int:
         holder = _read_text(fd)
         os.close(fd)
         who = holder or "unknown"
-        raise ControlError(
+        raise RunLocked(
             f"another reward-supervisor already runs this run ({path} is locked by {who})"
         ) from None
     os.ftruncate(fd, 0)
