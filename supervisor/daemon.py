@@ -174,6 +174,10 @@ class Daemon:
         self._state_changes = 0  # host state transitions so far (tells batches that matter)
         self._tearing_down = False
         self._metrics: Metrics | None = None
+        # run.pointer_file: written once the fleet is first all ready (fleet.pointer_due).
+        self._pointer = fleet.Pointer()
+        self._pointer_path = config.run.pointer_file
+        self._pointer_written_wall: float | None = None
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -952,6 +956,7 @@ class Daemon:
 
     def _publish_status(self) -> None:
         self._publish_pending = False
+        self._pointer_check()
         text = view.summary(m.host.state.value for m in self._members.values())
         if self._freeze.frozen:
             finding = f"{self._freeze_finding}; " if self._freeze_finding else ""
@@ -960,6 +965,46 @@ class Daemon:
             self._summary = text
             if self._ready:
                 self._notifier.status(text)
+
+    # ------------------------------------------------------------------------------------
+    # The pointer file (decided in fleet.py)
+
+    def _pointer_check(self) -> None:
+        """Start the pointer write when ``fleet.pointer_due`` says so; called with every
+        status update (coalesced) and when a retry is due."""
+        path = self._config.run.pointer_file
+        if path != self._pointer_path:  # a reload named another file: it was never written
+            self._pointer, self._pointer_path = fleet.Pointer(), path
+        if path is None or self._tg is None or self._tearing_down:
+            return
+        now = asyncio.get_running_loop().time()
+        if fleet.pointer_due(self._pointer, (m.host for m in self._members.values()), now):
+            self._pointer = fleet.pointer_started(self._pointer)
+            self._tg.create_task(self._write_pointer(path), name="pointer")
+
+    async def _write_pointer(self, path: Path) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.to_thread(layout.write_pointer, path, layout.launch_meta(self._config))
+        except Exception as exc:  # task root: a pointer must never end the daemon
+            if path != self._pointer_path:
+                return  # a reload named another file meanwhile: this one is not wanted
+            self._pointer = fleet.pointer_failed(self._pointer, loop.time(), str(exc))
+            retry_at = self._pointer.retry_at or loop.time()
+            log.error(
+                "pointer.not_written",
+                path=str(path),
+                reason=str(exc),
+                attempt=self._pointer.failures,
+                retry_in_s=round(retry_at - loop.time(), 3),
+                exc_info=not isinstance(exc, OSError),
+            )
+            loop.call_at(retry_at, self._pointer_check)
+            return
+        if path == self._pointer_path:
+            self._pointer = fleet.pointer_written(self._pointer)
+            self._pointer_written_wall = time.time()
+        log.info("pointer.written", path=str(path))
 
     # ------------------------------------------------------------------------------------
     # Commands (control socket)
@@ -997,6 +1042,9 @@ class Daemon:
                 "launches_waiting": len(self._budget.waiting),
                 "launches_in_flight": len(self._budget.in_flight),
                 "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
+                "pointer": view.pointer_row(
+                    self._config.run.pointer_file, self._pointer, self._pointer_written_wall, now
+                ),
             },
             "hosts": hosts,
         }

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from supervisor import health
+from supervisor import fleet, health
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.statusfiles import StatusRecord, read_status
@@ -49,6 +50,23 @@ def host_row(
     }
 
 
+def pointer_row(
+    path: Path | None, pointer: fleet.Pointer, written_wall: float | None, now: float
+) -> dict[str, Any] | None:
+    """The pointer file's progress for ``status`` (None when no pointer file is configured)."""
+    if path is None:
+        return None
+    retry_in = None if pointer.retry_at is None else max(0.0, pointer.retry_at - now)
+    return {
+        "path": str(path),
+        "written": pointer.written,
+        "written_at": written_wall if pointer.written else None,
+        "failures": pointer.failures,
+        "error": pointer.last_error,
+        "retry_in_s": None if retry_in is None else round(retry_in, 3),
+    }
+
+
 def summary(states: Iterable[str]) -> str:
     """``48/50 ready, 1 cooling_down, 1 starting``: the one line for STATUS= and humans."""
     counts = Counter(states)
@@ -71,6 +89,13 @@ def render_table(status: Mapping[str, Any]) -> str:
             f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
             f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
         )
+        pointer = daemon.get("pointer")
+        if isinstance(pointer, Mapping) and pointer.get("error"):
+            retry = pointer.get("retry_in_s")
+            lines.append(
+                f"pointer file {pointer.get('path')} not written: {pointer['error']}"
+                + (f" (retry in {_age(retry)})" if retry is not None else "")
+            )
     else:
         lines.append(str(daemon.get("note", "daemon not running")))
     header = ("HOST", "SHARD", "STATE", "PID", "SSH", "BEAT", "RESTARTS", "NEXT", "LAST REASON")
