@@ -134,9 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="seed run root (reads ROOT/ctl/launch_meta.json)")
     p.add_argument("--launch-meta", help="path to a seed launch_meta.json")
     p.add_argument("-o", "--output", help="write here instead of stdout")
-    p.add_argument("--known-hosts", default="/etc/reward-supervisor/known_hosts")
-    p.add_argument("--client-key", action="append", default=None)
-    p.add_argument("--username", default=None)
+    p.add_argument(
+        "--known-hosts",
+        default="/etc/reward-supervisor/known_hosts",
+        help="ssh.known_hosts (default /etc/reward-supervisor/known_hosts)",
+    )
+    p.add_argument("--client-key", action="append", default=None, help="ssh.client_keys entry")
+    p.add_argument("--username", default=None, help="ssh.username (default: the current user)")
+    p.add_argument("--ws", default=None, help="the seed's --ws ($SAO_WS): its workspace")
+    p.add_argument("--venv", default=None, help="the seed's --venv (default WS/tmp/runtime-venv)")
+    p.add_argument("--repo", default=None, help="the seed's --repo (default WS/repo/AReaL)")
+    p.add_argument(
+        "--pointer-file",
+        default=None,
+        help="run.pointer_file (default WS/tmp/sao-reward-current.json, as the seed)",
+    )
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
     p.add_argument("--hosts", type=int, default=4, help="number of simulated hosts (default 4)")
@@ -405,21 +417,27 @@ def cmd_import_seed(args: argparse.Namespace) -> int:
     from supervisor import seedimport
 
     try:
-        text = seedimport.config_from_seed(
+        imported = seedimport.config_from_seed(
             root=args.root,
             launch_meta=args.launch_meta,
             environ=os.environ,
             known_hosts=args.known_hosts,
             client_keys=args.client_key,
             username=args.username,
+            ws=args.ws,
+            venv=args.venv,
+            repo=args.repo,
+            pointer_file=args.pointer_file,
         )
     except seedimport.ImportProblem as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    for warning in imported.warnings:
+        print(f"reward-supervisor: warning: {warning}", file=sys.stderr)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        Path(args.output).write_text(imported.text, encoding="utf-8")
         print(f"wrote {args.output}; check it with: reward-supervisor check-config {args.output}")
     else:
-        print(text, end="")
+        print(imported.text, end="")
     return EXIT_OK
 
 
