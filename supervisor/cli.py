@@ -150,6 +150,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="run.pointer_file (default WS/tmp/sao-reward-current.json, as the seed)",
     )
 
+    p = command(
+        "disarm-seed",
+        cmd_disarm_seed,
+        "take over from reward_workers_ctl.py: stop its watch and respawn wrappers (workers"
+        " keep running) and remove the stop files its stop wrote",
+    )
+    with_config(p)
+    with_json(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="report what would be done; change nothing"
+    )
+    p.add_argument(
+        "--watch-timeout",
+        type=_positive_seconds,
+        default=120.0,
+        help="seconds to wait for the old watch loop to exit (default 120)",
+    )
+
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
     p.add_argument("--hosts", type=int, default=4, help="number of simulated hosts (default 4)")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of task stream")
@@ -441,6 +459,19 @@ def cmd_import_seed(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_disarm_seed(args: argparse.Namespace) -> int:
+    """``disarm-seed -c CONFIG``: hand the old script's fleet over without stopping a worker."""
+    from supervisor import seedmigrate
+
+    cfg = _load_config(args.config)
+    report = seedmigrate.run(cfg, dry_run=args.dry_run, watch_timeout_s=args.watch_timeout)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """``demo``: the embedded demo."""
     from supervisor import demo
@@ -473,6 +504,17 @@ def _load_config(path: str | None) -> config_mod.Config:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds: {text!r}")
+    return value
 
 
 def _socket_of(path: str | None) -> Path:
