@@ -119,7 +119,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("wait-ready", cmd_wait_ready, "wait until every host is ready (like seed start)")
     with_config(p)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=60.0,
+        help="give up after this many seconds (default 60); exit 1 (3 if no daemon answered)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print the seed\'s JSON lines: {"ok": true, "phase": "manifest", ...} once the'
+        ' daemon answers, then {"ok": true, "phase": "ready", "root": ROOT}',
+    )
+    p.add_argument(
+        "--stop-on-timeout",
+        action="store_true",
+        help="like the seed's start: if the fleet is not ready in time, stop every worker"
+        " and the daemon, so a failed start leaves nothing running",
+    )
 
     p = command("check-config", cmd_check_config, "validate a config file")
     p.add_argument("config_file", metavar="CONFIG")
@@ -369,24 +386,93 @@ def _event_line(event: dict[str, Any]) -> str:
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> int:
-    """``wait-ready -c CONFIG``: exit 0 once every host is ready, 1 at the timeout."""
+    """``wait-ready -c CONFIG``: exit 0 once every host is ready; 1 at the timeout (after
+    stopping everything with ``--stop-on-timeout``); 3 if no daemon answered at all."""
     from supervisor import control
 
-    socket = _socket_of(args.config)
+    cfg_path = args.config
+    socket = _socket_of(cfg_path)
     deadline = time.monotonic() + args.timeout
     status: dict[str, Any] = {}
+    answered = False
     while time.monotonic() < deadline:
         try:
             status = control.request_sync(socket, "status")
         except ControlError:
             status = {}
+        if status and not answered:
+            answered = True
+            if args.json:
+                _print_phase(_manifest_phase(cfg_path, status))
         hosts = status.get("hosts", {})
         if hosts and all(row.get("state") == "ready" for row in hosts.values()):
-            print(f"all {len(hosts)} hosts ready")
+            root = status.get("daemon", {}).get("root")
+            if args.json:
+                _print_phase({"ok": True, "phase": "ready", "root": root})
+            else:
+                print(f"all {len(hosts)} hosts ready")
             return EXIT_OK
         time.sleep(0.25)
-    waiting = [n for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"]
-    raise CliError(f"not ready within {args.timeout:g}s: {', '.join(waiting) or 'no daemon'}")
+    if not answered:
+        if args.json:
+            _print_phase({"ok": False, "phase": "no_daemon", "socket": str(socket)})
+        raise CliError(f"no daemon answered on {socket} within {args.timeout:g}s", EXIT_NO_DAEMON)
+    waiting = {n: r for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"}
+    if args.json:
+        _print_phase(
+            {
+                "ok": False,
+                "phase": "timeout",
+                "root": status.get("daemon", {}).get("root"),
+                "not_ready": {
+                    n: {"state": r.get("state"), "reason": r.get("last_reason")}
+                    for n, r in waiting.items()
+                },
+            }
+        )
+    detail = ", ".join(
+        f"{n} ({r.get('state')}: {r.get('last_reason')})" for n, r in waiting.items()
+    )
+    if args.stop_on_timeout:
+        _stop_after_failed_start(socket, status, as_json=args.json)
+        if status.get("daemon", {}).get("on_exit") == "detach":
+            raise CliError(
+                f"not ready within {args.timeout:g}s: {detail}; stopped the daemon, but"
+                ' run.on_exit = "detach" left its workers running'
+            )
+        raise CliError(f"not ready within {args.timeout:g}s: {detail}; stopped everything")
+    raise CliError(f"not ready within {args.timeout:g}s: {detail}")
+
+
+def _print_phase(line: dict[str, Any]) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def _manifest_phase(cfg_path: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The seed's first line, ``{"ok": true, "phase": "manifest", **launch_meta}``, from the
+    launch meta the daemon wrote (the config's, if the file cannot be read)."""
+    from supervisor import layout
+
+    root = status.get("daemon", {}).get("root")
+    meta: Any = None
+    if isinstance(root, str):
+        with contextlib.suppress(OSError, ValueError):
+            meta = layout.read_json(Path(root) / "ctl" / "launch_meta.json")
+    if not isinstance(meta, dict):
+        with contextlib.suppress(ConfigError):
+            meta = layout.launch_meta(config_mod.load(cfg_path))
+    return {"ok": True, "phase": "manifest", **(meta if isinstance(meta, dict) else {"root": root})}
+
+
+def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: bool) -> None:
+    """``--stop-on-timeout``: stop every worker and the daemon, as the seed's start did."""
+    _request(socket, "stop")
+    grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
+    _wait_for_exit(socket, grace + 30)
+    if as_json:
+        _print_phase(
+            {"ok": False, "phase": "stopped", "root": status.get("daemon", {}).get("root")}
+        )
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
