@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,9 @@ async def test_a_running_old_fleet_is_taken_over_without_stopping_a_worker(
         workload = Workload(world.root, shards=2, total=300, duration_s=20.0).start()
 
         config = await import_config(world, tmp_path)
+        began = time.monotonic()
         report = await disarm(config)
+        fault_run.recovered("disarm-seed (watch + 2 hosts)", began)
         assert report["ok"], report
         assert report["watch"]["outcome"] == "stopped"
         for i, host in enumerate(world.hosts):
@@ -122,7 +125,9 @@ async def test_a_running_old_fleet_is_taken_over_without_stopping_a_worker(
         assert world.wrappers() == []
         assert all(pid_alive(pid) for pid in workers.values())
 
+        began = time.monotonic()
         daemon = await fault_run.start(config, ready=2)
+        fault_run.recovered("every old worker adopted (daemon start to 2 ready)", began)
         status = await daemon.status()
         assert {h: r["pid"] for h, r in status["hosts"].items()} == workers
         assert all(r["restarts"] == 0 for r in status["hosts"].values())
@@ -194,6 +199,7 @@ async def test_a_stopped_old_fleet_starts_and_an_operators_stop_file_is_kept(
         assert all(report["hosts"][h]["workers"] == [] for h in world.hosts)
         assert not sentinels[0].exists() and sentinels[1].exists()
 
+        began = time.monotonic()
         daemon = await fault_run.start(config)
         first, second = world.hosts
         await daemon.wait_status(
@@ -203,6 +209,7 @@ async def test_a_stopped_old_fleet_starts_and_an_operators_stop_file_is_kept(
             120,
             "the old script's stop undone, the operator's kept",
         )
+        fault_run.recovered("stopped fleet launched (daemon start to ready)", began)
         started_again = await acli("start-host", "-c", str(config), second)
         assert started_again.returncode == 0, started_again.stderr
         await daemon.wait_status(
