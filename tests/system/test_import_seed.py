@@ -52,8 +52,10 @@ def import_seed(root: Path, out: Path, *args: str, **env: str) -> subprocess.Com
     environ = {k: v for k, v in os.environ.items() if k not in ("SAO_WS", "REWARD_ROOT")}
     environ.update(env)
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "import-seed", "--root", str(root)]
-        + ["-o", str(out), "--known-hosts", str(out.parent / "known_hosts"), *args],
+        [
+            *(sys.executable, "-m", "supervisor.cli", "import-seed", "--root", str(root)),
+            *("-o", str(out), "--known-hosts", str(out.parent / "known_hosts"), *args),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
