@@ -144,9 +144,9 @@ class Scanner:
     pid and ``/proc/PID`` inode (a new process reusing the pid gets a new inode) and skipped.
     "Cannot turn into a worker" means: not a worker now, and neither a Python interpreter
     (a worker is started by a Python shepherd, fork then exec, so until the exec its command
-    line is the shepherd's) nor a shell (the old script's respawn loop forks and execs its
-    worker). Every ``FULL_RESCAN_S`` the memory is dropped, so anything else that execs a
-    worker directly is seen within that long.
+    line is the shepherd's) nor a shell running a script under the watched directory (the
+    old script's respawn loop forks and execs its worker). Every ``FULL_RESCAN_S`` the memory
+    is dropped, so anything else that execs a worker directly is seen within that long.
     """
 
     #: Forget every remembered non-candidate this often.
@@ -183,7 +183,7 @@ class Scanner:
                 if worker is not None:
                     found.append(worker)
                     cmdlines[pid] = " ".join(args)
-                elif not _may_become_worker(args):
+                elif not _may_become_worker(args, self._prefix):
                     self._skip[pid] = inode
         for pid in [p for p in self._skip if p not in present]:
             del self._skip[pid]
@@ -211,13 +211,16 @@ class Scanner:
 _SHELLS = frozenset({"bash", "sh", "dash", "nohup"})
 
 
-def _may_become_worker(args: list[str]) -> bool:
-    """A Python process, or a shell that may exec one (the old script's respawn loop forks
-    and execs its worker): either may turn into a worker without a new pid."""
+def _may_become_worker(args: list[str], prefix: str) -> bool:
+    """A Python process, or a shell running a script under the watched directory (the old
+    script's respawn loop, ``bash ROOT/ctl/HOST.wrap.sh``, forks and execs its workers):
+    either may turn into a worker without a new pid. Other shells are many and never do."""
     if not args:
         return False
     name = os.path.basename(args[0])
-    return "python" in name or name in _SHELLS
+    if "python" in name:
+        return True
+    return name in _SHELLS and any(arg.startswith(prefix) for arg in args[1:])
 
 
 def scan_workers(under: Path) -> tuple[list[WorkerProcess], dict[int, str]]:

@@ -45,7 +45,7 @@ def test_an_unreachable_host_is_left_alone_and_named(openssh: OpenSsh, tmp_path:
     root = tmp_path / "runs" / "run-1"
     raw = fast_config(openssh, root, 2, tmp_path)
     raw["hosts"][1]["port"] = closed_port()
-    raw["ssh"]["connect_timeout_s"] = 3.0
+    raw["ssh"]["connect_timeout_s"] = 1.0
     config = write_config(tmp_path / "rs.toml", raw)
     (root / "ctl").mkdir(parents=True)
     for host in ("worker-0", "worker-1"):
