@@ -449,19 +449,15 @@ def _print_phase(line: dict[str, Any]) -> None:
 
 
 def _manifest_phase(cfg_path: str, status: dict[str, Any]) -> dict[str, Any]:
-    """The seed's first line, ``{"ok": true, "phase": "manifest", **launch_meta}``, from the
-    launch meta the daemon wrote (the config's, if the file cannot be read)."""
+    """The seed's first line, ``{"ok": true, "phase": "manifest", **launch_meta}``: the launch
+    meta the daemon writes, computed from the config rather than read back from the run
+    root (a file there could be anything, even a FIFO that never answers)."""
     from supervisor import layout
 
-    root = status.get("daemon", {}).get("root")
-    meta: Any = None
-    if isinstance(root, str):
-        with contextlib.suppress(OSError, ValueError):
-            meta = layout.read_json(Path(root) / "ctl" / "launch_meta.json")
-    if not isinstance(meta, dict):
-        with contextlib.suppress(ConfigError):
-            meta = layout.launch_meta(config_mod.load(cfg_path))
-    return {"ok": True, "phase": "manifest", **(meta if isinstance(meta, dict) else {"root": root})}
+    meta: dict[str, Any] = {"root": status.get("daemon", {}).get("root")}
+    with contextlib.suppress(ConfigError):
+        meta = layout.launch_meta(config_mod.load(cfg_path))
+    return {"ok": True, "phase": "manifest", **meta}
 
 
 def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: bool) -> None:
