@@ -195,7 +195,14 @@ def stop_watch(run_dir: layout.RunLayout, *, timeout_s: float, dry_run: bool) ->
             outcome="would_stop",
             detail=f"would write ctl/watch.stop and wait for watch pid {pid} ({where}) to exit",
         )
-    (run_dir.ctl / "watch.stop").write_text(f"{time.time()}\n", encoding="utf-8")
+    try:
+        _write_new(run_dir.ctl / "watch.stop", f"{time.time()}\n".encode())
+    except OSError as exc:
+        return WatchOutcome(
+            pid=pid,
+            outcome="still_running",
+            detail=f"cannot write ctl/watch.stop to stop the old watch (pid {pid}): {exc}",
+        )
     deadline = time.monotonic() + timeout_s
     while _exists(pidfile):
         if time.monotonic() > deadline:
@@ -370,6 +377,15 @@ def _read_regular(path: Path, limit: int) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write a small file, never through a symlink someone left at ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
     finally:
         os.close(fd)
 

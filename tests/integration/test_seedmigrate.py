@@ -113,3 +113,18 @@ def test_a_watch_pidfile_nobody_removes_is_reported_not_ignored(tmp_path: Path) 
     assert outcome.outcome == "still_running" and not outcome.ok
     assert "delete ctl/watch.pid" in outcome.detail
     assert "not a process on this node" in outcome.detail
+
+
+def test_a_symlinked_watch_stop_is_not_written_through(tmp_path: Path) -> None:
+    """ctl/watch.stop left as a symlink: nothing is written through it, and the watch is
+    reported as not stopped (the hosts are then left alone)."""
+    run = RunLayout(tmp_path)
+    run.ctl.mkdir()
+    (run.ctl / "watch.pid").write_text("999999999\n")
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    (run.ctl / "watch.stop").symlink_to(target)
+    outcome = seedmigrate.stop_watch(run, timeout_s=5, dry_run=False)
+    assert outcome.outcome == "still_running"
+    assert "cannot write ctl/watch.stop" in outcome.detail
+    assert target.read_text() == "keep me\n"
