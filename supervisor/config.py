@@ -526,7 +526,8 @@ class _Validator:
         health = self.health(self.table(raw, "health"), watch)
         ssh = self.ssh(self.table(raw, "ssh"))
         control = self.control(self.table(raw, "control"), source)
-        fleet = self.fleet(self.table(raw, "fleet"), health, ssh)
+        pointer_file = run.pointer_file if run is not None else None
+        fleet = self.fleet(self.table(raw, "fleet"), health, ssh, pointer_file)
         metrics = self.metrics(self.table(raw, "metrics"))
         if run is not None and hosts is not None:
             self.check_hosts_against_run(hosts, run)
@@ -730,7 +731,13 @@ class _Validator:
             rescan_interval_s=self.seconds(t, w, "rescan_interval_s", d.rescan_interval_s),
         )
 
-    def fleet(self, t: Mapping[str, Any], health: Policy, ssh: SshConfig | None) -> FleetPolicy:
+    def fleet(
+        self,
+        t: Mapping[str, Any],
+        health: Policy,
+        ssh: SshConfig | None,
+        pointer_file: Path | None,
+    ) -> FleetPolicy:
         w = "fleet"
         d = FleetPolicy()
         self.unknown_keys(t, KEYS[_section(w)], w)
@@ -739,6 +746,7 @@ class _Validator:
             self.problem("fleet.freeze_fraction", f"must be in (0, 1], not {fraction}")
         connect_timeout_s = ssh.connect_timeout_s if ssh is not None else 0.0
         return FleetPolicy(
+            pointer_file=None if pointer_file is None else str(pointer_file),
             startup_timeout_s=connect_timeout_s + STARTUP_SLACK_S,
             shutdown_timeout_s=health.stop_grace_s + SHUTDOWN_SLACK_S,
             freeze_fraction=fraction if fraction is not None else d.freeze_fraction,

@@ -207,6 +207,7 @@ class Daemon:
         self._diagnosis: asyncio.Task[None] | None = None
         self._collector: asyncio.Task[None] | None = None
         self._metrics: Metrics | None = None
+        self._pointer_written_wall: float | None = None
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -392,6 +393,16 @@ class Daemon:
                 self._log_state_change(action)
             case fleet.HistoryChanged():
                 self._history_dirty.set()
+            case fleet.WritePointer():
+                self._spawn(self._write_pointer(action.path), "pointer")
+            case fleet.PointerNotWritten():
+                log.error(
+                    "pointer.not_written",
+                    path=action.path,
+                    reason=action.reason,
+                    attempt=action.attempt,
+                    retry_in_s=round(action.retry_at - asyncio.get_running_loop().time(), 3),
+                )
             case fleet.Probe():
                 self._spawn_op(action.host, self._probe(action), "probe")
             case fleet.LaunchAsked():
@@ -632,6 +643,21 @@ class Daemon:
             fleet.StopSentinelDeleted(host=action.host, token=action.token, error=error)
         )
 
+    async def _write_pointer(self, path: str) -> None:
+        error: str | None = None
+        try:
+            await asyncio.to_thread(
+                layout.write_pointer, Path(path), layout.launch_meta(self._config)
+            )
+        except Exception as exc:  # task root: a pointer must never end the daemon
+            error = str(exc) or type(exc).__name__
+            if not isinstance(exc, OSError):
+                log.exception("pointer.write_failed", path=path)
+        else:
+            self._pointer_written_wall = time.time()
+            log.info("pointer.written", path=path)
+        self._inbox.put(fleet.PointerWritten(path=path, error=error))
+
     def _freeze_changed(self, change: fleet.FreezeChanged) -> None:
         if change.frozen:
             log.error("fleet.frozen", reason=change.reason, hosts=list(change.hosts))
@@ -837,6 +863,9 @@ class Daemon:
                 "launches_waiting": len(core.budget.waiting),
                 "launches_in_flight": len(core.budget.in_flight),
                 "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
+                "pointer": view.pointer_row(
+                    self._config.run.pointer_file, core.pointer, self._pointer_written_wall, now
+                ),
             },
             "hosts": hosts,
         }

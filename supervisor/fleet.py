@@ -26,7 +26,10 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
    could not be reached, or at the start-up deadline, whichever is first.
 6. Shutdown completes when every host is stopped, or unreachable with nothing in flight,
    or at the shutdown deadline; the hosts left unstopped are named.
-7. Operator commands. An unknown or retiring host is refused by name; a restart of a host
+7. The pointer file (``run.pointer_file``, the seed's "this run's workers are up" marker) is
+   written once, when the fleet is first all ready; a failed write is retried with a
+   doubling delay whatever the fleet does meanwhile, and never stops anything.
+8. Operator commands. An unknown or retiring host is refused by name; a restart of a host
    held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
    written before the host is stopped and start-host has it removed before the host starts,
    so the file, which outlives the daemon, always agrees with what was done.
@@ -71,6 +74,8 @@ class FleetPolicy:
     startup_timeout_s: float = 30.0
     #: Shutdown gives up on hosts still stopping after this long.
     shutdown_timeout_s: float = 75.0
+    #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
+    pointer_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +189,14 @@ class StopSentinelDeleted:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PointerWritten:
+    """The shell wrote the pointer file at ``path`` (``error`` if it could not)."""
+
+    path: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FilesystemDiagnosed:
     """What the shell found when it checked the run root during a freeze."""
 
@@ -203,6 +216,7 @@ FleetEvent = (
     | ShutdownRequested
     | StopSentinelWritten
     | StopSentinelDeleted
+    | PointerWritten
     | FilesystemDiagnosed
 )
 Event = HostObserved | FleetEvent
@@ -379,6 +393,23 @@ class ShutdownDone:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WritePointer:
+    """Write the pointer file at ``path`` atomically; answer PointerWritten."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PointerNotWritten:
+    """The pointer write failed (``attempt`` so far); it is tried again at ``retry_at``."""
+
+    path: str
+    reason: str
+    attempt: int
+    retry_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
@@ -403,6 +434,8 @@ Action = (
     | Settled
     | ShutdownBegan
     | ShutdownDone
+    | WritePointer
+    | PointerNotWritten
     | HistoryChanged
 )
 
@@ -455,6 +488,9 @@ class Fleet:
         self._armed: dict[str, float] = {}
         self._assess_at: float | None = None
         self._assess_due = False
+        #: The pointer file's progress (written at most once per path).
+        self.pointer = Pointer()
+        self._pointer_due = False
         #: The names of joined and joining hosts; a new object whenever they change.
         self.names: frozenset[str] = frozenset()
 
@@ -524,6 +560,7 @@ class Fleet:
                 next_grant_at(self.budget, self._policy),
                 None if self._settled else self._startup_deadline_at,
                 self._shutdown_deadline_at if not self._finished else None,
+                self.pointer.retry_at,
             )
             if t is not None
         ]
@@ -546,6 +583,8 @@ class Fleet:
         # heartbeats alone only shorten silences, so they cannot freeze it.
         if self._assess_due or self.freeze.frozen:
             self._assess(now, out)
+        if self._pointer_due:
+            self._write_pointer_if_due(now, out)
         return out
 
     def _fleet_event(self, event: FleetEvent, now: float, out: list[Action]) -> None:
@@ -580,6 +619,8 @@ class Fleet:
                 out.append(Reply(token=event.token, result={"frozen": False, "was_frozen": was}))
             case ShutdownRequested():
                 self._shutdown(event.detach, now, out)
+            case PointerWritten():
+                self._pointer_written(event, now, out)
             case FilesystemDiagnosed():
                 if self.freeze.frozen:  # thawed meanwhile: old news
                     self.finding = event.finding
@@ -662,6 +703,7 @@ class Fleet:
         host = self._hosts[name]
         if host.state is not before.state:
             self._assess_due = True
+            self._pointer_due = True
         if host.state is not S.STARTING and is_waiting(self.budget, name):
             # It left ``starting`` (stopped, restarted...) while its launch waited: the
             # launch will never begin, and the core must hear that it did not happen.
@@ -784,6 +826,9 @@ class Fleet:
         new = {m.name: m for m in event.members}
         self._configured = new
         self._health = event.health
+        if event.policy.pointer_file != self._policy.pointer_file:
+            self.pointer = Pointer()  # another file: it has never been written
+            self._pointer_due = True
         self._policy = event.policy
         removed = [n for n in old if n not in new]
         added = [n for n in new if n not in old]
@@ -916,6 +961,32 @@ class Fleet:
             unreachable = tuple(n for n, h in self._hosts.items() if h.state is not S.STOPPED)
             out.append(ShutdownDone(unreachable=unreachable))
 
+    # --- the pointer file ----------------------------------------------------------------------
+
+    def _write_pointer_if_due(self, now: float, out: list[Action]) -> None:
+        self._pointer_due = False
+        path = self._policy.pointer_file
+        if path is not None and pointer_due(self.pointer, self._hosts.values(), now):
+            self.pointer = pointer_started(self.pointer)
+            out.append(WritePointer(path=path))
+
+    def _pointer_written(self, event: PointerWritten, now: float, out: list[Action]) -> None:
+        if event.path != self._policy.pointer_file:
+            return  # a reload named another file meanwhile: this one is not wanted
+        if event.error is None:
+            self.pointer = pointer_written(self.pointer)
+            return
+        self.pointer = pointer_failed(self.pointer, now, event.error)
+        retry_at = self.pointer.retry_at if self.pointer.retry_at is not None else now
+        out.append(
+            PointerNotWritten(
+                path=event.path,
+                reason=event.error,
+                attempt=self.pointer.failures,
+                retry_at=retry_at,
+            )
+        )
+
     # --- time ----------------------------------------------------------------------------------
 
     def _arm(self, name: str, deadline_at: float | None) -> None:
@@ -950,6 +1021,8 @@ class Fleet:
         grant_at = next_grant_at(self.budget, self._policy)
         if grant_at is not None and now >= grant_at:
             self._grant(now, out)
+        if self.pointer.retry_at is not None and now >= self.pointer.retry_at:
+            self._pointer_due = True
         deadline = self._startup_deadline_at
         if not self._settled and deadline is not None and now >= deadline:
             self._settle(tuple(sorted(self._unsettled | self._joining.keys())), out)
@@ -1204,3 +1277,76 @@ def next_grant_at(budget: Budget, policy: FleetPolicy) -> float | None:
     if len(budget.started_at) < policy.max_launches_per_minute:
         return None
     return min(budget.started_at) + BUDGET_WINDOW_S
+
+
+# --------------------------------------------------------------------------------------
+# The pointer file (``run.pointer_file``): the seed's "this run's workers are up" marker
+
+#: A failed pointer write is retried after this long, doubling up to POINTER_RETRY_MAX_S: a
+#: missing directory or a read-only mount is fixed by a person, in minutes, not milliseconds.
+POINTER_RETRY_MIN_S = 1.0
+POINTER_RETRY_MAX_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pointer:
+    """The pointer file's progress: written once, when the fleet is first all ready.
+
+    The seed wrote it at the end of a successful ``start`` (every worker ready), so a reader
+    of the file may take it to mean the run's reward workers are up. Once the fleet has been
+    all ready, a failed write is retried with backoff until it succeeds, whatever the fleet
+    does meanwhile: the moment it stands for has happened.
+    """
+
+    written: bool = False
+    #: A write is in flight (the shell performs it off the event loop).
+    writing: bool = False
+    #: Failed writes so far; more than 0 also means the fleet has been all ready.
+    failures: int = 0
+    retry_at: float | None = None
+    last_error: str | None = None
+
+
+def fleet_all_ready(hosts: Iterable[Host]) -> bool:
+    """Every host not stopped on purpose is ``ready``, and there is at least one.
+
+    A host an operator stopped (``stop-host``, a ``.stop`` sentinel) is not expected to run;
+    a ``failed`` one is, so it holds the pointer back like any host not yet ready.
+    """
+    ready = False
+    for h in hosts:
+        if h.state is HostState.READY:
+            ready = True
+        elif h.state not in (HostState.STOPPING, HostState.STOPPED):
+            return False
+    return ready
+
+
+def pointer_due(pointer: Pointer, hosts: Iterable[Host], now: float) -> bool:
+    """Write the pointer now: never written, no write in flight or waiting out its retry
+    delay, and the fleet is all ready (or was, when an earlier write failed)."""
+    if pointer.written or pointer.writing:
+        return False
+    if pointer.retry_at is not None and now < pointer.retry_at:
+        return False
+    return pointer.failures > 0 or fleet_all_ready(hosts)
+
+
+def pointer_started(pointer: Pointer) -> Pointer:
+    """A write has begun."""
+    return replace(pointer, writing=True)
+
+
+def pointer_written(pointer: Pointer) -> Pointer:
+    """The write succeeded: the pointer is never written again (until the path changes)."""
+    return replace(pointer, written=True, writing=False, retry_at=None, last_error=None)
+
+
+def pointer_failed(pointer: Pointer, now: float, error: str) -> Pointer:
+    """The write failed with ``error``: retry after a delay that doubles with each failure."""
+    failures = pointer.failures + 1
+    # The exponent is capped so that days of failures cannot overflow a float.
+    delay = min(POINTER_RETRY_MAX_S, POINTER_RETRY_MIN_S * 2 ** min(failures - 1, 32))
+    return replace(
+        pointer, writing=False, failures=failures, retry_at=now + delay, last_error=error
+    )

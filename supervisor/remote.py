@@ -392,6 +392,15 @@ class RemoteHost:
         log.debug("remote.probed", host=self.name, pid=found)
         return found
 
+    async def disarm_seed(
+        self, spec: LaunchSpec, wrap_script: str, *, dry_run: bool
+    ) -> dict[str, Any]:
+        """End the old script's respawn wrappers of this host (``wrap_script``), leaving its
+        worker running; the agent's report (``agent.op_disarm_seed``), unchecked: the
+        caller validates what the host says."""
+        payload = {"spec": _spec_json(spec), "wrap_script": wrap_script, "dry_run": dry_run}
+        return await self._call("disarm_seed", payload, RPC_TIMEOUT_S)
+
     async def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
         """Run one command (each argv element quoted) on its own channel.
 

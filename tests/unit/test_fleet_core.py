@@ -653,3 +653,60 @@ def test_sentinel_news_for_a_host_that_left_or_a_failed_removal_are_refused() ->
     (reply,) = s.of(out, f.Reply)
     assert reply.refusal is f.Refusal.FILE_ERROR and "permission denied" in reply.message
     assert s.core.hosts["b"].stop_sentinel
+
+
+# --- the pointer file ------------------------------------------------------------------------
+
+
+def test_the_pointer_is_written_once_when_the_fleet_is_first_all_ready() -> None:
+    """Not before every host is ready; once; never again, whatever the fleet does after."""
+    policy = f.FleetPolicy(pointer_file="/shared/ptr.json")
+    s = shell(("a", 0), ("b", 1), policy=policy)
+    s.boot()
+    s.run_worker("a", 100)
+    assert s.last(f.WritePointer) is None
+    s.run_worker("b", 200)
+    assert s.last(f.WritePointer) == f.WritePointer(path="/shared/ptr.json")
+    s.feed(f.PointerWritten(path="/shared/ptr.json"))
+    assert s.core.pointer.written
+    s.now = 1000.0
+    s.on("a", h.WorkerExited(pid=100, exit_code=1))
+    s.on("a", h.Launched(pid=101))
+    s.on("a", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=5.0))
+    assert [a for a in s.actions if isinstance(a, f.WritePointer)] == [
+        f.WritePointer(path="/shared/ptr.json")
+    ]
+
+
+def test_a_failed_pointer_write_is_retried_with_a_doubling_delay_and_stops_nothing() -> None:
+    """The failure is reported with its next try; the fleet's timer brings the retry."""
+    policy = f.FleetPolicy(pointer_file="/ro/ptr.json", startup_timeout_s=1000.0)
+    s = shell(("a", 0), policy=policy)
+    s.boot()
+    s.run_worker("a", 100)
+    out = s.feed(f.PointerWritten(path="/ro/ptr.json", error="read-only file system"))
+    assert out == [
+        f.PointerNotWritten(
+            path="/ro/ptr.json", reason="read-only file system", attempt=1, retry_at=1.0
+        )
+    ]
+    assert s.core.deadline_at == 1.0
+    s.now = 1.0
+    assert s.of(s.feed(f.DeadlinePassed()), f.WritePointer) == [f.WritePointer(path="/ro/ptr.json")]
+    out = s.feed(f.PointerWritten(path="/ro/ptr.json", error="read-only file system"))
+    assert s.of(out, f.PointerNotWritten)[0].retry_at == 3.0  # 1 s, then 2 s
+    assert s.state("a") is S.READY
+
+
+def test_a_reload_that_names_another_pointer_file_writes_that_one_and_ignores_the_old() -> None:
+    """A new path has never been written; a late answer about the old path changes nothing."""
+    s = shell(("a", 0), policy=f.FleetPolicy(pointer_file="/p/one.json"))
+    s.boot()
+    s.run_worker("a", 100)
+    new = f.FleetPolicy(pointer_file="/p/two.json")
+    out = s.feed(
+        f.Reconfigured(members=tuple(members(("a", 0))), health=HEALTH, policy=new, token=1)
+    )
+    assert s.of(out, f.WritePointer) == [f.WritePointer(path="/p/two.json")]
+    assert s.feed(f.PointerWritten(path="/p/one.json")) == []
+    assert not s.core.pointer.written
