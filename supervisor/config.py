@@ -222,6 +222,8 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
         host.username or config.ssh.username,
         config.worker.python,
         host.shard,
+        # The worker reads it at start: a running one never sees a new one.
+        config.run.reward_fn,
     )
 
 
@@ -356,6 +358,8 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "stop_grace_s",
         "kill_after_grace",
         "auto_restart",
+        "progress_stale_s",
+        "permanent_exit_codes",
     ),
     "ssh": (
         "username",
@@ -381,6 +385,8 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "freeze_window_s",
         "max_concurrent_launches",
         "max_launches_per_minute",
+        "crash_signature_hosts",
+        "crash_signature_window_s",
     ),
     "metrics": ("listen",),
     "hosts": (
@@ -460,6 +466,27 @@ class _Validator:
         elif value < minimum:
             self.problem(_join(where, key), f"{value:g}s is too short; use at least {minimum:g}s")
         return value
+
+    def seconds_or_off(
+        self, table: Mapping[str, Any], where: str, key: str, default: float, minimum: float
+    ) -> float:
+        """Like ``seconds``, but 0 turns the check off."""
+        if table.get(key) == 0 and not isinstance(table.get(key), bool):
+            return 0.0
+        return self.seconds(table, where, key, default, minimum)
+
+    def exit_codes(self, table: Mapping[str, Any], where: str, key: str) -> frozenset[int]:
+        """A list of process exit codes (0-255)."""
+        value = self.get(table, where, key, list, [])
+        codes: set[int] = set()
+        for i, item in enumerate(value or []):
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= 255:
+                self.problem(
+                    f"{_join(where, key)}[{i}]", f"must be an exit code 0-255, not {item!r}"
+                )
+            else:
+                codes.add(item)
+        return frozenset(codes)
 
     def positive_int(
         self, table: Mapping[str, Any], where: str, key: str, default: int, minimum: int = 1
@@ -654,6 +681,10 @@ class _Validator:
             stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
             kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
             auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
+            progress_stale_s=self.seconds_or_off(
+                t, w, "progress_stale_s", d.progress_stale_s, stale_min
+            ),
+            permanent_exit_codes=self.exit_codes(t, w, "permanent_exit_codes"),
         )
         if policy.backoff_max_s < policy.restart_cooldown_s:
             self.problem(
@@ -756,6 +787,12 @@ class _Validator:
             ),
             max_launches_per_minute=self.positive_int(
                 t, w, "max_launches_per_minute", d.max_launches_per_minute
+            ),
+            crash_signature_hosts=self.positive_int(
+                t, w, "crash_signature_hosts", d.crash_signature_hosts, minimum=0
+            ),
+            crash_signature_window_s=self.seconds(
+                t, w, "crash_signature_window_s", d.crash_signature_window_s
             ),
         )
 

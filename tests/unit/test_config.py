@@ -139,3 +139,13 @@ def test_host_name_validation_accepts_dns_names_and_ip_addresses() -> None:
     assert config.is_valid_address("10.0.0.1")
     assert config.is_valid_address("::1")
     assert not config.is_valid_address("10.0.0.1; id")
+
+
+def test_progress_check_can_be_turned_off_and_permanent_codes_are_a_set() -> None:
+    """``progress_stale_s = 0`` turns stuck detection off; exit codes become a frozenset."""
+    cfg = config.parse(
+        minimal(health={"progress_stale_s": 0, "permanent_exit_codes": [2, 70, 2]}), Path("x")
+    )
+    assert cfg.health.progress_stale_s == 0
+    assert cfg.health.permanent_exit_codes == frozenset({2, 70})
+    assert config.parse(minimal(), Path("x")).health.progress_stale_s == 300
