@@ -57,6 +57,9 @@ DEFAULT_REWARD_FN: Final = "areal.reward.gsm8k.gsm8k_reward_fn"
 # workers on scheduler noise, and no Python worker imports and reports ready in under 2 s.
 MIN_HEARTBEAT_STALE_S: Final = 3.0
 MIN_READY_TIMEOUT_S: Final = 2.0
+#: Where ``metrics.listen`` binds when it names only a port: the endpoint has no
+#: authentication, so serving it beyond this machine must be asked for by address.
+METRICS_DEFAULT_HOST: Final = "127.0.0.1"
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH: Final = 107
 
@@ -749,7 +752,7 @@ class _Validator:
         self.unknown_keys(t, KEYS["metrics"], "metrics")
         listen = self.get(t, "metrics", "listen", str, None)
         if listen is not None and _split_host_port(listen) is None:
-            self.problem("metrics.listen", f"must be HOST:PORT, not {listen!r}")
+            self.problem("metrics.listen", f"must be HOST:PORT or PORT, not {listen!r}")
         return MetricsConfig(listen=listen)
 
     def hosts(self, raw: Mapping[str, Any]) -> tuple[HostConfig, ...] | None:
@@ -871,14 +874,16 @@ def is_valid_address(address: str) -> bool:
 
 
 def _split_host_port(text: str) -> tuple[str, int] | None:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    host, _, port = text.rpartition(":")
+    # isdigit() also takes non-ASCII digits ("٩"), which int() accepts and no one means.
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
-    return host.strip("[]"), int(port)
+    return host.strip("[]") or METRICS_DEFAULT_HOST, int(port)
 
 
 def split_host_port(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` of an already validated ``metrics.listen``."""
+    """``HOST:PORT`` of an already validated ``metrics.listen``; a bare ``PORT`` (or
+    ``:PORT``) is on ``METRICS_DEFAULT_HOST``."""
     parsed = _split_host_port(text)
     if parsed is None:
         raise ValueError(f"not HOST:PORT: {text!r}")

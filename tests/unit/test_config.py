@@ -139,3 +139,28 @@ def test_host_name_validation_accepts_dns_names_and_ip_addresses() -> None:
     assert config.is_valid_address("10.0.0.1")
     assert config.is_valid_address("::1")
     assert not config.is_valid_address("10.0.0.1; id")
+
+
+@pytest.mark.parametrize(
+    ("listen", "bound"),
+    [
+        ("9464", ("127.0.0.1", 9464)),
+        (":9464", ("127.0.0.1", 9464)),
+        ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+    ],
+)
+def test_metrics_listen_with_only_a_port_binds_loopback(
+    listen: str, bound: tuple[str, int]
+) -> None:
+    """A bare port (or ``:PORT``) listens on 127.0.0.1; any other address must be named."""
+    cfg = config.parse(minimal(metrics={"listen": listen}), Path("/etc/x.toml"))
+    assert cfg.metrics.listen is not None
+    assert config.split_host_port(cfg.metrics.listen) == bound
+
+
+@pytest.mark.parametrize("listen", ["localhost", "x:0", "x:65536", "x:", "x:٩٤", ""])
+def test_metrics_listen_without_a_valid_port_is_refused(listen: str) -> None:
+    """No port, port 0, past 65535 or non-ASCII digits: a problem naming the key."""
+    with pytest.raises(ConfigError, match=r"metrics\.listen: must be HOST:PORT or PORT"):
+        config.parse(minimal(metrics={"listen": listen}), Path("/etc/x.toml"))
