@@ -112,6 +112,23 @@ class SshConfig:
     max_channels_per_host: int = 9
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    # Algorithm lists, in order of preference; None: the modern defaults (remote.DEFAULT_ALGS,
+    # no SHA-1). A list given replaces the default whole, as OpenSSH's options do.
+    kex_algs: tuple[str, ...] | None = None
+    encryption_algs: tuple[str, ...] | None = None
+    mac_algs: tuple[str, ...] | None = None
+    signature_algs: tuple[str, ...] | None = None
+    server_host_key_algs: tuple[str, ...] | None = None
+
+
+#: The ``[ssh]`` keys that list algorithms (each named as asyncssh names its option).
+SSH_ALGORITHM_KEYS: Final = (
+    "kex_algs",
+    "encryption_algs",
+    "mac_algs",
+    "signature_algs",
+    "server_host_key_algs",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -368,6 +385,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "max_channels_per_host",
         "reconnect_min_s",
         "reconnect_max_s",
+        *SSH_ALGORITHM_KEYS,
     ),
     "control": ("socket",),
     "watch": (
@@ -689,9 +707,11 @@ class _Validator:
                 "ssh.max_channels_per_host",
                 f"{channels} reaches OpenSSH's default MaxSessions (10); use at most 9",
             )
+        algorithms = {key: self.algorithms(t, key) for key in SSH_ALGORITHM_KEYS}
         if username is None or known_hosts is None:
             return None
         return SshConfig(
+            **algorithms,
             username=username,
             known_hosts=known_hosts,
             client_keys=tuple(client_keys),
@@ -707,6 +727,29 @@ class _Validator:
             reconnect_min_s=reconnect_min,
             reconnect_max_s=reconnect_max,
         )
+
+    def algorithms(self, t: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+        """``[ssh] key``: a non-empty list of algorithm names this asyncssh supports."""
+        if key not in t:
+            return None
+        names = self.strings(t, "ssh", key, ())
+        if not isinstance(t[key], list) or len(names or ()) < len(t[key]):
+            return None  # reported by strings()
+        if not names:
+            self.problem(f"ssh.{key}", "must name at least one algorithm (omit it for defaults)")
+            return None
+        # Imported here, and only for a config that sets a list: remote.py is the only importer
+        # of asyncssh, which knows what it supports, and other commands need not load it.
+        from supervisor.remote import SUPPORTED_ALGS
+
+        supported = SUPPORTED_ALGS[key]
+        for i, name in enumerate(names):
+            if name not in supported:
+                self.problem(
+                    f"ssh.{key}[{i}]",
+                    f"{name!r} is not an algorithm this asyncssh supports for {key}",
+                )
+        return tuple(names)
 
     def control(self, t: Mapping[str, Any], source: Path) -> ControlConfig:
         self.unknown_keys(t, KEYS["control"], "control")

@@ -36,7 +36,7 @@ import re
 import shlex
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -100,6 +100,63 @@ ENCRYPTION_ALGS: Final = _GCM_FIRST + tuple(
     for alg in asyncssh.encryption.get_default_encryption_algs()
     if alg.decode("ascii") not in _GCM_FIRST
 )
+#: Signature algorithms that hash with SHA-1: RSA's ``ssh-rsa`` (off by default since OpenSSH
+#: 8.8: chosen-prefix collisions on SHA-1 are practical), its certificate form, and DSA.
+_SHA1_SIGNATURES: Final = frozenset(
+    {
+        "ssh-rsa",
+        "ssh-rsa-cert-v01@openssh.com",
+        "ssh-dss",
+        "ssh-dss-cert-v01@openssh.com",
+        "x509v3-ssh-rsa",
+        "x509v3-ssh-dss",
+    }
+)
+
+
+def is_weak_algorithm(name: str) -> bool:
+    """Never offered by default: SHA-1 in a key exchange (``diffie-hellman-group14-sha1``),
+    a MAC (``hmac-sha1``) or a signature (``ssh-rsa``); and GSS key exchange, never used."""
+    return "sha1" in name or name in _SHA1_SIGNATURES or name.startswith("gss-")
+
+
+def _modern(algs: Sequence[bytes]) -> tuple[str, ...]:
+    names = (alg.decode("ascii") for alg in algs)
+    return tuple(dict.fromkeys(name for name in names if not is_weak_algorithm(name)))
+
+
+_HOST_KEY_ALGS: Final = (
+    asyncssh.public_key.get_x509_certificate_algs()
+    + asyncssh.public_key.get_certificate_algs()
+    + asyncssh.public_key.get_public_key_algs()
+)
+#: The defaults of each ``[ssh]`` algorithm list: asyncssh's own, without the weak ones
+#: (OpenSSH 9.x offers the same modern set). The host key algorithms asyncssh derives per
+#: connection from the keys known_hosts holds for the host (an explicit list would ignore
+#: that, and pick a key type known_hosts lacks); from those, the weak ones are removed.
+DEFAULT_ALGS: Final[Mapping[str, tuple[str, ...]]] = {
+    "kex_algs": _modern(asyncssh.kex.get_default_kex_algs()),
+    "encryption_algs": ENCRYPTION_ALGS,
+    "mac_algs": _modern(asyncssh.mac.get_default_mac_algs()),
+    "signature_algs": _modern(
+        asyncssh.public_key.get_public_key_algs()
+        + asyncssh.public_key.get_default_public_key_algs()
+    ),
+}
+_WEAK_HOST_KEY_ALGS: Final = "-" + ",".join(
+    name for name in (alg.decode("ascii") for alg in _HOST_KEY_ALGS) if is_weak_algorithm(name)
+)
+#: What this asyncssh can negotiate, per ``[ssh]`` list (config validation names the key).
+SUPPORTED_ALGS: Final[Mapping[str, frozenset[str]]] = {
+    key: frozenset(alg.decode("ascii") for alg in algs)
+    for key, algs in (
+        ("kex_algs", asyncssh.kex.get_kex_algs()),
+        ("encryption_algs", asyncssh.encryption.get_encryption_algs()),
+        ("mac_algs", asyncssh.mac.get_mac_algs()),
+        ("signature_algs", asyncssh.public_key.get_public_key_algs()),
+        ("server_host_key_algs", _HOST_KEY_ALGS),
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +497,10 @@ class RemoteHost:
                 ("known_hosts", old_ssh.known_hosts, ssh.known_hosts),
                 ("client_keys", old_ssh.client_keys, ssh.client_keys),
                 ("connect_timeout_s", old_ssh.connect_timeout_s, ssh.connect_timeout_s),
+                *(
+                    (key, getattr(old_ssh, key), getattr(ssh, key))
+                    for key in ("server_host_key_algs", *DEFAULT_ALGS)
+                ),
             )
             if old != new
         ]
@@ -927,12 +988,22 @@ def connect_options(host: HostConfig, ssh: SshConfig) -> dict[str, Any]:
         "agent_path": None,
         "x509_trusted_certs": None,
         "gss_host": None,
-        "encryption_algs": list(ENCRYPTION_ALGS),
+        **algorithm_options(ssh),
         "keepalive_interval": ssh.keepalive_interval_s,
         "keepalive_count_max": ssh.keepalive_count_max,
         "connect_timeout": ssh.connect_timeout_s,
         "login_timeout": ssh.connect_timeout_s,
     }
+
+
+def algorithm_options(ssh: SshConfig) -> dict[str, Any]:
+    """``asyncssh.connect``'s algorithm lists: the config's where set, else the defaults."""
+    options: dict[str, Any] = {
+        key: list(getattr(ssh, key) or default) for key, default in DEFAULT_ALGS.items()
+    }
+    # A string with a leading "-" removes from asyncssh's per-host default (OpenSSH's syntax).
+    options["server_host_key_algs"] = list(ssh.server_host_key_algs or ()) or _WEAK_HOST_KEY_ALGS
+    return options
 
 
 def _trusted_hosts(path: Path) -> asyncssh.SSHKnownHosts:

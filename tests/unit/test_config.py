@@ -164,3 +164,42 @@ def test_metrics_listen_without_a_valid_port_is_refused(listen: str) -> None:
     """No port, port 0, past 65535 or non-ASCII digits: a problem naming the key."""
     with pytest.raises(ConfigError, match=r"metrics\.listen: must be HOST:PORT or PORT"):
         config.parse(minimal(metrics={"listen": listen}), Path("/etc/x.toml"))
+
+
+def test_ssh_algorithm_lists_default_to_none_and_keep_the_given_order() -> None:
+    """Unset lists mean the modern defaults; a given list is kept as written."""
+    cfg = config.parse(minimal(), Path("/etc/x.toml"))
+    assert all(getattr(cfg.ssh, key) is None for key in config.SSH_ALGORITHM_KEYS)
+    ssh = {"known_hosts": "/etc/rs/known_hosts", "kex_algs": ["diffie-hellman-group14-sha1"]}
+    cfg = config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+    assert cfg.ssh.kex_algs == ("diffie-hellman-group14-sha1",)
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "reason"),
+    [
+        (["curve25519-sha256", "curve-nope"], "ssh.kex_algs[1]", "'curve-nope' is not an"),
+        ([], "ssh.kex_algs", "must name at least one algorithm"),
+        ("curve25519-sha256", "ssh.kex_algs", "must be an array"),
+        ([5], "ssh.kex_algs[0]", "must be a string"),
+    ],
+)
+def test_bad_ssh_algorithm_lists_are_problems_naming_the_key(
+    value: object, key: str, reason: str
+) -> None:
+    """An unknown algorithm, an empty list or a wrong type is reported with its key."""
+    ssh = {"known_hosts": "/etc/rs/known_hosts", "kex_algs": value}
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+    assert [(p.key, p.reason[: len(reason)]) for p in caught.value.problems] == [(key, reason)]
+
+
+def test_every_ssh_algorithm_key_is_checked_against_its_own_kind() -> None:
+    """A MAC name is not a key exchange algorithm: each list is validated for its kind."""
+    for key in config.SSH_ALGORITHM_KEYS:
+        ssh = {"known_hosts": "/etc/rs/known_hosts", key: ["hmac-sha2-256"]}
+        if key == "mac_algs":
+            config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+            continue
+        with pytest.raises(ConfigError, match=rf"ssh\.{key}\[0\]"):
+            config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
