@@ -15,6 +15,7 @@ from supervisor import health
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.statusfiles import StatusRecord, read_status
+from supervisor.terminal import terminal_text
 
 # Order of states in summaries: the ones that need attention last, where the eye lands.
 _SUMMARY_ORDER = [s.value for s in health.HostState]
@@ -59,7 +60,8 @@ def summary(states: Iterable[str]) -> str:
 
 
 def render_table(status: Mapping[str, Any]) -> str:
-    """The status JSON as an aligned text table with a header line."""
+    """The status JSON as an aligned text table with a header line, for a terminal: every
+    value is escaped (``terminal_text``), so a host's text cannot drive the screen."""
     daemon = status.get("daemon", {})
     hosts: Mapping[str, Mapping[str, Any]] = status.get("hosts", {})
     lines: list[str] = []
@@ -68,30 +70,33 @@ def render_table(status: Mapping[str, Any]) -> str:
         if frozen and daemon.get("freeze_finding"):
             frozen += f" ({daemon['freeze_finding']})"
         lines.append(
-            f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
-            f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
+            terminal_text(
+                f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
+                f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
+            )
         )
     else:
-        lines.append(str(daemon.get("note", "daemon not running")))
+        lines.append(terminal_text(daemon.get("note", "daemon not running")))
     header = ("HOST", "SHARD", "STATE", "PID", "SSH", "BEAT", "RESTARTS", "NEXT", "LAST REASON")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for name, row in hosts.items():
         state = str(row.get("state"))
         if row.get("ssh") == "unreachable" and state == "ready":
             state = "ready*"
-        rows.append(
-            (
-                name,
-                str(row.get("shard", "")),
-                state,
-                _dash(row.get("pid")),
-                str(row.get("ssh", "")),
-                _age(row.get("heartbeat_age_s")),
-                _dash(row.get("restarts")),
-                _age(row.get("next_restart_in_s")),
-                _clip(str(row.get("last_reason") or row.get("last_error") or ""), 60),
-            )
+        raw = (
+            name,
+            str(row.get("shard", "")),
+            state,
+            _dash(row.get("pid")),
+            str(row.get("ssh", "")),
+            _age(row.get("heartbeat_age_s")),
+            _dash(row.get("restarts")),
+            _age(row.get("next_restart_in_s")),
+            str(row.get("last_reason") or row.get("last_error") or ""),
         )
+        # Escaped before measuring, so widths are those of what is shown.
+        shown = tuple(terminal_text(cell) for cell in raw)
+        rows.append((*shown[:-1], _clip(shown[-1], 60)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)] + [r[-1]]

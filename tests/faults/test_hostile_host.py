@@ -120,3 +120,20 @@ async def test_a_fuzzing_agent_costs_only_its_own_host(fault_run: FaultRun, tmp_
     span_s = wall(daemon.lines[-1]) - wall(noise[0])
     assert len(noise) <= NOISE_BURST + span_s / NOISE_EVERY_S + 1
     assert events(daemon, "agent.lines_dropped", host=BAD)
+    # The operator's table shows what the host said escaped, not obeyed (its reason cell
+    # holds the latest of the fuzzer's texts; tests/unit/test_terminal.py pins the escaping).
+    table = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "supervisor.cli",
+        "status",
+        "-c",
+        str(fault_run.config_path),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await table.communicate()
+    assert table.returncode == 0
+    lines = out.decode().splitlines()
+    assert len(lines) == 5  # the daemon, the header, three hosts: no line was split
+    assert all(line.isprintable() for line in lines)
+    assert lines[4].startswith(BAD)
