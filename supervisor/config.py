@@ -286,6 +286,33 @@ def socket_from_raw_file(path: Path) -> Path | None:
     return default_socket_path(path)
 
 
+def privilege_warnings(config: Config, euid: int) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(event, fields)`` to log at start when ``config`` uses root: the daemon running
+    as root (``euid`` 0), or logging in to hosts as root. Neither is refused; both widen what
+    one compromised host or one planted file in the run root can reach."""
+    warnings: list[tuple[str, dict[str, Any]]] = []
+    if euid == 0:
+        warnings.append(
+            (
+                "daemon.running_as_root",
+                {"advice": "run it as a service account (docs/OPERATIONS.md, Installing)"},
+            )
+        )
+    roots = [h.name for h in config.hosts if (h.username or config.ssh.username) == "root"]
+    if roots:
+        warnings.append(
+            (
+                "ssh.root_login",
+                {
+                    "hosts": roots[:20],
+                    "host_count": len(roots),
+                    "advice": "log in as an unprivileged user (ssh.username, hosts.username)",
+                },
+            )
+        )
+    return warnings
+
+
 def default_socket_path(config_path: Path) -> Path:
     """Where the control socket goes when ``[control] socket`` is not set."""
     stem = config_path.stem or "reward-supervisor"

@@ -203,3 +203,35 @@ def test_every_ssh_algorithm_key_is_checked_against_its_own_kind() -> None:
             continue
         with pytest.raises(ConfigError, match=rf"ssh\.{key}\[0\]"):
             config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+
+
+def test_privilege_warnings_name_root_use_and_nothing_else() -> None:
+    """A daemon running as root and root logins (global or per host) are each one warning
+    naming the hosts; an unprivileged daemon logging in as a service user gets none."""
+    plain = config.parse(
+        minimal(ssh={"known_hosts": "/etc/rs/known_hosts", "username": "reward"}),
+        Path("/etc/x.toml"),
+    )
+    assert config.privilege_warnings(plain, euid=1000) == []
+    [(event, fields)] = config.privilege_warnings(plain, euid=0)
+    assert event == "daemon.running_as_root"
+    assert "service account" in fields["advice"]
+    hosts = [
+        {"name": "worker-0", "shard": 0, "username": "root"},
+        {"name": "worker-1", "shard": 1},
+    ]
+    mixed = config.parse(
+        minimal(ssh={"known_hosts": "/etc/rs/known_hosts", "username": "reward"}, hosts=hosts),
+        Path("/etc/x.toml"),
+    )
+    [(event, fields)] = config.privilege_warnings(mixed, euid=1000)
+    assert (event, fields["hosts"], fields["host_count"]) == ("ssh.root_login", ["worker-0"], 1)
+    everyone = config.parse(
+        minimal(ssh={"known_hosts": "/etc/rs/known_hosts", "username": "root"}, hosts=hosts),
+        Path("/etc/x.toml"),
+    )
+    assert [e for e, _ in config.privilege_warnings(everyone, euid=0)] == [
+        "daemon.running_as_root",
+        "ssh.root_login",
+    ]
+    assert config.privilege_warnings(everyone, euid=0)[1][1]["hosts"] == ["worker-0", "worker-1"]
