@@ -1,5 +1,5 @@
 """A hostile stand-in for the remote agent: a seeded fuzzer that answers the daemon's JSON-lines
-protocol with garbage, then, its budget spent, refuses every request with a fixed reason.
+protocol with garbage, then, its budget spent, refuses every launch with a fixed reason.
 
 Run as ``python hostile_agent.py STATE SEED BUDGET`` in place of ``worker.python``'s agent
 (``tests/faults/test_hostile_host.py`` puts it behind a dispatcher that picks it for one host).
@@ -202,15 +202,25 @@ def write_line(out: BinaryIO, line: Line, *, newline: bool = True) -> None:
 
 
 def refuse_forever(out: BinaryIO) -> int:
-    """Budget spent: a plain hello, then every request refused with ``REFUSAL``."""
+    """Budget spent: a plain hello, then ``refusal`` for every request."""
     write_line(out, dumps({"hello": {"pid": os.getpid(), "python": "hostile"}}))
     for raw in sys.stdin.buffer:
         try:
-            rid = json.loads(raw)["id"]
+            request = json.loads(raw)
+            rid, op = request["id"], request["op"]
         except (ValueError, KeyError, TypeError):
             continue
-        write_line(out, dumps({"id": rid, "ok": False, "kind": "error", "error": REFUSAL}))
+        write_line(out, refusal(rid, op))
     return 0
+
+
+def refusal(rid: object, op: object) -> Line:
+    """The reply once the budget is spent: every launch refused with ``REFUSAL``; probes find
+    no worker and terminates say it is gone, so the daemon's shutdown need not wait out its
+    deadline for a host that can never confirm one."""
+    if op in ("probe", "terminate"):
+        return dumps({"id": rid, "ok": True, "result": {"pid": None, "outcome": "gone"}})
+    return dumps({"id": rid, "ok": False, "kind": "error", "error": REFUSAL})
 
 
 def main(argv: list[str]) -> int:
@@ -240,7 +250,7 @@ def main(argv: list[str]) -> int:
         n = rng.randrange(1, 12)
         first = budget.take(n)
         if first is None:
-            write_line(out, dumps({"id": rid, "ok": False, "kind": "error", "error": REFUSAL}))
+            write_line(out, refusal(rid, op))
             continue
         rng = random.Random(seed * 1_000_003 + first)
         for _ in range(n):
