@@ -63,6 +63,9 @@ MIN_READY_TIMEOUT_S: Final = 2.0
 STARTUP_SLACK_S: Final = 10.0
 # Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
 SHUTDOWN_SLACK_S: Final = 15.0
+#: Where ``metrics.listen`` binds when it names only a port: the endpoint has no
+#: authentication, so serving it beyond this machine must be asked for by address.
+METRICS_DEFAULT_HOST: Final = "127.0.0.1"
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH: Final = 107
 
@@ -115,6 +118,23 @@ class SshConfig:
     max_channels_per_host: int = 9
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    # Algorithm lists, in order of preference; None: the modern defaults (remote.DEFAULT_ALGS,
+    # no SHA-1). A list given replaces the default whole, as OpenSSH's options do.
+    kex_algs: tuple[str, ...] | None = None
+    encryption_algs: tuple[str, ...] | None = None
+    mac_algs: tuple[str, ...] | None = None
+    signature_algs: tuple[str, ...] | None = None
+    server_host_key_algs: tuple[str, ...] | None = None
+
+
+#: The ``[ssh]`` keys that list algorithms (each named as asyncssh names its option).
+SSH_ALGORITHM_KEYS: Final = (
+    "kex_algs",
+    "encryption_algs",
+    "mac_algs",
+    "signature_algs",
+    "server_host_key_algs",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -271,6 +291,33 @@ def socket_from_raw_file(path: Path) -> Path | None:
     return default_socket_path(path)
 
 
+def privilege_warnings(config: Config, euid: int) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(event, fields)`` to log at start when ``config`` uses root: the daemon running
+    as root (``euid`` 0), or logging in to hosts as root. Neither is refused; both widen what
+    one compromised host or one planted file in the run root can reach."""
+    warnings: list[tuple[str, dict[str, Any]]] = []
+    if euid == 0:
+        warnings.append(
+            (
+                "daemon.running_as_root",
+                {"advice": "run it as a service account (docs/OPERATIONS.md, Installing)"},
+            )
+        )
+    roots = [h.name for h in config.hosts if (h.username or config.ssh.username) == "root"]
+    if roots:
+        warnings.append(
+            (
+                "ssh.root_login",
+                {
+                    "hosts": roots[:20],
+                    "host_count": len(roots),
+                    "advice": "log in as an unprivileged user (ssh.username, hosts.username)",
+                },
+            )
+        )
+    return warnings
+
+
 def default_socket_path(config_path: Path) -> Path:
     """Where the control socket goes when ``[control] socket`` is not set."""
     stem = config_path.stem or "reward-supervisor"
@@ -372,6 +419,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "max_channels_per_host",
         "reconnect_min_s",
         "reconnect_max_s",
+        *SSH_ALGORITHM_KEYS,
     ),
     "control": ("socket",),
     "watch": (
@@ -721,9 +769,11 @@ class _Validator:
                 "ssh.max_channels_per_host",
                 f"{channels} reaches OpenSSH's default MaxSessions (10); use at most 9",
             )
+        algorithms = {key: self.algorithms(t, key) for key in SSH_ALGORITHM_KEYS}
         if username is None or known_hosts is None:
             return None
         return SshConfig(
+            **algorithms,
             username=username,
             known_hosts=known_hosts,
             client_keys=tuple(client_keys),
@@ -739,6 +789,29 @@ class _Validator:
             reconnect_min_s=reconnect_min,
             reconnect_max_s=reconnect_max,
         )
+
+    def algorithms(self, t: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+        """``[ssh] key``: a non-empty list of algorithm names this asyncssh supports."""
+        if key not in t:
+            return None
+        names = self.strings(t, "ssh", key, ())
+        if not isinstance(t[key], list) or len(names or ()) < len(t[key]):
+            return None  # reported by strings()
+        if not names:
+            self.problem(f"ssh.{key}", "must name at least one algorithm (omit it for defaults)")
+            return None
+        # Imported here, and only for a config that sets a list: remote.py is the only importer
+        # of asyncssh, which knows what it supports, and other commands need not load it.
+        from supervisor.remote import SUPPORTED_ALGS
+
+        supported = SUPPORTED_ALGS[key]
+        for i, name in enumerate(names):
+            if name not in supported:
+                self.problem(
+                    f"ssh.{key}[{i}]",
+                    f"{name!r} is not an algorithm this asyncssh supports for {key}",
+                )
+        return tuple(names)
 
     def control(self, t: Mapping[str, Any], source: Path) -> ControlConfig:
         self.unknown_keys(t, KEYS["control"], "control")
@@ -800,7 +873,7 @@ class _Validator:
         self.unknown_keys(t, KEYS["metrics"], "metrics")
         listen = self.get(t, "metrics", "listen", str, None)
         if listen is not None and _split_host_port(listen) is None:
-            self.problem("metrics.listen", f"must be HOST:PORT, not {listen!r}")
+            self.problem("metrics.listen", f"must be HOST:PORT or PORT, not {listen!r}")
         return MetricsConfig(listen=listen)
 
     def hosts(self, raw: Mapping[str, Any]) -> tuple[HostConfig, ...] | None:
@@ -922,14 +995,16 @@ def is_valid_address(address: str) -> bool:
 
 
 def _split_host_port(text: str) -> tuple[str, int] | None:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    host, _, port = text.rpartition(":")
+    # isdigit() also takes non-ASCII digits ("٩"), which int() accepts and no one means.
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
-    return host.strip("[]"), int(port)
+    return host.strip("[]") or METRICS_DEFAULT_HOST, int(port)
 
 
 def split_host_port(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` of an already validated ``metrics.listen``."""
+    """``HOST:PORT`` of an already validated ``metrics.listen``; a bare ``PORT`` (or
+    ``:PORT``) is on ``METRICS_DEFAULT_HOST``."""
     parsed = _split_host_port(text)
     if parsed is None:
         raise ValueError(f"not HOST:PORT: {text!r}")

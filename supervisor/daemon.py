@@ -224,6 +224,8 @@ class Daemon:
             hosts=len(self._config.hosts),
             pid=os.getpid(),
         )
+        for event, fields in config_mod.privilege_warnings(self._config, os.geteuid()):
+            log.warning(event, **fields)
         try:
             await asyncio.to_thread(self._prepare_run_directory)
         except (OSError, RunLocked) as exc:
