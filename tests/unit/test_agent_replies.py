@@ -1,4 +1,5 @@
-"""The daemon's parser of agent replies: any line a host sends is an answer or noise, never a crash."""
+"""The daemon's parser of agent replies: any line a host sends is an answer or noise, never a
+crash."""
 
 from __future__ import annotations
 
