@@ -2,7 +2,7 @@
 fork server), and the shepherd that launches, holds the shard lock for, and reaps one worker.
 
 This file is never imported by the daemon: ``remote.py`` sends its text as the ``-c``
-argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.8 (no
+argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.7 (no
 ``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
 
 ``python -X utf8 -u -c SRC agent``

@@ -28,6 +28,7 @@ from typing import IO, Any
 import pytest
 
 from supervisor import agent as agent_module
+from tests import pythons
 from tests.sshd import children
 
 AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
@@ -35,7 +36,6 @@ AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
 POLL_S = 0.01
 #: Generous: a loaded 2-core box starts python and forks in well under this.
 DEADLINE_S = 30.0
-PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 
@@ -344,14 +344,19 @@ def stop_and_await_shepherd(spec: dict[str, Any], launched: Launched) -> None:
 
 
 INTERPRETERS = [
-    pytest.param(sys.executable, id="python3.11"),
-    pytest.param(
-        str(PYTHON38),
-        id="python3.8",
-        marks=[
-            pytest.mark.optional_env,
-            pytest.mark.skipif(not PYTHON38.exists(), reason="no Python 3.8 on this machine"),
-        ],
+    pytest.param(sys.executable, id=f"python{pythons.current()}"),
+    *(
+        pytest.param(
+            pythons.find(version) or f"/nonexistent/python{version}",
+            id=f"python{version}",
+            marks=[
+                pytest.mark.optional_env,
+                pytest.mark.skipif(
+                    pythons.find(version) is None, reason=f"no Python {version} on this machine"
+                ),
+            ],
+        )
+        for version in pythons.OLD_HOSTS
     ),
 ]
 
