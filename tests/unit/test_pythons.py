@@ -42,6 +42,8 @@ def test_readme_states_the_oldest_host_python_the_tests_try() -> None:
     """The README's host floor is tests/pythons.py's, which the agent tests run on."""
     match = re.search(r"worker hosts need Python ≥ (3\.\d+)", README)
     assert match, "README: no 'worker hosts need Python ≥ 3.x' sentence"
-    assert match.group(1) == pythons.OLDEST_HOST == min(
-        pythons.OLD_HOSTS, key=lambda v: int(v.split(".")[1])
+    assert (
+        match.group(1)
+        == pythons.OLDEST_HOST
+        == min(pythons.OLD_HOSTS, key=lambda v: int(v.split(".")[1]))
     )
