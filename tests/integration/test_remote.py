@@ -28,7 +28,7 @@ from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import LaunchRefused, RemoteError
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
 from supervisor.remote import RemoteHost, Started
-from tests import pythons
+from tests import ports, pythons
 from tests.sshd import OpenSsh
 
 pytestmark = pytest.mark.openssh
@@ -1031,12 +1031,8 @@ async def test_untrusted_host_key_is_refused_with_a_clear_reason(
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, reserved for this process (tests/ports.py)."""
+    return ports.reserve("127.0.0.1")
 
 
 #: Backoff bounds for the unreachable-host tests: short enough to see several attempts.
