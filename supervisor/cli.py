@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from supervisor import config as config_mod
-from supervisor.errors import ConfigError, ControlError
+from supervisor.errors import ConfigError, ControlError, DaemonNotRunning
 
 CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
 EXIT_OK: Final = 0
@@ -483,10 +483,7 @@ def _request(socket: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) ->
 
 
 def _control_exit_code(exc: ControlError) -> int:
-    text = str(exc)
-    if "not running" in text or "no socket" in text:
-        return EXIT_NO_DAEMON
-    return EXIT_FAILED
+    return EXIT_NO_DAEMON if isinstance(exc, DaemonNotRunning) else EXIT_FAILED
 
 
 if __name__ == "__main__":

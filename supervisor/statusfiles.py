@@ -342,6 +342,8 @@ class WatcherProtocol(Protocol):
 
     def scan_all(self) -> list[Observation]: ...
 
+    async def scan(self, hosts: Collection[str]) -> list[Observation]: ...
+
     def healthy(self, now: float) -> bool: ...
 
 
@@ -478,6 +480,13 @@ class Watcher:
         """Read every host's files now, in the calling thread; returns all of them."""
         hosts, _ = self._current_hosts()
         batch = self._read_batch(_all_keys(hosts), check_dirs=False)
+        return self._observe(batch.observations, every=True)
+
+    async def scan(self, hosts: Collection[str]) -> list[Observation]:
+        """Read ``hosts``' files now, off the event loop; returns all of them (and seeds what
+        ``run()`` compares with, so it reports only what changes after)."""
+        keys = _all_keys(hosts)
+        batch = await self._read_off_loop(keys, False)
         return self._observe(batch.observations, every=True)
 
     def healthy(self, now: float) -> bool:
