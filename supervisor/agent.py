@@ -2,7 +2,7 @@
 fork server), and the shepherd that launches, holds the shard lock for, and reaps one worker.
 
 This file is never imported by the daemon: ``remote.py`` sends its text as the ``-c``
-argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.8 (no
+argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.7 (no
 ``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
 
 ``python -X utf8 -u -c SRC agent``
@@ -1098,8 +1098,49 @@ def _become_shepherd(report_fd: int) -> None:
     os.close(report_fd)  # or the shepherd would hold the pipe open and the agent see no EOF
 
 
+#: ``rt_sigaction``'s system call number, on the 64-bit Linux architectures where we know it
+#: (arm64 and riscv64 share the generic table).
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "riscv64": 134}
+#: The kernel's first real-time signal: from here up to the C library's ``SIGRTMIN`` (32 and
+#: 33 on glibc, 32 to 34 on musl) the signals are the C library's own.
+_KERNEL_SIGRTMIN = 32
+
+
+def reset_reserved_signals() -> None:
+    """Give the C library's reserved signals their default action when our parent left them
+    ignored, so no launcher, shepherd or worker inherits that.
+
+    glibc's and musl's ``posix_spawn`` set them to SIG_IGN in the child (Python 3.13's
+    subprocess spawns that way, and so does the embedded SSH server), and an ignored signal
+    stays ignored across exec. ``sigaction()`` refuses these numbers, hence the raw system
+    call; on an architecture not in ``_RT_SIGACTION``, or without ctypes, they stay ignored.
+    """
+    reserved = range(_KERNEL_SIGRTMIN, int(getattr(signal, "SIGRTMIN", _KERNEL_SIGRTMIN)))
+    try:
+        with open("/proc/self/status") as f:
+            ignored = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    todo = [sig for sig in reserved if ignored & (1 << (sig - 1))]
+    number = _RT_SIGACTION.get(os.uname().machine)
+    if not todo or number is None or sys.maxsize < 1 << 32:  # a 32-bit process: other table
+        return
+    try:
+        import ctypes  # here: its import costs milliseconds, and it is rarely needed
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        # An all-zero struct sigaction of any layout: SIG_DFL, no flags, nothing blocked.
+        default = ctypes.create_string_buffer(64)
+        for sig in todo:
+            # The last argument is the size of the kernel's sigset_t: 64 signals, 8 bytes.
+            libc.syscall(ctypes.c_long(number), ctypes.c_long(sig), default, None, ctypes.c_long(8))
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     """``agent`` (the default), ``launcher`` or ``shepherd``."""
+    reset_reserved_signals()
     mode = argv[0] if argv else "agent"
     if mode == "shepherd":
         return shepherd()

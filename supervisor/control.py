@@ -375,8 +375,8 @@ class ControlServer:
     async def aclose(self) -> None:
         """Stop listening, end every connection, remove the socket if it is still ours.
 
-        Idempotent. A connection task that calls this (``stop`` from a client) is not awaited,
-        so it can still send its reply.
+        Idempotent. A connection task that calls this (``stop`` from a client) is neither
+        cancelled nor awaited: it sends its reply, then closes its connection itself.
         """
         if self._closing:
             return
@@ -384,12 +384,15 @@ class ControlServer:
         if self._server is not None:
             self._server.close()
         current = asyncio.current_task()
+        inside = current in self._connections
         tasks = [task for task in self._connections if task is not current]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
+        if self._server is not None and not inside:
+            # Since Python 3.12.1 this waits for every connection to close, the caller's own
+            # included, which closes only after its reply: from inside, it would wait forever.
             await self._server.wait_closed()
         self._unlink_if_ours()
         if self._lock_fd is not None:
@@ -472,7 +475,9 @@ class ControlServer:
                     return
                 continue
             await conn.send_raw(await self._run(cmd, request, peer))
-            if last:
+            if last or self._closing:
+                # Closed while this command ran (``stop`` closes the server): its reply was
+                # this connection's last word.
                 return
 
     async def _run(self, cmd: str, request: Mapping[str, Any], peer: PeerCredentials) -> bytes:

@@ -20,13 +20,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from supervisor.config import Config, parse
 from supervisor.worker import argv_template
+from tests import ports
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
@@ -109,7 +110,7 @@ class OpenSsh:
         workdir.mkdir(parents=True, exist_ok=True)
         server = cls(
             workdir=workdir,
-            port=_free_port(addresses),
+            port=ports.reserve(*addresses),
             addresses=tuple(addresses),
             host_key_type=host_key_type,
             extra_config=tuple(extra_config),
@@ -310,27 +311,6 @@ def _keygen(path: Path, comment: str, key_type: str = "ed25519") -> None:
 def _public(private: Path) -> str:
     """The public key line of ``private``."""
     return private.with_name(private.name + ".pub").read_text()
-
-
-def _free_port(addresses: Iterable[str]) -> int:
-    """A port free on every address (the kernel picks it on the first; checked on the rest)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((next(iter(addresses)), 0))
-            port = int(s.getsockname()[1])
-        if all(_bindable(a, port) for a in addresses):
-            return port
-    raise RuntimeError("no port free on every loopback alias")
-
-
-def _bindable(address: str, port: int) -> bool:
-    """Nothing is bound to ``address:port``."""
-    with socket.socket() as s:
-        try:
-            s.bind((address, port))
-        except OSError:
-            return False
-    return True
 
 
 def _speaks_ssh(address: str, port: int) -> bool:

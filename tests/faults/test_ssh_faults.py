@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from tests import ports
 from tests.faults.harness import (
     READY_S,
     FaultRun,
@@ -173,10 +173,9 @@ async def silent() -> AsyncIterator[SilentListener]:
 
 
 def free_port(address: str) -> int:
-    """A port on ``address`` that nothing listens on (connections are refused)."""
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
+    """A port on ``address`` that nothing listens on (connections are refused), reserved for
+    this process (tests/ports.py)."""
+    return ports.reserve(address)
 
 
 @pytest.mark.parametrize("kind", ["silent", "refused"])

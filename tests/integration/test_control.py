@@ -824,3 +824,24 @@ async def test_stop_reply_arrives_when_the_daemon_closes_the_server_inside_stop(
         assert_missing(sock_path)
     finally:
         await srv.aclose()
+
+
+async def test_a_connection_whose_command_closed_the_server_ends_after_its_reply(
+    sock_path: Path, daemon: FakeDaemon
+) -> None:
+    """A client that keeps its connection open after `stop` closed the server reads the reply
+    and then EOF, not a wait for the idle timeout; the server is then fully closed."""
+    srv = ControlServer(sock_path, daemon, idle_timeout_s=3 * WAIT_S)
+    daemon.server = srv
+    await srv.start()
+    try:
+        async with raw_client(srv.path) as (reader, writer):
+            assert await exchange(reader, writer, b'{"cmd": "stop"}\n') == {
+                "ok": True,
+                "stopping": True,
+            }
+            assert await read_to_eof(reader) == b""
+        await wait_until(lambda: srv.connection_count == 0)
+        assert_missing(sock_path)
+    finally:
+        await srv.aclose()

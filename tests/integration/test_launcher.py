@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
 from supervisor import agent as agent_module
+from tests import pythons
 from tests.sshd import children
 
 AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
@@ -35,7 +36,6 @@ AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
 POLL_S = 0.01
 #: Generous: a loaded 2-core box starts python and forks in well under this.
 DEADLINE_S = 30.0
-PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 
@@ -128,23 +128,79 @@ class Launched:
     via: str
 
 
+class PosixSpawned:
+    """A child started by ``os.posix_spawn`` with pipes on its stdin and stdout, as the
+    embedded SSH server (and Python 3.13's subprocess) start theirs: the parts of ``Popen``
+    that ``Agent`` uses."""
+
+    def __init__(self, argv: list[str]) -> None:
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            self.pid = os.posix_spawn(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, stdin_r, 0),
+                    (os.POSIX_SPAWN_DUP2, stdout_w, 1),
+                ],
+            )
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        self.stdin: IO[bytes] | None = os.fdopen(stdin_w, "wb")
+        self.stdout: IO[bytes] | None = os.fdopen(stdout_r, "rb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once the child has exited (reaped), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Reap the child (within ``timeout`` if given); its exit code."""
+        wait_until(lambda: self.poll() is not None, f"pid {self.pid} to exit", timeout or 3600)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the child unless it was reaped already."""
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
 class Agent:
     """``agent.py`` in agent mode as a child process, spoken to over its stdin and stdout."""
 
     def __init__(
-        self, python: str, prefix: tuple[str, ...] = (), ignore: tuple[int, ...] = ()
+        self,
+        python: str,
+        prefix: tuple[str, ...] = (),
+        ignore: tuple[int, ...] = (),
+        *,
+        posix_spawn: bool = False,
     ) -> None:
         def ignore_signals() -> None:
             """In the child before exec: ignore ``ignore``, as a parent shell may have."""
             for sig in ignore:
                 signal.signal(sig, signal.SIG_IGN)
 
-        self.process = subprocess.Popen(
-            [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_SOURCE, "agent"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            preexec_fn=ignore_signals if ignore else None,
-        )
+        argv = [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_SOURCE, "agent"]
+        self.process: subprocess.Popen[bytes] | PosixSpawned
+        if posix_spawn:
+            assert not ignore
+            self.process = PosixSpawned(argv)
+        else:
+            self.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                preexec_fn=ignore_signals if ignore else None,
+            )
         assert self.process.stdout is not None
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
@@ -233,9 +289,10 @@ class Cleanup:
         prefix: tuple[str, ...] = (),
         *,
         ignore: tuple[int, ...] = (),
+        posix_spawn: bool = False,
     ) -> Agent:
         """A new agent, killed at the end of the test."""
-        started = Agent(python, prefix, ignore)
+        started = Agent(python, prefix, ignore, posix_spawn=posix_spawn)
         self.agents.append(started)
         return started
 
@@ -287,14 +344,19 @@ def stop_and_await_shepherd(spec: dict[str, Any], launched: Launched) -> None:
 
 
 INTERPRETERS = [
-    pytest.param(sys.executable, id="python3.11"),
-    pytest.param(
-        str(PYTHON38),
-        id="python3.8",
-        marks=[
-            pytest.mark.optional_env,
-            pytest.mark.skipif(not PYTHON38.exists(), reason="no Python 3.8 on this machine"),
-        ],
+    pytest.param(sys.executable, id=f"python{pythons.current()}"),
+    *(
+        pytest.param(
+            pythons.find(version) or f"/nonexistent/python{version}",
+            id=f"python{version}",
+            marks=[
+                pytest.mark.optional_env,
+                pytest.mark.skipif(
+                    pythons.find(version) is None, reason=f"no Python {version} on this machine"
+                ),
+            ],
+        )
+        for version in pythons.OLD_HOSTS
     ),
 ]
 
@@ -332,13 +394,27 @@ def test_launched_worker_is_outside_the_agents_tree_and_outlives_agent_and_launc
     assert (record["exit_code"], record["signal"]) == (None, signal.SIGTERM)
 
 
+@pytest.mark.parametrize("posix_spawn", [False, True], ids=["popen", "posix_spawn"])
 def test_worker_and_shepherd_inherit_nothing_from_the_launcher(
-    tmp_path: Path, cleanup: Cleanup
+    posix_spawn: bool, tmp_path: Path, cleanup: Cleanup
 ) -> None:
     """The worker gets default signal dispositions, an empty mask and only its stdio; the
-    shepherd keeps no socket or pipe of the launcher's and waits with SIGCHLD at default."""
+    shepherd keeps no socket or pipe of the launcher's and waits with SIGCHLD at default;
+    also when the agent was started by posix_spawn, whose child has the C library's reserved
+    signals ignored (glibc: 32 and 33)."""
+    if posix_spawn:
+        # What the agent below starts with (it puts them back to default itself).
+        probe = PosixSpawned(["/bin/sleep", "60"])
+        try:
+            assert set(range(32, signal.SIGRTMIN)) <= signal_mask(probe.pid, "SigIgn")
+        finally:
+            probe.kill()
+            probe.wait(DEADLINE_S)
+            for pipe in (probe.stdin, probe.stdout):
+                if pipe is not None:
+                    pipe.close()
     spec = make_spec(tmp_path)
-    agent = cleanup.agent()
+    agent = cleanup.agent(posix_spawn=posix_spawn)
     launched = cleanup.launch(agent, spec)
     assert launched.via.startswith("launcher pid ")
 

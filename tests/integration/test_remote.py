@@ -28,6 +28,7 @@ from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
 from supervisor.remote import NOISE_BURST, NoiseLog, RemoteHost, Started
+from tests import ports, pythons
 from tests.sshd import OpenSsh
 
 pytestmark = pytest.mark.openssh
@@ -679,24 +680,29 @@ async def test_agent_death_fails_in_flight_requests_and_agent_restarts(
         assert h.events == [(True, f"connected to {address}:{openssh.port}")]
 
 
-def test_agent_source_is_python38_syntax_and_fits_one_argument() -> None:
-    """agent.py parses as Python 3.8 and is far below Linux's 128 KiB limit on one argv string."""
+def test_agent_source_is_old_host_python_syntax_and_fits_one_argument() -> None:
+    """agent.py parses as the oldest host Python the README promises, and is far below
+    Linux's 128 KiB limit on one argv string."""
     import ast
 
     source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
-    ast.parse(source, feature_version=(3, 8))
+    major, minor = (int(n) for n in pythons.OLDEST_HOST.split("."))
+    ast.parse(source, feature_version=(major, minor))
     assert len(source.encode()) < 100_000
 
 
-PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python"
-
-
-@pytest.mark.optional_env
-@pytest.mark.skipif(not PYTHON38.exists(), reason="no Python 3.8 interpreter on this machine")
-async def test_agent_runs_on_python38(openssh: OpenSsh, run_root: Path, reaper: Reaper) -> None:
-    """With a Python 3.8 ``worker.python`` the agent and shepherd launch, probe and terminate."""
+@pytest.mark.optional_env  # Debian ships no such old Python; pyenv builds of them may be here
+@pytest.mark.parametrize("version", pythons.OLD_HOSTS)
+async def test_agent_runs_on_old_host_pythons(
+    version: str, openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """With an old ``worker.python`` (down to the oldest the README promises) the agent and
+    shepherd launch, probe and terminate."""
+    python = pythons.find(version)
+    if python is None:
+        pytest.skip(f"no Python {version} interpreter on this machine")
     argv = [sys.executable, *openssh.config_dict(run_root)["worker"]["argv"][1:]]
-    config = make_config(openssh, run_root, python=str(PYTHON38), argv=argv)
+    config = make_config(openssh, run_root, python=python, argv=argv)
     with capture_logs() as logs:
         async with maintained(config) as h:
             started = reaper.add(await h.remote.launch(h.spec))
@@ -705,7 +711,7 @@ async def test_agent_runs_on_python38(openssh: OpenSsh, run_root: Path, reaper: 
             await h.remote.terminate(h.spec, started.pid, grace_s=20, kill=True)
             assert not is_alive(started.pid)
     [hello] = [e for e in logs if e["event"] == "agent.started"]
-    assert hello["python_version"].startswith("3.8.")
+    assert hello["python_version"].startswith(f"{version}.")
 
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -1087,12 +1093,8 @@ async def test_untrusted_host_key_is_refused_with_a_clear_reason(
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, reserved for this process (tests/ports.py)."""
+    return ports.reserve("127.0.0.1")
 
 
 #: Backoff bounds for the unreachable-host tests: short enough to see several attempts.

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from supervisor import control
+from tests import ports
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
     FAST_HEALTH,
@@ -26,10 +26,8 @@ pytestmark = [pytest.mark.system, pytest.mark.openssh]
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1, reserved for this process (tests/ports.py)."""
+    return ports.reserve("127.0.0.1")
 
 
 def parse(text: str) -> dict[str, float]:
