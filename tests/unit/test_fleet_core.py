@@ -862,3 +862,17 @@ def test_the_hold_spares_hosts_running_again_and_a_departed_canary_is_replaced()
     s.on("w1", h.Launched(pid=300))
     s.on("w1", h.HeartbeatSeen(pid=300, ready=True, remote_heartbeat_at=9.0))
     assert "w1" not in s.core.held and s.core.signatures
+
+
+def test_a_reload_during_shutdown_lets_nobody_join() -> None:
+    """A host added while the daemon stops every worker is not even read: it never joins."""
+    s = shell(("a", 0))
+    s.boot()
+    s.run_worker("a", 100)
+    s.feed(f.ShutdownRequested(detach=False))
+    out = s.feed(
+        f.Reconfigured(
+            members=tuple(members(("a", 0), ("b", 1))), health=HEALTH, policy=POLICY, token=1
+        )
+    )
+    assert not s.of(out, f.ScanFiles) and "b" not in s.core.joining

@@ -1,0 +1,152 @@
+"""A/B: the supervisor of another checkout against this one, alternated in one run.
+
+    .venv/bin/python bench/ab.py --old /work/wt/old [--rounds 2] [--hosts 1000] [--out FILE]
+
+``--old`` is a checkout (a ``git worktree`` of the old commit) whose ``supervisor`` package
+the old arm imports (it goes first on ``PYTHONPATH`` of every process the arm spawns: the
+daemon and the fleet simulator alike); the new arm runs this checkout. Each round runs both
+arms, old first in odd rounds and new first in even ones, so a machine that gets busier or
+quieter during the run weighs on both alike. Per arm and round:
+
+- ``scale`` at ``--hosts`` simulated hosts, inotify and poll (``bench/scale.py``): the
+  daemon's steady CPU, and exit record -> ``host.state`` / -> launch issued
+  (``host.launch_begin``), first heartbeat -> ``ready``, p50 and p99;
+- ``simstart`` of 50 simulated hosts (``bench/simstart.py``): spawn -> every host ready.
+
+Prints a markdown table of medians over the rounds with new / old ratios, and writes it to
+``--out`` if given. Measurements only; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `python bench/ab.py` from a checkout
+
+from bench import scale, simstart  # noqa: E402
+from bench.common import load_average, machine_facts, median, percentile  # noqa: E402
+
+
+@dataclass
+class Arm:
+    """One side of the comparison and every sample it gave."""
+
+    name: str
+    pythonpath: str | None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, metric: str, value: float) -> None:
+        """Record one sample of ``metric``."""
+        self.samples.setdefault(metric, []).append(value)
+
+
+@contextmanager
+def on_pythonpath(path: str | None) -> Iterator[None]:
+    """Child processes started inside import ``supervisor`` from ``path`` (None: ours)."""
+    before = os.environ.get("PYTHONPATH")
+    if path is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+async def one_round(arm: Arm, hosts: int, window_s: float, starts: int) -> None:
+    """Every measurement once for ``arm``."""
+    with on_pythonpath(arm.pythonpath):
+        for mode in ("inotify", "poll"):
+            result = await scale.run_scale(hosts, mode, window_s=window_s, floor_parts=())
+            arm.errors += [f"scale {mode}: {e}" for e in result.errors]
+            if result.cpu is not None:
+                arm.add(
+                    f"{mode}: daemon CPU, % of a core", 100 * result.cpu.cpu_s / result.cpu.seconds
+                )
+            for label, samples in (
+                ("exit record -> host.state", result.exit_to_state),
+                ("exit record -> launch issued", result.exit_to_launch),
+                ("first heartbeat -> ready", result.beat_to_ready),
+            ):
+                if samples:
+                    arm.add(f"{mode}: {label}, p50 ms", 1000 * percentile(samples, 50))
+                    arm.add(f"{mode}: {label}, p99 ms", 1000 * percentile(samples, 99))
+        start = await simstart.run_simstart(50, starts)
+        arm.errors += [f"simstart: {e}" for e in start.errors]
+        for value in start.all_ready:
+            arm.add("start 50 simulated hosts: all ready, ms", 1000 * value)
+
+
+def report(old: Arm, new: Arm, args: argparse.Namespace, started: str) -> str:
+    """The markdown table: medians per arm and the ratio new / old."""
+    lines = [
+        f"# A/B: {args.old} (old) against {ROOT} (new)",
+        "",
+        f"Started {started}; {args.rounds} rounds, alternated; {args.hosts} simulated hosts,"
+        f" {args.window:g} s CPU windows; load average at the end {load_average()}.",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
+        "",
+        "| measurement | old | new | new / old |",
+        "|---|---:|---:|---:|",
+    ]
+    metrics: list[str] = []
+    for arm in (old, new):
+        metrics += [m for m in arm.samples if m not in metrics]
+    fmt: Callable[[list[float]], str] = lambda xs: (  # noqa: E731
+        f"{median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})" if xs else "-"
+    )
+    for metric in metrics:
+        a, b = old.samples.get(metric, []), new.samples.get(metric, [])
+        ratio = f"{median(b) / median(a):.2f}" if a and b and median(a) else "-"
+        lines.append(f"| {metric} | {fmt(a)} | {fmt(b)} | {ratio} |")
+    for arm in (old, new):
+        if arm.errors:
+            lines += ["", f"Errors ({arm.name}):", *(f"- {e}" for e in arm.errors)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Parse the arguments, run the rounds and print the report."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", required=True, help="checkout of the old code (its root)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both arms")
+    parser.add_argument("--hosts", type=int, default=1000, help="simulated hosts for scale")
+    parser.add_argument("--window", type=float, default=20.0, help="CPU window, seconds")
+    parser.add_argument("--starts", type=int, default=3, help="simstart samples per round")
+    parser.add_argument("--out", type=Path, help="also write the report here")
+    args = parser.parse_args()
+    old = Arm("old", os.path.realpath(args.old))
+    new = Arm("new", None)
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    asyncio.run(run(old, new, args))
+    text = report(old, new, args, started)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+async def run(old: Arm, new: Arm, args: argparse.Namespace) -> None:
+    """Both arms, ``args.rounds`` times, alternating which goes first."""
+    for round_ in range(args.rounds):
+        for arm in (old, new) if round_ % 2 == 0 else (new, old):
+            print(f"round {round_ + 1}: {arm.name}", file=sys.stderr, flush=True)
+            await one_round(arm, args.hosts, args.window, args.starts)
+
+
+if __name__ == "__main__":
+    main()
