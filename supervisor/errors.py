@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -50,3 +51,17 @@ class LaunchRefused(RemoteError):
 
 class ControlError(SupervisorError):
     """A control-socket request that could not be served, or a daemon that cannot be reached."""
+
+
+class UnsafeFileError(SupervisorError, OSError):
+    """A file or directory under the run root that is not what it must be (a symbolic link,
+    a FIFO, a device, a hard link, a swapped directory): refused, never followed.
+
+    An ``OSError``, so every caller that already survives a bad file survives this one; the
+    message names the file, ``reason`` is the short why (``"a symbolic link"``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, detail: str = "") -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}{f' ({detail})' if detail else ''}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import config as config_mod
+from supervisor import runfiles
 from supervisor.errors import ConfigError
 
 # The seed's defaults (reward_workers_ctl.py), kept so an imported run behaves the same.
@@ -40,9 +41,10 @@ def config_from_seed(
     if meta_path is None:
         raise ImportProblem("pass --root ROOT or --launch-meta PATH of the seed run")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        under = Path(root) if root and not launch_meta else None  # ctl/ is the run's, too
+        meta = runfiles.read_json(meta_path, root=under, max_bytes=runfiles.META_MAX_BYTES)
     except (OSError, ValueError) as exc:
-        raise ImportProblem(f"cannot read {meta_path}: {exc}") from None
+        raise ImportProblem(f"cannot read the seed run's launch meta: {exc}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("workers"), list):
         raise ImportProblem(f"{meta_path} has no 'workers' list")
     run_root = str(meta.get("root") or root or "")
@@ -59,7 +61,7 @@ def config_from_seed(
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = runfiles.read_json(path, root=None, max_bytes=runfiles.META_MAX_BYTES)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

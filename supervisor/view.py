@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from supervisor import health
+from supervisor import health, runfiles
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.statusfiles import StatusRecord, read_status
@@ -126,7 +126,7 @@ def _offline_row(layout: RunLayout, cfg: HostConfig, now_wall: float) -> dict[st
     status_path = layout.status(cfg.name)
     record = read_status(status_path)
     try:
-        age: float | None = max(0.0, now_wall - status_path.stat().st_mtime)
+        age: float | None = max(0.0, now_wall - status_path.lstat().st_mtime)
     except OSError:
         age = None
     sentinel = layout.stop_sentinel(cfg.name).exists()
@@ -151,11 +151,7 @@ def _offline_row(layout: RunLayout, cfg: HostConfig, now_wall: float) -> dict[st
 
 
 def _read_pid(layout: RunLayout, host: str) -> int | None:
-    try:
-        text = layout.pidfile(host).read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    return runfiles.read_pid(layout.pidfile(host), root=layout.root)
 
 
 def _dash(value: object) -> str:
