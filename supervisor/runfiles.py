@@ -480,8 +480,10 @@ def _is_finite(value: object) -> TypeGuard[int | float]:
 def _show(value: object) -> str:
     try:
         text = repr(value)
-    except (ValueError, RecursionError):  # past int's digit limit, or nested past the stack
-        return f"a {type(value).__name__} too big to show"
+    except ValueError:  # an int past the interpreter's digit limit for str()
+        return "an int too big to show"
+    except RecursionError:
+        return "a value nested too deeply to show"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
