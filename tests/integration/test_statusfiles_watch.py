@@ -38,14 +38,14 @@ from supervisor.statusfiles import (
 from tests.conftest import mounted_tmpfs
 
 Mode = Literal["inotify", "poll"]
+#: Generous: the machines are shared and noisy; a pass takes well under a second.
+WAIT_S = 20.0
+POLL_INTERVAL_S = 0.1
 
 
 def write_json_atomic(path: Path, data: object) -> None:
     """Replace ``path`` with ``data`` as JSON, whole, as a worker writes its status."""
     runfiles.write_json_atomic(path, data, root=None)
-#: Generous: the machines are shared and noisy; a pass takes well under a second.
-WAIT_S = 20.0
-POLL_INTERVAL_S = 0.1
 
 
 class Seen:
