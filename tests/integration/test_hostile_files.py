@@ -710,3 +710,34 @@ def test_a_non_root_daemon_refuses_links_to_its_own_files(nobody_dir: Path) -> N
         return ",".join(results)
 
     assert as_nobody(scenario) == "a symbolic link,hard-linked"
+
+
+def test_cleanup_as_nobody_stops_cleanly_where_it_may_not_delete(nobody_dir: Path) -> None:
+    """Run by a non-root operator over a tree holding a root-owned directory and a symlink to
+    a file of that operator: cleanup stops with a refusal naming the file it could not remove
+    (no traceback), and the symlink's target keeps its bytes."""
+    user = pwd.getpwnam("nobody")
+    cfg = make_config(nobody_dir, cleanup_prefix=str(nobody_dir / "runs"))
+    root = layout_of(cfg).root
+    fill(root / "ctl", ["a", "b"])
+    fill(root / "roots", ["f"])  # stays root's: nobody may not unlink inside it
+    victim = Victim.create(nobody_dir / "outside" / "victim")
+    (root / "link").symlink_to(victim.path)
+    for path in [nobody_dir / "runs", root, root / "ctl", *(root / "ctl").iterdir()]:
+        os.chown(path, user.pw_uid, user.pw_gid)
+    os.chown(victim.path, user.pw_uid, user.pw_gid)
+    os.lchown(root / "link", user.pw_uid, user.pw_gid)
+    victim = Victim(victim.path, Victim.look(victim.path))
+
+    def scenario() -> str:
+        """As nobody: clean up; what cleanup said when it stopped."""
+        try:
+            cleanup.run(cfg, yes=True, out=lambda _line: None)
+        except cleanup.Refused as exc:
+            return str(exc)
+        return "deleted everything"
+
+    said = as_nobody(scenario)
+    assert said.startswith(f"stopped deleting {root}, part of it remains")
+    assert f"Permission denied: '{root / 'roots' / 'f'}'" in said
+    victim.assert_unchanged()
