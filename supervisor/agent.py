@@ -203,7 +203,7 @@ def open_at(dir_fd: int, name: str, path: str, flags: int, single_link: bool = F
             raise UnsafeFile(f"{path} is a symbolic link: not followed") from None
         if exc.errno == errno.ENXIO:  # opened for writing: a FIFO or socket nobody reads
             raise UnsafeFile(f"{path} is a FIFO or socket, not a regular file") from None
-        raise
+        raise _named(exc, path) from None
     try:
         st = os.fstat(fd)
     except BaseException:
@@ -227,6 +227,12 @@ def open_file(path: str, flags: int, root: str | None, single_link: bool = False
         return open_at(dir_fd, name, path, flags, single_link)
     finally:
         os.close(dir_fd)
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """``exc`` naming the whole ``path``: relative to a directory descriptor, the error names
+    only the last component (and a rename, two of them)."""
+    return OSError(exc.errno, exc.strerror, path) if exc.errno is not None else exc
 
 
 def _kind(mode: int) -> str:
@@ -314,7 +320,10 @@ def write_atomic(path: str, text: str, root: str | None = None) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            try:
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                raise _named(exc, path) from None
         except BaseException:
             with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -334,6 +343,8 @@ def _create_temp(dir_fd: int, name: str, path: str) -> tuple[str, int]:
             return tmp, os.open(tmp, flags, 0o644, dir_fd=dir_fd)
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise _named(exc, os.path.join(os.path.dirname(path), tmp)) from None
     raise OpError(f"no free temp name beside {path}")
 
 
@@ -1002,16 +1013,15 @@ def _describe_holder(holder: dict[str, Any]) -> str:
 def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
     """``log`` -> ``log.1`` -> ... -> ``log.N`` when ``log`` is over ``max_bytes``; renames
     and the truncation go by the log directory's descriptor (a rename moves a planted
-    symlink, never what it points to). Raises UnsafeFile when ``log`` is no regular file."""
+    symlink, never what it points to). A log that is no regular file is left for the open
+    that follows to refuse, naming it."""
     dir_fd, name = open_parent(path, root, create=True)
     try:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{path} is {_kind(st.st_mode)}, not a regular file")
-        if st.st_size <= max_bytes:
+        if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
             return
         if backups <= 0:
             fd = open_at(dir_fd, name, path, os.O_WRONLY, single_link=True)
@@ -1022,10 +1032,18 @@ def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
             return
         for i in range(backups - 1, 0, -1):
             with contextlib.suppress(FileNotFoundError):
-                os.replace(f"{name}.{i}", f"{name}.{i + 1}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        os.replace(name, f"{name}.1", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                _rename_at(dir_fd, f"{name}.{i}", f"{name}.{i + 1}", f"{path}.{i + 1}")
+        _rename_at(dir_fd, name, f"{name}.1", f"{path}.1")
     finally:
         os.close(dir_fd)
+
+
+def _rename_at(dir_fd: int, source: str, target: str, target_path: str) -> None:
+    """Rename within ``dir_fd``; an error names ``target_path`` whole."""
+    try:
+        os.replace(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        raise _named(exc, target_path) from None
 
 
 def worker_cwd(env: dict[str, str], root: str) -> str:

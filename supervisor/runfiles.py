@@ -234,7 +234,10 @@ def write_atomic(path: Path, data: bytes, *, root: Path | None, mode: int = 0o64
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            try:
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                raise _named(exc, path) from None
         except BaseException:
             with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
                 os.unlink(tmp, dir_fd=dir_fd)
