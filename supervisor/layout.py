@@ -189,22 +189,30 @@ def launch_meta(config: Config) -> dict[str, Any]:
 
 
 def write_run_files(config: Config) -> None:
-    """Create the run directories and write the manifest, launch meta and pointer file."""
+    """Create the run directories and write the manifest and launch meta.
+
+    Not the pointer file: that means "the workers are up" and waits for the fleet to be
+    all ready (``write_pointer``).
+    """
     ensure_run_dirs(config)
     layout = layout_of(config)
     runfiles.write_json_atomic(layout.manifest, manifest(config), root=layout.root)
-    meta = launch_meta(config)
-    runfiles.write_json_atomic(layout.launch_meta, meta, root=layout.root)
-    pointer = config.run.pointer_file
-    if pointer is None:
-        return
-    if pointer.is_relative_to(layout.root):
-        runfiles.ensure_dirs(layout.root, [pointer.parent])
-        runfiles.write_json_atomic(pointer, meta, root=layout.root)
+    runfiles.write_json_atomic(layout.launch_meta, launch_meta(config), root=layout.root)
+
+
+def write_pointer(path: Path, meta: Mapping[str, Any], *, root: Path | None = None) -> None:
+    """Write the pointer file (``run.pointer_file``: a copy of ``ctl/launch_meta.json``, as
+    the seed wrote it), creating its directory. Raises OSError.
+
+    With ``root`` (the run root) a pointer file inside it is written as every file there is;
+    elsewhere its directory is the operator's choice, trusted up to the file itself.
+    """
+    if root is not None and path.is_relative_to(root):
+        runfiles.ensure_dirs(root, [path.parent])
+        runfiles.write_json_atomic(path, meta, root=root)
     else:
-        # In a directory the operator chose, outside the run: trusted up to the file itself.
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        runfiles.write_json_atomic(pointer, meta, root=None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        runfiles.write_json_atomic(path, meta, root=None)
 
 
 def host_names(config: Config) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any, Final, TypeGuard
 import structlog
 
 from supervisor import health
-from supervisor.errors import ControlError, UnsafeFileError
+from supervisor.errors import RunLocked, UnsafeFileError
 
 log = structlog.get_logger("supervisor.runfiles")
 
@@ -316,7 +316,7 @@ def lock_run(path: Path, *, root: Path) -> int:
     """Hold ``ctl/supervisor.lock`` for our lifetime: one supervisor per run, even across
     nodes (lockf on NFS is a server-side lock). Returns the descriptor to keep open.
 
-    Raises ControlError when another daemon holds it, UnsafeFileError when the name is a
+    Raises RunLocked when another daemon holds it, UnsafeFileError when the name is a
     symlink, FIFO or hard link (it is truncated and written in place, so it must be ours).
     """
     dir_fd, name = _open_parent(path, root)
@@ -329,7 +329,7 @@ def lock_run(path: Path, *, root: Path) -> int:
     except OSError:
         holder = _holder(fd)
         os.close(fd)
-        raise ControlError(
+        raise RunLocked(
             f"another reward-supervisor already runs this run ({path} is locked by"
             f" {holder or 'unknown'})"
         ) from None
@@ -451,6 +451,9 @@ def _history_entry(
             f"next_restart_at {_show(nxt)} is not a finite time within backoff_max_s"
             f" ({policy.backoff_max_s:g}s) from now"
         )
+    code = entry.get("cause_code")
+    if code is not None and (not isinstance(code, str) or code not in _CAUSES):
+        return f"cause_code must be null or one of {', '.join(sorted(_CAUSES))}, not {_show(code)}"
     texts: dict[str, str | None] = {}
     for key in ("cause", "failed"):
         value = entry.get(key)
@@ -463,8 +466,12 @@ def _history_entry(
         restart_times_at=tuple(float(t) + offset for t in times),
         next_restart_at=None if nxt is None else float(nxt) + offset,
         cause=texts["cause"],
+        cause_code=None if code is None else health.Cause(code),
         failed=texts["failed"],
     )
+
+
+_CAUSES: Final = frozenset(c.value for c in health.Cause)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -28,7 +28,7 @@ from supervisor import config as config_mod
 from supervisor.config import Config
 from supervisor.errors import UnsafeFileError
 from supervisor.health import Policy
-from supervisor.layout import RunLayout, layout_of, write_run_files
+from supervisor.layout import RunLayout, launch_meta, layout_of, write_pointer, write_run_files
 from supervisor.statusfiles import StatusProblem, read_exit, read_status
 
 #: An open, read or write that does not block returns within milliseconds; a FIFO open that
@@ -230,7 +230,7 @@ def test_run_lock_is_held_and_refused_to_a_second_daemon(run: RunLayout) -> None
             timeout=60,
         )
         assert second.returncode == 1
-        assert "ControlError" in second.stderr and f"pid {os.getpid()}" in second.stderr
+        assert "RunLocked" in second.stderr and f"pid {os.getpid()}" in second.stderr
     finally:
         os.close(fd)
     assert f"pid {os.getpid()}" in lock.read_text()
@@ -475,6 +475,7 @@ def test_run_files_replace_planted_symlinks_and_fifos_and_keep_victims(
     cfg = make_config(tmp_path, pointer_file=str(pointer))
     write_run_files(cfg)
     run = layout_of(cfg)
+    write_pointer(pointer, launch_meta(cfg), root=run.root)
     names = [run.manifest, run.launch_meta, pointer]
     for plant in (plant_symlink, None):
         victims = [Victim.create(outside / f"victim-{i}") for i in range(len(names))]
@@ -486,6 +487,7 @@ def test_run_files_replace_planted_symlinks_and_fifos_and_keep_victims(
         old_umask = os.umask(0o077)
         try:
             promptly(lambda: write_run_files(cfg))
+            promptly(lambda: write_pointer(pointer, launch_meta(cfg), root=run.root))
         finally:
             os.umask(old_umask)
         for path, victim in zip(names, victims, strict=True):
@@ -493,6 +495,21 @@ def test_run_files_replace_planted_symlinks_and_fifos_and_keep_victims(
             st = path.lstat()
             assert st.st_mode & 0o777 == 0o644, path
             assert json.loads(path.read_text())["run_id"] == "run-1"
+
+
+def test_a_pointer_file_inside_the_root_is_written_as_a_run_file(
+    config: Config, run: RunLayout, outside: Path
+) -> None:
+    """A pointer file configured inside the run root is written like every file there: its
+    directory swapped for a symlink is refused, naming it, and nothing lands outside."""
+    pointer = run.root / "pointers" / "current.json"
+    write_pointer(pointer, launch_meta(config), root=run.root)
+    assert json.loads(pointer.read_text())["run_id"] == "run-1"
+    swap_for_symlink(pointer.parent, outside)
+    with pytest.raises(UnsafeFileError) as caught:
+        promptly(lambda: write_pointer(pointer, launch_meta(config), root=run.root))
+    assert caught.value.path == str(pointer.parent)
+    assert list(outside.iterdir()) == []
 
 
 @pytest.mark.parametrize("swapped", ["ctl", "inbox", "status"])

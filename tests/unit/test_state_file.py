@@ -36,6 +36,7 @@ def entry(**fields: Any) -> dict[str, Any]:
         "restart_times": [NOW - 100.0, NOW - 50.0],
         "next_restart_at": NOW + 30.0,
         "cause": "worker exited with code 1",
+        "cause_code": "exited",
         "failed": None,
     }
     return base | fields
@@ -52,6 +53,7 @@ def test_a_saved_entry_loads_back_with_instants_on_our_clock() -> None:
             restart_times_at=(NOW - 100.0 + OFFSET, NOW - 50.0 + OFFSET),
             next_restart_at=NOW + 30.0 + OFFSET,
             cause="worker exited with code 1",
+            cause_code=health.Cause.EXITED,
             failed=None,
         )
     }
@@ -108,6 +110,8 @@ BAD_ENTRIES: list[tuple[str, Any, str]] = [
     ("string failures", entry(failures="3"), "not '3'"),
     ("huge restarts", entry(restarts=10**400), "restarts must be an integer"),
     ("cause not text", entry(cause=5), "cause must be null or a string"),
+    ("unknown cause code", entry(cause_code="bored"), "cause_code must be null or one of"),
+    ("cause code not text", entry(cause_code=[1]), "not [1]"),
     ("failed too long", entry(failed="x" * (HISTORY_MAX_TEXT + 1)), "failed must be null"),
     ("entry not an object", [1, 2], "not an object"),
 ]
@@ -156,7 +160,16 @@ values = st.recursive(
 )
 #: Entries shaped like the daemon's, each field drawn from anything.
 fields = st.sampled_from(
-    ["failures", "restarts", "restart_times", "next_restart_at", "cause", "failed", "other"]
+    [
+        "failures",
+        "restarts",
+        "restart_times",
+        "next_restart_at",
+        "cause",
+        "cause_code",
+        "failed",
+        "other",
+    ]
 )
 entries = st.dictionaries(fields, values | st.lists(scalars, max_size=5), max_size=7)
 state_files = st.fixed_dictionaries(
