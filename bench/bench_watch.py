@@ -226,7 +226,7 @@ def _writer(
 def write_status(status: Path, i: int, seq: int) -> float:
     """Rewrite file i atomically, as workers do; the CLOCK_MONOTONIC stamp written into it.
 
-    The temp name is new each time, as with mkstemp (layout.write_json_atomic): with fixed
+    The temp name is new each time, as with runfiles.write_json_atomic: with fixed
     temp names watchfiles' debounce would see no new paths after a second and flush early.
     """
     stamp = time.monotonic()

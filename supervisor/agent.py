@@ -48,9 +48,11 @@ import errno
 import fcntl
 import json
 import os
+import pwd
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -142,41 +144,208 @@ def boot_id() -> str:
     return _BOOT_ID[0]
 
 
-def read_pidfile(path: str) -> int | None:
-    """The pid in a pidfile, or None when it is missing or not a positive integer."""
+# --- files under the run root -----------------------------------------------------------
+# Whoever can write the shared run root can plant a symlink, a FIFO or a hard link under any
+# name there, or swap a directory for a symlink: every open below the root goes through these.
+
+#: O_NOFOLLOW: a symlink planted under the name is refused, never followed. O_NONBLOCK: a FIFO
+#: opens at once for reading (and fails for writing) instead of waiting for a peer forever.
+NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: A pidfile holds one number; a launch record a few hundred bytes.
+PIDFILE_MAX = 64
+RECORD_MAX = 1 << 20
+
+
+class UnsafeFile(OpError):
+    """A file or directory under the run root that is not what it must be; names it."""
+
+
+def open_parent(path: str, root: str | None, create: bool = False) -> tuple[int, str]:
+    """A descriptor of the directory holding ``path``, and the last component. Below ``root``
+    (when ``path`` is under it) each directory is opened without following a symlink (and
+    made first, when ``create``), so a swapped one cannot lead outside the root."""
+    parent, name = os.path.split(path)
+    base = parent
+    parts: list[str] = []
+    top = (root or "").rstrip("/")
+    if top and (parent + "/").startswith(top + "/"):
+        base, parts = top, [p for p in parent[len(top) :].split("/") if p]
+    if create:
+        os.makedirs(base, exist_ok=True)
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    here = base
     try:
-        with open(path) as f:
-            text = f.read(64).strip()
-    except (OSError, UnicodeDecodeError):
+        for part in parts:
+            here = os.path.join(here, part)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=fd)
+            except NotADirectoryError:
+                raise UnsafeFile(f"{here} is {_kind_at(fd, part)}, not a directory") from None
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
+def open_at(dir_fd: int, name: str, path: str, flags: int, single_link: bool = False) -> int:
+    """Open the regular file ``name`` in ``dir_fd`` without following or blocking; with
+    ``single_link``, refuse one hard-linked elsewhere (it is about to be written in place).
+    Raises UnsafeFile naming ``path``."""
+    try:
+        fd = os.open(name, flags | NOFOLLOW, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(f"{path} is a symbolic link: not followed") from None
+        if exc.errno == errno.ENXIO:  # opened for writing: a FIFO or socket nobody reads
+            raise UnsafeFile(f"{path} is a FIFO or socket, not a regular file") from None
+        raise _named(exc, path) from None
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFile(f"{path} is {_kind(st.st_mode)}, not a regular file")
+    if single_link and st.st_nlink > 1:
+        os.close(fd)
+        # Its other name may be any file of the same owner, anywhere on the filesystem.
+        raise UnsafeFile(f"{path} is hard-linked ({st.st_nlink} links): not written")
+    return fd
+
+
+def open_file(path: str, flags: int, root: str | None, single_link: bool = False) -> int:
+    """``open_at`` of ``path``, its directories below ``root`` opened as ``open_parent``
+    does (made first when ``flags`` has O_CREAT)."""
+    dir_fd, name = open_parent(path, root, create=bool(flags & os.O_CREAT))
+    try:
+        return open_at(dir_fd, name, path, flags, single_link)
+    finally:
+        os.close(dir_fd)
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """``exc`` naming the whole ``path``: relative to a directory descriptor, the error names
+    only the last component (and a rename, two of them)."""
+    return OSError(exc.errno, exc.strerror, path) if exc.errno is not None else exc
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``mode`` is, for messages."""
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return kind
+    return "of unknown type"
+
+
+def _kind_at(dir_fd: int, name: str) -> str:
+    """What ``name`` in ``dir_fd`` is, not following a symlink."""
+    try:
+        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return "gone"
+
+
+def read_small(path: str, limit: int, root: str | None) -> bytes | None:
+    """At most ``limit`` bytes of a regular file; None when missing, unsafe or unreadable."""
+    try:
+        fd = open_file(path, os.O_RDONLY, root)
+    except (OSError, OpError):
         return None
-    return int(text) if text.isdigit() and int(text) > 0 else None
-
-
-def read_json(path: str) -> dict[str, Any] | None:
-    """A small JSON object from a file, or None when missing, unreadable or not an object."""
     try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read(1 << 20).decode("utf-8"))
-    except (OSError, ValueError):
+        chunks = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_pidfile(path: str, root: str | None = None) -> int | None:
+    """The pid in a pidfile, or None when it is missing, unsafe or not a positive integer."""
+    data = read_small(path, PIDFILE_MAX, root)
+    text = (data or b"").strip()
+    # bytes.isdigit is ASCII only: no other script's digits, no sign, no spaces.
+    return int(text) if text.isdigit() and 0 < int(text) < 1 << 31 else None
+
+
+def read_json(path: str, root: str | None = None) -> dict[str, Any] | None:
+    """A small JSON object from a file, or None when missing, unsafe or not an object."""
+    data = read_small(path, RECORD_MAX, root)
+    if data is None:
+        return None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Replace ``path`` so a reader on any host sees the old file or the new one, whole."""
-    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+def write_atomic(path: str, text: str, root: str | None = None) -> None:
+    """Replace ``path`` so a reader on any host sees the old file or the new one, whole.
+
+    The temp file is created exclusively (O_EXCL, no symlink followed) under a random name,
+    in the same directory descriptor the rename uses: a name planted in advance, or a
+    directory swapped meanwhile, cannot make it write anywhere else. Whatever was at ``path``
+    (a symlink, a FIFO) is replaced by the rename, never followed.
+    """
+    dir_fd, name = open_parent(path, root)
     try:
+        tmp, fd = _create_temp(dir_fd, name, path)
         try:
-            os.write(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
-            os.unlink(tmp)
-        raise
+            try:
+                data = text.encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                raise _named(exc, path) from None
+        except BaseException:
+            with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def _create_temp(dir_fd: int, name: str, path: str) -> tuple[str, int]:
+    """A new temp file beside ``name``: its name and a descriptor open for writing."""
+    for _ in range(10):
+        # 64 random bits: nobody can plant the name in advance. The name is clipped so the
+        # whole stays within NAME_MAX.
+        tmp = f".{name[:200]}.{os.urandom(8).hex()}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
+            return tmp, os.open(tmp, flags, 0o644, dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _named(exc, os.path.join(os.path.dirname(path), tmp)) from None
+    raise OpError(f"no free temp name beside {path}")
 
 
 # --- identity ---------------------------------------------------------------------------
@@ -207,7 +376,7 @@ def identify(spec: dict[str, Any], pid: int) -> str:
         return "dead"
     if is_dead(stat):
         return "zombie"
-    record = read_json(spec["launch_record"])
+    record = read_json(spec["launch_record"], spec.get("root"))
     if record is not None and record.get("pid") == pid and record.get("boot_id") == boot_id():
         return "ours" if record.get("start_time") == stat[2] else "reused"
     return "ours" if argv_matches(spec, cmdline(pid)) else "foreign"
@@ -228,7 +397,7 @@ def op_probe(request: dict[str, Any]) -> dict[str, Any]:
     given = request.get("pid")
     if isinstance(given, int) and given > 0:
         candidates.append(given)
-    recorded = read_pidfile(spec["pidfile"])
+    recorded = read_pidfile(spec["pidfile"], spec.get("root"))
     if recorded is not None and recorded not in candidates:
         candidates.append(recorded)
     checked = []
@@ -583,7 +752,7 @@ def op_disarm_seed(request: dict[str, Any]) -> dict[str, Any]:
             raise OpError(f"wrapper pid(s) {alive} still alive {KILL_CONFIRM_S:g}s after SIGKILL")
         wrappers = sorted(frozen)
     workers = sorted(_spec_workers(spec))
-    recorded = read_pidfile(spec["pidfile"])
+    recorded = read_pidfile(spec["pidfile"], spec.get("root"))
     result = {
         "wrappers": wrappers,
         "killed": not dry_run,
@@ -592,7 +761,7 @@ def op_disarm_seed(request: dict[str, Any]) -> dict[str, Any]:
         "pidfile_now": recorded,
     }
     if len(workers) == 1 and recorded != workers[0] and not dry_run:
-        write_atomic(spec["pidfile"], f"{workers[0]}\n")
+        write_atomic(spec["pidfile"], f"{workers[0]}\n", spec.get("root"))
         result["pidfile_now"] = workers[0]
     return result
 
@@ -839,7 +1008,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         "shard": spec["shard"],
     }
     try:
-        write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n")
+        write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n", spec["root"])
     finally:
         _log(
             log_fd,
@@ -879,10 +1048,11 @@ def _log(fd: int, text: str) -> None:
 
 def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes]]:
     """Lock the shard, check the pidfile, rotate the log, start the worker and record it."""
-    os.makedirs(os.path.dirname(spec["lock"]), exist_ok=True)
+    root = spec["root"]
     # fcntl/lockf locks are per process and released by *any* close of the file in this
     # process, so the lock file is opened once, here, and never elsewhere in the shepherd.
-    lock_fd = os.open(spec["lock"], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # It is rewritten in place below, so it must be a file of its own (single_link).
+    lock_fd = open_file(spec["lock"], os.O_RDWR | os.O_CREAT, root, single_link=True)
     try:
         fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -893,7 +1063,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             f"shard {spec['shard']} is locked by a live shepherd ({_describe_holder(holder)})",
             holder.get("pid") if holder.get("alive") else None,
         ) from None
-    recorded = read_pidfile(spec["pidfile"])
+    recorded = read_pidfile(spec["pidfile"], root)
     if recorded is not None and identify(spec, recorded) == "ours":
         # The lock was free but a worker of ours runs: its shepherd was killed (SIGKILL,
         # OOM). Starting another would put two workers on one shard.
@@ -902,8 +1072,10 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             " but no shepherd holds the shard lock",
             recorded,
         )
-    _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]))
-    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]), root)
+    log_fd = open_file(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, root, single_link=True)
+    # The worker inherits it as stdout: a plain blocking descriptor, as it expects.
+    fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     env = dict(os.environ)
     env.update(spec["env"])
     _log(log_fd, f"starting worker (via {via}): {json.dumps(spec['argv'])}")
@@ -911,7 +1083,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         worker = subprocess.Popen(
             spec["argv"],
             env=env,
-            cwd=spec["root"],
+            cwd=worker_cwd(env, root),
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
@@ -936,8 +1108,8 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         "launched_at": time.time(),
     }
     try:
-        write_atomic(spec["pidfile"], f"{worker.pid}\n")
-        write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n")
+        write_atomic(spec["pidfile"], f"{worker.pid}\n", root)
+        write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n", root)
     except OSError as exc:
         # Unrecorded (a full disk, say), the worker would run unknown to every probe and the
         # next launch would start a second one beside it: end it before reporting failure.
@@ -989,20 +1161,59 @@ def _describe_holder(holder: dict[str, Any]) -> str:
     return f"worker pid {holder['pid']} on {holder.get('host', '?')}, {state}"
 
 
-def _rotate(path: str, max_bytes: int, backups: int) -> None:
-    """``log`` -> ``log.1`` -> ... -> ``log.N`` when ``log`` is over ``max_bytes``."""
+def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
+    """``log`` -> ``log.1`` -> ... -> ``log.N`` when ``log`` is over ``max_bytes``; renames
+    and the truncation go by the log directory's descriptor (a rename moves a planted
+    symlink, never what it points to). A log that is no regular file is left for the open
+    that follows to refuse, naming it."""
+    dir_fd, name = open_parent(path, root, create=True)
     try:
-        if os.stat(path).st_size <= max_bytes:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
             return
-    except FileNotFoundError:
-        return
-    if backups <= 0:
-        os.truncate(path, 0)
-        return
-    for i in range(backups - 1, 0, -1):
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(f"{path}.{i}", f"{path}.{i + 1}")
-    os.replace(path, path + ".1")
+        if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
+            return
+        if backups <= 0:
+            fd = open_at(dir_fd, name, path, os.O_WRONLY, single_link=True)
+            try:
+                os.ftruncate(fd, 0)
+            finally:
+                os.close(fd)
+            return
+        for i in range(backups - 1, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                _rename_at(dir_fd, f"{name}.{i}", f"{name}.{i + 1}", f"{path}.{i + 1}")
+        _rename_at(dir_fd, name, f"{name}.1", f"{path}.1")
+    finally:
+        os.close(dir_fd)
+
+
+def _rename_at(dir_fd: int, source: str, target: str, target_path: str) -> None:
+    """Rename within ``dir_fd``; an error names ``target_path`` whole."""
+    try:
+        os.replace(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        raise _named(exc, target_path) from None
+
+
+def worker_cwd(env: dict[str, str], root: str) -> str:
+    """Where the worker starts: its HOME, as the old script ran it, but never the run root
+    or a directory in it. ``python -m`` puts its working directory first on ``sys.path``,
+    and anyone who can write the run root could plant a package there (``areal/``)."""
+    try:
+        account_home: str | None = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # a uid with no passwd entry (a container's)
+        account_home = None
+    top = os.path.realpath(root).rstrip("/") + "/"
+    for candidate in (env.get("HOME"), account_home):
+        if not candidate or not os.path.isabs(candidate) or not os.path.isdir(candidate):
+            continue
+        if not os.access(candidate, os.X_OK):  # a HOME inherited from another user
+            continue
+        if not (os.path.realpath(candidate).rstrip("/") + "/").startswith(top):
+            return candidate
+    return "/"
 
 
 # --- launcher ---------------------------------------------------------------------------

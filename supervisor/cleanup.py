@@ -3,20 +3,21 @@
 Refuses when ``run.cleanup_prefix`` is unset, when the run root (symlinks resolved) is not
 strictly inside the prefix (also resolved), while a daemon runs the run, or while any worker
 may be alive (a status file changed recently, or a probe over SSH finds the worker or cannot
-tell). Symlinks inside the tree are removed, never followed.
+tell). The delete itself is ``runfiles.delete_tree``: by descriptor, from the root re-opened
+without following and checked to be the directory checked here; symlinks inside the tree
+are removed, never followed, even when one replaces a directory mid-delete.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor import control, layout
+from supervisor import control, layout, runfiles
 from supervisor.config import Config
 from supervisor.errors import ControlError, RemoteError
 
@@ -25,24 +26,33 @@ PROGRESS_EVERY_S = 2.0
 
 
 class Refused(Exception):
-    """Cleanup will not delete anything; the message says why."""
+    """Cleanup will not delete anything (more); the message says why."""
 
 
 def run(config: Config, *, yes: bool, out: Callable[[str], None]) -> int:
     """Check everything, then delete the run root; returns an exit code (raises Refused)."""
     root = check_paths(config)
-    if not root.exists():
+    try:
+        checked = runfiles.identity(root)
+    except FileNotFoundError:
         out(f"nothing to delete: {root} does not exist")
         return 0
     check_no_daemon(config)
     check_no_live_workers(config, out)
-    files, size = _measure(root)
+    try:
+        files, size = runfiles.measure_tree(root, checked)
+    except OSError as exc:
+        raise Refused(f"cannot walk {root}: {exc}") from None
     if not yes:
         raise Refused(
             f"would delete {root} ({files} files, {size / 1e6:.1f} MB); re-run with --yes"
         )
     out(f"deleting {root} ({files} files, {size / 1e6:.1f} MB)")
-    removed = _delete_tree(root, out)
+    try:
+        removed = _delete_tree(root, checked, out)
+    except OSError as exc:
+        # Nothing outside the tree was touched; what is left of it stays for a look.
+        raise Refused(f"stopped deleting {root}, part of it remains: {exc}") from None
     out(f"removed {root} ({removed} entries)")
     return 0
 
@@ -70,15 +80,14 @@ def check_no_daemon(config: Config) -> None:
         pass
     else:
         raise Refused(f"a daemon is running this run ({config.control.socket}); stop it first")
-    lock = layout.layout_of(config).ctl / "supervisor.lock"
-    with contextlib.suppress(FileNotFoundError):
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise Refused(f"a daemon holds {lock}; stop it first") from None
-        finally:
-            os.close(fd)
+    run = layout.layout_of(config)
+    lock = run.ctl / "supervisor.lock"
+    try:
+        held = runfiles.lock_is_held(lock, root=run.root)
+    except OSError as exc:
+        raise Refused(f"cannot tell whether a daemon holds {lock}: {exc}") from None
+    if held:
+        raise Refused(f"a daemon holds {lock}; stop it first")
 
 
 def check_no_live_workers(config: Config, out: Callable[[str], None]) -> None:
@@ -149,33 +158,13 @@ def _inside(path: Path, prefix: Path) -> bool:
         return False
 
 
-def _measure(root: Path) -> tuple[int, int]:
-    files = size = 0
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            files += 1
-            with contextlib.suppress(OSError):
-                size += os.lstat(os.path.join(dirpath, name)).st_size
-    return files, size
+def _delete_tree(root: Path, checked: tuple[int, int], out: Callable[[str], None]) -> int:
+    """Remove ``root`` (still the directory ``checked``), reporting progress."""
+    last = [time.monotonic()]
 
-
-def _delete_tree(root: Path, out: Callable[[str], None]) -> int:
-    """Remove ``root`` bottom-up without following symlinks, reporting progress."""
-    removed = 0
-    last = time.monotonic()
-    for dirpath, dirs, names in os.walk(root, topdown=False, followlinks=False):
-        for name in names:
-            os.unlink(os.path.join(dirpath, name))
-            removed += 1
-        for name in dirs:
-            path = os.path.join(dirpath, name)
-            if os.path.islink(path):
-                os.unlink(path)
-            else:
-                os.rmdir(path)
-            removed += 1
-        if time.monotonic() - last > PROGRESS_EVERY_S:
-            last = time.monotonic()
+    def progress(removed: int) -> None:
+        if time.monotonic() - last[0] > PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
             out(f"  ... {removed} entries removed")
-    os.rmdir(root)
-    return removed + 1
+
+    return runfiles.delete_tree(root, checked, progress)

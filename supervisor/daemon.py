@@ -11,7 +11,6 @@ has no ``if`` about health or the fleet (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import gc
 import itertools
 import os
@@ -27,7 +26,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, view
+from supervisor import fleet, health, layout, runfiles, view
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import ConfigError, ControlError, RemoteError, RunLocked, ShardHeld
@@ -310,7 +309,8 @@ class Daemon:
 
     def _prepare_run_directory(self) -> None:
         layout.ensure_run_dirs(self._config)
-        self._run_lock = _lock_run(layout.layout_of(self._config).ctl / "supervisor.lock")
+        run = layout.layout_of(self._config)
+        self._run_lock = runfiles.lock_run(run.ctl / "supervisor.lock", root=run.root)
         layout.write_run_files(self._config)
 
     def _release_run_lock(self) -> None:
@@ -643,10 +643,12 @@ class Daemon:
         return layout.launch_spec(self._config, link.cfg)
 
     async def _write_sentinel(self, action: fleet.WriteStopSentinel) -> None:
-        path = layout.layout_of(self._config).stop_sentinel(action.host)
+        run = layout.layout_of(self._config)
         error: str | None = None
         try:
-            await asyncio.to_thread(_touch, path)
+            await asyncio.to_thread(
+                runfiles.write_stop_sentinel, run.stop_sentinel(action.host), root=run.root
+            )
         except OSError as exc:
             error = str(exc)
         self._inbox.put(
@@ -654,10 +656,10 @@ class Daemon:
         )
 
     async def _delete_sentinel(self, action: fleet.DeleteStopSentinel) -> None:
-        path = layout.layout_of(self._config).stop_sentinel(action.host)
+        run = layout.layout_of(self._config)
         error: str | None = None
         try:
-            await asyncio.to_thread(_unlink_missing_ok, path)
+            await asyncio.to_thread(runfiles.remove, run.stop_sentinel(action.host), root=run.root)
         except OSError as exc:
             error = str(exc)
         self._inbox.put(
@@ -668,7 +670,10 @@ class Daemon:
         error: str | None = None
         try:
             await asyncio.to_thread(
-                layout.write_pointer, Path(path), layout.launch_meta(self._config)
+                layout.write_pointer,
+                Path(path),
+                layout.launch_meta(self._config),
+                root=self._config.run.root,
             )
         except Exception as exc:  # task root: a pointer must never end the daemon
             error = str(exc) or type(exc).__name__
@@ -802,19 +807,12 @@ class Daemon:
         }
 
     def _write_history(self, snapshot: dict[str, Any]) -> None:
-        layout.write_json_atomic(layout.layout_of(self._config).state_file, snapshot)
+        run = layout.layout_of(self._config)
+        runfiles.write_json_atomic(run.state_file, snapshot, root=run.root)
 
     def _load_history(self) -> dict[str, health.History]:
-        path = layout.layout_of(self._config).state_file
-        try:
-            raw = layout.read_json(path)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("history.unreadable", path=str(path), reason=str(exc))
-            return {}
-        offset = time.monotonic() - time.time()  # wall clock + offset = monotonic
-        return history_from_json(raw, offset)
+        run = layout.layout_of(self._config)
+        return runfiles.load_history(run.state_file, root=run.root, policy=self._config.health)
 
     # ------------------------------------------------------------------------------------
     # Status
@@ -1033,66 +1031,6 @@ def _event_of(obs: Observation) -> health.Event | None:
             return health.StopSentinelAppeared() if present else health.StopSentinelRemoved()
         case _:
             assert_never(obs)
-
-
-def history_from_json(raw: Any, offset: float) -> dict[str, health.History]:
-    """Parse ``ctl/supervisor-state.json``; wall-clock instants + ``offset`` = monotonic."""
-    out: dict[str, health.History] = {}
-    hosts = raw.get("hosts") if isinstance(raw, dict) else None
-    if not isinstance(hosts, dict):
-        return out
-    for name, h in hosts.items():
-        if not isinstance(h, dict):
-            continue
-        try:
-            times = tuple(float(t) + offset for t in h.get("restart_times") or ())
-            nxt = h.get("next_restart_at")
-            out[str(name)] = health.History(
-                failures=int(h.get("failures") or 0),
-                restarts=int(h.get("restarts") or 0),
-                restart_times_at=times,
-                next_restart_at=None if nxt is None else float(nxt) + offset,
-                cause=h.get("cause") if isinstance(h.get("cause"), str) else None,
-                failed=h.get("failed") if isinstance(h.get("failed"), str) else None,
-            )
-        except (TypeError, ValueError):
-            log.warning("history.bad_entry", host=name)
-    return out
-
-
-def _lock_run(path: Path) -> int:
-    """Hold ``ctl/supervisor.lock`` for our lifetime: one supervisor per run, even across
-    nodes (lockf on NFS is a server-side lock)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _read_text(fd)
-        os.close(fd)
-        who = holder or "unknown"
-        raise RunLocked(
-            f"another reward-supervisor already runs this run ({path} is locked by {who})"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{socket.gethostname()} pid {os.getpid()}\n".encode())
-    return fd
-
-
-def _read_text(fd: int) -> str:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        return os.read(fd, 200).decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _touch(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"stopped by reward-supervisor stop-host at {_utc_now()}\n", encoding="utf-8")
-
-
-def _unlink_missing_ok(path: Path) -> None:
-    path.unlink(missing_ok=True)
 
 
 def _utc_now() -> str:

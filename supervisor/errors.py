@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -59,3 +60,17 @@ class DaemonNotRunning(ControlError):
 
 class RunLocked(SupervisorError):
     """Another reward-supervisor holds this run's lock (``ctl/supervisor.lock``)."""
+
+
+class UnsafeFileError(SupervisorError, OSError):
+    """A file or directory under the run root that is not what it must be (a symbolic link,
+    a FIFO, a device, a hard link, a swapped directory): refused, never followed.
+
+    An ``OSError``, so every caller that already survives a bad file survives this one; the
+    message names the file, ``reason`` is the short why (``"a symbolic link"``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, detail: str = "") -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}{f' ({detail})' if detail else ''}")

@@ -1,21 +1,18 @@
 """The run directory (DESIGN §5): where every file lives, and the files the supervisor writes.
 
 The supervisor never deletes or rewrites ``inbox/``, ``outbox/`` or ``status/`` files; this
-module writes only ``manifest.json``, ``ctl/launch_meta.json``, ``ctl/supervisor-state.json``
-and the pointer file, always atomically (write a temp file, fsync, rename).
+module writes only ``manifest.json``, ``ctl/launch_meta.json`` and the pointer file, always
+atomically and through ``runfiles`` (which owns every open of a file under the root).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor import runfiles
 from supervisor.config import Config, HostConfig, render_argv
 
 #: Written into ``ctl/supervisor-state.json``; bump when its shape changes.
@@ -151,12 +148,13 @@ def layout_of(config: Config) -> RunLayout:
 
 
 def ensure_run_dirs(config: Config) -> None:
-    """Create ``ctl/ status/ outbox/ inbox/<shard>/`` (existing ones are left as they are)."""
+    """Create ``ctl/ status/ outbox/ inbox/<shard>/`` (existing ones are left as they are,
+    but must be real directories: one that is a symlink raises UnsafeFileError)."""
     layout = layout_of(config)
-    for path in (layout.ctl, layout.status_dir, layout.outbox, layout.inbox):
-        path.mkdir(parents=True, exist_ok=True)
-    for shard in range(config.run.shard_count):
-        layout.shard_inbox(shard).mkdir(parents=True, exist_ok=True)
+    shards = (layout.shard_inbox(shard) for shard in range(config.run.shard_count))
+    runfiles.ensure_dirs(
+        layout.root, (layout.ctl, layout.status_dir, layout.outbox, layout.inbox, *shards)
+    )
 
 
 def workers_list(config: Config) -> list[dict[str, Any]]:
@@ -198,41 +196,23 @@ def write_run_files(config: Config) -> None:
     """
     ensure_run_dirs(config)
     layout = layout_of(config)
-    write_json_atomic(layout.manifest, manifest(config))
-    write_json_atomic(layout.launch_meta, launch_meta(config))
+    runfiles.write_json_atomic(layout.manifest, manifest(config), root=layout.root)
+    runfiles.write_json_atomic(layout.launch_meta, launch_meta(config), root=layout.root)
 
 
-def write_pointer(path: Path, meta: Mapping[str, Any]) -> None:
+def write_pointer(path: Path, meta: Mapping[str, Any], *, root: Path | None = None) -> None:
     """Write the pointer file (``run.pointer_file``: a copy of ``ctl/launch_meta.json``, as
-    the seed wrote it), creating its directory. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, meta)
+    the seed wrote it), creating its directory. Raises OSError.
 
-
-def write_json_atomic(path: Path, data: object, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` as JSON so readers see the old or the new file, whole."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def read_json(path: Path, *, max_bytes: int = 1 << 20) -> Any:
-    """Parse a small JSON file; raises OSError or ValueError (too big, not JSON)."""
-    with path.open("rb") as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"{path} is larger than {max_bytes} bytes")
-    return json.loads(data)
+    With ``root`` (the run root) a pointer file inside it is written as every file there is;
+    elsewhere its directory is the operator's choice, trusted up to the file itself.
+    """
+    if root is not None and path.is_relative_to(root):
+        runfiles.ensure_dirs(root, [path.parent])
+        runfiles.write_json_atomic(path, meta, root=root)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        runfiles.write_json_atomic(path, meta, root=None)
 
 
 def host_names(config: Config) -> list[str]:

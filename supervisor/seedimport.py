@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from supervisor import config as config_mod
+from supervisor import runfiles
 from supervisor.errors import ConfigError
 
 # The seed's defaults (reward_workers_ctl.py), kept so an imported run behaves the same.
@@ -87,9 +87,10 @@ def config_from_seed(
     if meta_path is None:
         raise ImportProblem("pass --root ROOT or --launch-meta PATH of the seed run")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        under = Path(root) if root and not launch_meta else None  # ctl/ is the run's, too
+        meta = runfiles.read_json(meta_path, root=under, max_bytes=runfiles.META_MAX_BYTES)
     except (OSError, ValueError) as exc:
-        raise ImportProblem(f"cannot read {meta_path}: {exc}") from None
+        raise ImportProblem(f"cannot read the seed run's launch meta: {exc}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("workers"), list):
         raise ImportProblem(f"{meta_path} has no 'workers' list")
     run_root = str(meta.get("root") or root or "")
@@ -211,17 +212,9 @@ def read_wrapper(path: Path) -> tuple[str | None, dict[str, str]] | None:
     as one. Read like any file under the run root: no symlink, a regular file, bounded;
     only plain quoted values are taken (nothing a shell would expand)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = runfiles.read_capped(path, WRAP_READ_MAX)[:WRAP_READ_MAX]
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, WRAP_READ_MAX)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     values: dict[str, str] = {}
     for line in data.decode("utf-8", "replace").splitlines():
         match = _WRAP_LINE.match(line.strip())
@@ -265,7 +258,7 @@ def _under(path: PurePosixPath, top: PurePosixPath) -> bool:
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = runfiles.read_json(path, root=None, max_bytes=runfiles.META_MAX_BYTES)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
-import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,9 +34,9 @@ from typing import Any, Final
 
 import structlog
 
-from supervisor import layout
+from supervisor import layout, runfiles
 from supervisor.config import Config, HostConfig
-from supervisor.errors import RemoteError
+from supervisor.errors import RemoteError, UnsafeFileError
 
 log = structlog.get_logger()
 
@@ -196,7 +194,9 @@ def stop_watch(run_dir: layout.RunLayout, *, timeout_s: float, dry_run: bool) ->
             detail=f"would write ctl/watch.stop and wait for watch pid {pid} ({where}) to exit",
         )
     try:
-        _write_new(run_dir.ctl / "watch.stop", f"{time.time()}\n".encode())
+        runfiles.write_atomic(
+            run_dir.ctl / "watch.stop", f"{time.time()}\n".encode(), root=run_dir.root
+        )
     except OSError as exc:
         return WatchOutcome(
             pid=pid,
@@ -335,7 +335,7 @@ def clear_seed_sentinel(run_dir: layout.RunLayout, outcome: HostOutcome, *, dry_
         outcome.sentinel = "would_clear"
         outcome.sentinel_detail = f"would remove {name} (written by the old script's stop)"
     elif kind == "seed":
-        path.unlink(missing_ok=True)
+        runfiles.remove(path, root=run_dir.root)
         outcome.sentinel = "cleared"
         outcome.sentinel_detail = f"removed {name} (written by the old script's stop)"
     else:
@@ -352,6 +352,8 @@ def sentinel_kind(path: Path) -> tuple[str, str]:
         data = _read_regular(path, SENTINEL_READ_MAX)
     except FileNotFoundError:
         return "none", ""
+    except UnsafeFileError as exc:
+        return "other", f"unreadable: {exc.reason}"
     except OSError as exc:
         return "other", f"unreadable: {exc.strerror or exc}"
     if data == SEED_STOP_TEXT:
@@ -372,22 +374,7 @@ def _read_pid(path: Path) -> int | None:
 def _read_regular(path: Path, limit: int) -> bytes:
     """At most ``limit`` bytes of a regular file, never through a symlink and never
     blocking on a FIFO; OSError otherwise (FileNotFoundError when it is missing)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    """Write a small file, never through a symlink someone left at ``path``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    return runfiles.read_capped(path, limit)[:limit]
 
 
 def _exists(path: Path) -> bool:

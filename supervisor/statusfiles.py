@@ -26,7 +26,9 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 import structlog
 from watchfiles import Change, awatch
 
+from supervisor import runfiles
 from supervisor.config import WatchMode
+from supervisor.errors import UnsafeFileError
 from supervisor.layout import RunLayout
 
 ResolvedMode = Literal["inotify", "poll"]
@@ -264,29 +266,16 @@ def _finite(value: object) -> float | None:
 
 
 def _read_capped(path: str | os.PathLike[str]) -> bytes | StatusProblem:
-    # O_NONBLOCK: a FIFO planted under a status name must not block the reader forever.
+    # runfiles.read_capped: no symlink followed, O_NONBLOCK (a FIFO planted under a status
+    # name must not block the reader forever), regular files only, one byte past the cap.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return runfiles.read_capped(path, MAX_FILE_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return StatusProblem("missing")
+    except UnsafeFileError as exc:
+        return StatusProblem(exc.reason)
     except OSError as exc:
         return StatusProblem(f"unreadable: {_errno_name(exc)}")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return StatusProblem("not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_FILE_BYTES:
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        return StatusProblem(f"unreadable: {_errno_name(exc)}")
-    finally:
-        os.close(fd)
 
 
 def _errno_name(exc: OSError) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor import fleet, health
+from supervisor import fleet, health, runfiles
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.statusfiles import StatusProblem, StatusRecord, read_status
@@ -208,7 +208,7 @@ def _offline_row(
     status_path = layout.status(cfg.name)
     record = read_status(status_path)
     try:
-        age: float | None = max(0.0, now_wall - status_path.stat().st_mtime)
+        age: float | None = max(0.0, now_wall - status_path.lstat().st_mtime)
     except OSError:
         age = None
     sentinel = layout.stop_sentinel(cfg.name).exists()
@@ -238,11 +238,7 @@ def _offline_row(
 
 
 def _read_pid(layout: RunLayout, host: str) -> int | None:
-    try:
-        text = layout.pidfile(host).read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    return runfiles.read_pid(layout.pidfile(host), root=layout.root)
 
 
 def _dash(value: object) -> str:

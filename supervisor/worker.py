@@ -456,9 +456,10 @@ def write_json_atomic(path: Path, data: object) -> None:
             json.dump(data, f, sort_keys=True)
             f.write("\n")
             f.flush()
+            # mkstemp creates 0600; the supervisor may read these files as another user. On
+            # the descriptor: by path, a name swapped since would be changed instead.
+            os.fchmod(f.fileno(), 0o644)
             os.fsync(f.fileno())
-        # mkstemp creates 0600; the supervisor may read these files as another user.
-        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -85,8 +85,8 @@ GARBAGE: list[tuple[str, Callable[[Path], None], str]] = [
     ("binary", replaced(BINARY), "not UTF-8"),
     ("10 MB", replaced(b"{" + b" " * (10 * 1024 * 1024) + b"}"), "too big"),
     ("JSON but no pid", replaced(b'{"ready": true, "heartbeat_at": 1.5}'), "missing pid"),
-    ("symlink to a device", symlink_to(Path("/dev/zero")), "not a regular file"),
-    ("symlink to nowhere", symlink_to(Path("/nonexistent/status.json")), "missing"),
+    ("symlink to a device", symlink_to(Path("/dev/zero")), "a symbolic link"),
+    ("symlink to nowhere", symlink_to(Path("/nonexistent/status.json")), "a symbolic link"),
     ("named pipe", fifo, "not a regular file"),
     ("deleted", deleted, "missing"),
 ]

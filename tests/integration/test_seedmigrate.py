@@ -115,16 +115,23 @@ def test_a_watch_pidfile_nobody_removes_is_reported_not_ignored(tmp_path: Path) 
     assert "not a process on this node" in outcome.detail
 
 
-def test_a_symlinked_watch_stop_is_not_written_through(tmp_path: Path) -> None:
-    """ctl/watch.stop left as a symlink: nothing is written through it, and the watch is
-    reported as not stopped (the hosts are then left alone)."""
+@pytest.mark.parametrize("plant", ["symlink", "hard link"])
+def test_a_planted_watch_stop_is_not_written_through(tmp_path: Path, plant: str) -> None:
+    """ctl/watch.stop left as a symlink or a hard link to a file: nothing is written through
+    it (a new file replaces the name), and a watch that does not exit is reported as not
+    stopped (the hosts are then left alone)."""
     run = RunLayout(tmp_path)
     run.ctl.mkdir()
     (run.ctl / "watch.pid").write_text("999999999\n")
     target = tmp_path / "precious"
     target.write_text("keep me\n")
-    (run.ctl / "watch.stop").symlink_to(target)
+    if plant == "symlink":
+        (run.ctl / "watch.stop").symlink_to(target)
+    else:
+        os.link(target, run.ctl / "watch.stop")
     outcome = seedmigrate.stop_watch(run, timeout_s=5, dry_run=False)
     assert outcome.outcome == "still_running"
-    assert "cannot write ctl/watch.stop" in outcome.detail
+    assert "did not exit" in outcome.detail
     assert target.read_text() == "keep me\n"
+    assert not (run.ctl / "watch.stop").is_symlink()
+    assert (run.ctl / "watch.stop").stat().st_nlink == 1

@@ -18,8 +18,7 @@ from typing import Literal
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import statusfiles
-from supervisor.layout import write_json_atomic
+from supervisor import runfiles, statusfiles
 from supervisor.statusfiles import (
     FILE_THREAD_NAME,
     ExitObserved,
@@ -42,6 +41,11 @@ Mode = Literal["inotify", "poll"]
 #: Generous: the machines are shared and noisy; a pass takes well under a second.
 WAIT_S = 20.0
 POLL_INTERVAL_S = 0.1
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Replace ``path`` with ``data`` as JSON, whole, as a worker writes its status."""
+    runfiles.write_json_atomic(path, data, root=None)
 
 
 class Seen:

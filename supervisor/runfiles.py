@@ -1,0 +1,678 @@
+"""Files under the shared run root, opened as hostile: anyone who can write the root may put a
+symlink, a FIFO, a hard link or a device under any name there, or swap a directory mid-way.
+
+The daemon and the CLI touch run-root files only through this module. It never follows a
+symlink below the root, never blocks opening a FIFO, reads at most a cap, creates files only
+exclusively under random names, and deletes by descriptor. The root path itself comes from
+the operator's config and is trusted; ``root=None`` means a file whose directory is trusted
+(the pointer file), which is still never followed itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import secrets
+import socket
+import stat
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final, TypeGuard
+
+import structlog
+
+from supervisor import health
+from supervisor.errors import RunLocked, UnsafeFileError
+
+log = structlog.get_logger("supervisor.runfiles")
+
+# O_NOFOLLOW: a symlink planted under the name is refused (ELOOP), never followed.
+# O_NONBLOCK: opening a FIFO for reading returns at once (and for writing fails with ENXIO)
+# instead of waiting for a peer that never comes; fstat then refuses it.
+_FILE_FLAGS: Final = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Our own state file for a thousand hosts with an hour of restart times is a few MB.
+STATE_MAX_BYTES: Final = 8 * 1024 * 1024
+#: A manifest, launch meta or pointer file is a few KiB even for a thousand hosts.
+META_MAX_BYTES: Final = 1024 * 1024
+# A pidfile holds one number and a newline.
+PIDFILE_MAX_BYTES: Final = 64
+# Clocks of the nodes that may run the daemon (one after another) are NTP-synced to well under
+# this; a restart time further in the future was not written by a daemon.
+HISTORY_SKEW_S: Final = 60.0
+# Far beyond any real count, small enough that nothing derived from it overflows.
+HISTORY_MAX_COUNT: Final = 10**9
+# A reason is a sentence quoting at most a few KiB of a remote error.
+HISTORY_MAX_TEXT: Final = 10_000
+# Temp names: a random part too long to guess, and the name clipped so the whole fits NAME_MAX.
+_TEMP_NAME_MAX: Final = 200
+_TEMP_ATTEMPTS: Final = 10
+
+
+# --------------------------------------------------------------------------------------
+# Opening, without following.
+
+
+def open_dir(root: Path, parts: Sequence[str] = (), *, create: bool = False) -> int:
+    """A descriptor of ``root/parts...``: ``root`` as configured, each part below it opened
+    without following a symlink (and made first, when ``create``). Raises UnsafeFileError
+    naming a part that is not a directory, FileNotFoundError for a missing one."""
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = root
+    try:
+        for part in parts:
+            path = path / part
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            sub = _open_subdir(fd, part, path)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_subdir(dir_fd: int, name: str, path: Path) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except NotADirectoryError:
+        raise UnsafeFileError(path, "not a directory", _kind_at(dir_fd, name)) from None
+    except OSError as exc:
+        raise _named(exc, path) from None
+
+
+def _open_parent(path: Path, root: Path | None, *, create: bool = False) -> tuple[int, str]:
+    """The directory holding ``path`` (opened as ``open_dir`` does below ``root``) and the
+    last component's name."""
+    if root is None:
+        return os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path.name
+    parts = path.relative_to(root).parts
+    if not parts:
+        raise ValueError(f"{path} is the run root itself, not a file under it")
+    return open_dir(root, parts[:-1], create=create), parts[-1]
+
+
+def _open_file(
+    name: str | os.PathLike[str],
+    flags: int,
+    *,
+    path: str | os.PathLike[str],
+    dir_fd: int | None = None,
+    mode: int = 0o644,
+    single_link: bool = False,
+) -> int:
+    """Open a regular file at ``name`` (relative to ``dir_fd``) without following or blocking;
+    ``single_link`` refuses a file hard-linked elsewhere (it is about to be written in place).
+    Errors name ``path``."""
+    try:
+        fd = os.open(name, flags | _FILE_FLAGS, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(path, "a symbolic link", "not followed") from None
+        if exc.errno == errno.ENXIO:  # opened for writing: a FIFO or socket with no reader
+            raise UnsafeFileError(path, "not a regular file", "a FIFO or socket") from None
+        raise _named(exc, path) from None
+    try:
+        _check_regular(os.fstat(fd), path, single_link=single_link)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_regular(st: os.stat_result, path: str | os.PathLike[str], *, single_link: bool) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(path, "not a regular file", _kind(st.st_mode))
+    if single_link and st.st_nlink > 1:
+        # The other name may be any file of the same owner, outside the root.
+        raise UnsafeFileError(path, "hard-linked", f"{st.st_nlink} links")
+
+
+def _named(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``exc`` again, naming the whole path rather than the component ``dir_fd`` saw."""
+    if exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror, os.fspath(path))
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return kind
+    return "of unknown type"
+
+
+def _kind_at(dir_fd: int, name: str) -> str:
+    try:
+        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return "vanished"
+
+
+# --------------------------------------------------------------------------------------
+# Reading and writing.
+
+
+def read_capped(path: str | os.PathLike[str], max_bytes: int, *, root: Path | None = None) -> bytes:
+    """At most ``max_bytes + 1`` bytes of the regular file ``path`` (one past the cap, so the
+    caller can tell a file too big), never through a symlink, never blocking on a FIFO.
+
+    Without ``root`` only the file itself is checked (one open, as cheap as a plain read: the
+    status files' hot path); with it every directory below ``root`` is too. Raises
+    FileNotFoundError, UnsafeFileError or OSError.
+    """
+    if root is None:
+        fd = _open_file(path, os.O_RDONLY, path=path)
+    else:
+        dir_fd, name = _open_parent(Path(path), root)
+        try:
+            fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, *, root: Path | None, max_bytes: int) -> Any:
+    """Parse a JSON file of at most ``max_bytes``, read as ``read_capped`` does; raises
+    OSError or ValueError (too big, not UTF-8, not JSON, nested too deep), each naming it."""
+    data = read_capped(path, max_bytes, root=root)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} is larger than {max_bytes} bytes")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def write_atomic(path: Path, data: bytes, *, root: Path | None, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so readers see the old file or the new one, whole.
+
+    The temp file is made exclusively under a random name in the same directory descriptor
+    the rename uses, so neither a planted name nor a swapped directory can redirect it; the
+    mode is set on the descriptor (mkstemp's 0600 and the umask must not decide who reads it).
+    Whatever was at ``path`` (a symlink, a FIFO) is replaced, never followed.
+    """
+    dir_fd, name = _open_parent(path, root)
+    try:
+        tmp, fd = _create_temp(dir_fd, name, path)
+        try:
+            try:
+                os.fchmod(fd, mode)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                raise _named(exc, path) from None
+        except BaseException:
+            with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def _create_temp(dir_fd: int, name: str, path: Path) -> tuple[str, int]:
+    for _ in range(_TEMP_ATTEMPTS):
+        tmp = f".{name[:_TEMP_NAME_MAX]}.{secrets.token_hex(8)}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS
+            return tmp, os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _named(exc, path.with_name(tmp)) from None
+    raise FileExistsError(errno.EEXIST, "no free temp name", str(path))
+
+
+def write_json_atomic(path: Path, data: object, *, root: Path | None, mode: int = 0o644) -> None:
+    """``write_atomic`` of ``data`` as indented, sorted JSON and a newline."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    write_atomic(path, text.encode("utf-8"), root=root, mode=mode)
+
+
+def remove(path: Path, *, root: Path) -> None:
+    """Remove the name ``path`` (whatever it is, never what a symlink points to); a missing
+    one is fine."""
+    dir_fd, name = _open_parent(path, root)
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise _named(exc, path) from None
+    finally:
+        os.close(dir_fd)
+
+
+def ensure_dirs(root: Path, dirs: Iterable[Path]) -> None:
+    """Make ``root`` and each of ``dirs`` (paths under it) that is missing; an existing one
+    must be a real directory, not a symlink to one."""
+    root.mkdir(parents=True, exist_ok=True)
+    for path in dirs:
+        os.close(open_dir(root, path.relative_to(root).parts, create=True))
+
+
+def write_stop_sentinel(path: Path, *, root: Path) -> None:
+    """Write the operator's stop sentinel ``ctl/<host>.stop`` (replacing, never following,
+    whatever is there)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ensure_dirs(root, [path.parent])
+    write_atomic(path, f"stopped by reward-supervisor stop-host at {stamp}\n".encode(), root=root)
+
+
+def read_pid(path: Path, *, root: Path) -> int | None:
+    """The pid in a pidfile; None when it is missing, unsafe, unreadable or not a number."""
+    try:
+        data = read_capped(path, PIDFILE_MAX_BYTES, root=root)
+    except OSError:
+        return None
+    text = data.strip()
+    # bytes.isdigit is ASCII only: no "²", no other script's digits, no sign, no spaces.
+    if len(data) > PIDFILE_MAX_BYTES or not text.isdigit() or len(text) > 10:
+        return None
+    return int(text)
+
+
+# --------------------------------------------------------------------------------------
+# The run lock.
+
+
+def lock_run(path: Path, *, root: Path) -> int:
+    """Hold ``ctl/supervisor.lock`` for our lifetime: one supervisor per run, even across
+    nodes (lockf on NFS is a server-side lock). Returns the descriptor to keep open.
+
+    Raises RunLocked when another daemon holds it, UnsafeFileError when the name is a
+    symlink, FIFO or hard link (it is truncated and written in place, so it must be ours).
+    """
+    dir_fd, name = _open_parent(path, root)
+    try:
+        fd = _open_file(name, os.O_RDWR | os.O_CREAT, path=path, dir_fd=dir_fd, single_link=True)
+    finally:
+        os.close(dir_fd)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise RunLocked(
+            f"another reward-supervisor already runs this run ({path} is locked by"
+            f" {holder or 'unknown'})"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def lock_is_held(path: Path, *, root: Path) -> bool:
+    """Whether a live process holds ``ctl/supervisor.lock``. A name that is missing, or no
+    regular file (no daemon holds such a thing), is not held; raises OSError when it cannot
+    tell (a lock file it may not read)."""
+    try:
+        dir_fd, name = _open_parent(path, root)
+    except (FileNotFoundError, UnsafeFileError):
+        return False
+    try:
+        fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
+    except (FileNotFoundError, UnsafeFileError):
+        return False
+    finally:
+        os.close(dir_fd)
+    try:
+        # A shared lock needs only read access, and conflicts with the daemon's exclusive one.
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return True
+        raise _named(exc, path) from None
+    finally:
+        os.close(fd)  # closing releases a lock we took
+    return False
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it: at most one short printable line."""
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+# --------------------------------------------------------------------------------------
+# Restart history: ctl/supervisor-state.json.
+
+#: One thing wrong with one host's entry of the state file: ``(host, problem)``.
+HistoryProblem = tuple[str, str]
+
+
+def load_history(path: Path, *, root: Path, policy: health.Policy) -> dict[str, health.History]:
+    """The restart history a previous daemon left, by host; an unreadable file is logged and
+    is no history, a bad entry is logged and skipped. Never raises."""
+    try:
+        raw = read_json(path, root=root, max_bytes=STATE_MAX_BYTES)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("history.unreadable", path=str(path), reason=str(exc))
+        return {}
+    now_wall = time.time()
+    offset = time.monotonic() - now_wall  # wall clock + offset = monotonic
+    history, problems = history_from_json(raw, now_wall=now_wall, offset=offset, policy=policy)
+    for host, problem in problems:
+        log.warning("history.bad_entry", path=str(path), host=host, problem=problem)
+    return history
+
+
+def history_from_json(
+    raw: object, *, now_wall: float, offset: float, policy: health.Policy
+) -> tuple[dict[str, health.History], list[HistoryProblem]]:
+    """Parse ``ctl/supervisor-state.json``: each host's history whose every value is valid
+    (wall-clock instants + ``offset`` = monotonic), and one problem per host skipped.
+
+    Instants must be finite and not in the future beyond ``HISTORY_SKEW_S`` (the next restart
+    no further ahead than ``backoff_max_s``): a crafted far-future time would hold a host
+    back forever. Never raises, whatever ``raw`` is.
+    """
+    hosts = raw.get("hosts") if isinstance(raw, dict) else None
+    if not isinstance(hosts, dict):
+        return {}, [("*", "no 'hosts' object")]
+    out: dict[str, health.History] = {}
+    problems: list[HistoryProblem] = []
+    for name, entry in hosts.items():
+        parsed = _history_entry(entry, now_wall, offset, policy)
+        if isinstance(parsed, str):
+            problems.append((str(name)[:200], parsed))
+        else:
+            out[str(name)] = parsed
+    return out, problems
+
+
+def _history_entry(
+    entry: object, now_wall: float, offset: float, policy: health.Policy
+) -> health.History | str:
+    """One host's history, or what is wrong with it."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    counts: dict[str, int] = {}
+    for key in ("failures", "restarts"):
+        value = entry.get(key, 0)
+        if not _is_int(value) or not 0 <= value <= HISTORY_MAX_COUNT:
+            return f"{key} must be an integer from 0 to {HISTORY_MAX_COUNT}, not {_show(value)}"
+        counts[key] = value
+    times = entry.get("restart_times") or []
+    if not isinstance(times, list):
+        return f"restart_times must be a list, not {_show(times)}"
+    latest = now_wall + HISTORY_SKEW_S
+    for t in times:
+        if not _is_finite(t) or t > latest:
+            return f"restart_times holds {_show(t)}: not a finite time in the past"
+    nxt = entry.get("next_restart_at")
+    if nxt is not None and (not _is_finite(nxt) or nxt > latest + policy.backoff_max_s):
+        return (
+            f"next_restart_at {_show(nxt)} is not a finite time within backoff_max_s"
+            f" ({policy.backoff_max_s:g}s) from now"
+        )
+    code = entry.get("cause_code")
+    if code is not None and (not isinstance(code, str) or code not in _CAUSES):
+        return f"cause_code must be null or one of {', '.join(sorted(_CAUSES))}, not {_show(code)}"
+    texts: dict[str, str | None] = {}
+    for key in ("cause", "failed"):
+        value = entry.get(key)
+        if value is not None and (not isinstance(value, str) or len(value) > HISTORY_MAX_TEXT):
+            return f"{key} must be null or a string of at most {HISTORY_MAX_TEXT} characters"
+        texts[key] = value
+    return health.History(
+        failures=counts["failures"],
+        restarts=counts["restarts"],
+        restart_times_at=tuple(float(t) + offset for t in times),
+        next_restart_at=None if nxt is None else float(nxt) + offset,
+        cause=texts["cause"],
+        cause_code=None if code is None else health.Cause(code),
+        failed=texts["failed"],
+    )
+
+
+_CAUSES: Final = frozenset(c.value for c in health.Cause)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> TypeGuard[int | float]:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer of hundreds of digits is valid JSON
+        return False
+
+
+def _show(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past the interpreter's digit limit for str()
+        return "an int too big to show"
+    except RecursionError:
+        return "a value nested too deeply to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------------------
+# Deleting a tree by descriptor.
+
+
+def identity(path: Path) -> tuple[int, int]:
+    """``(st_dev, st_ino)`` of ``path`` itself (a symlink is not followed)."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def open_real_dir(path: Path) -> int:
+    """A descriptor of the absolute, symlink-free ``path`` (a ``realpath``), opened one
+    component at a time from ``/`` without following any: a component swapped for a symlink
+    since the path was resolved is refused (UnsafeFileError)."""
+    if not path.is_absolute():
+        raise ValueError(f"{path} is not absolute")
+    return open_dir(Path("/"), path.parts[1:])
+
+
+def delete_tree(root: Path, expected: tuple[int, int], progress: Callable[[int], None]) -> int:
+    """Delete the directory ``root`` (a resolved path) and everything in it; the entries
+    removed. ``progress(count)`` is called after each directory.
+
+    ``root`` is re-opened from ``/`` without following a symlink and must still be the
+    directory ``expected`` (device, inode) that was checked. The walk holds one directory
+    descriptor at a time, opens each subdirectory relative to it without following, goes back
+    up through ``..`` only after checking that it is the directory it came from, and removes
+    entries by name relative to the descriptor: a directory swapped for a symlink during the
+    delete is removed as a link, and nothing outside the tree is ever opened or removed.
+    """
+    parent_fd = open_real_dir(root.parent)
+    try:
+        root_fd = _open_subdir(parent_fd, root.name, root)
+        try:
+            _check_identity(root_fd, expected, root)
+            removed = _walk(root_fd, root, _delete_entry, _delete_dir, progress)
+        finally:
+            os.close(root_fd)
+        st = os.stat(root.name, dir_fd=parent_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != expected:
+            raise UnsafeFileError(root, "replaced during the delete", "not removed")
+        os.rmdir(root.name, dir_fd=parent_fd)
+    finally:
+        os.close(parent_fd)
+    return removed + 1
+
+
+def measure_tree(root: Path, expected: tuple[int, int]) -> tuple[int, int]:
+    """``(files, bytes)`` under the directory ``root``, walked as ``delete_tree`` walks."""
+    totals = [0, 0]
+
+    def count(dir_fd: int, name: str, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            totals[1] += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+        totals[0] += 1
+
+    root_fd = open_real_dir(root)
+    try:
+        _check_identity(root_fd, expected, root)
+        _walk(root_fd, root, count, None, lambda _n: None)
+    finally:
+        os.close(root_fd)
+    return totals[0], totals[1]
+
+
+def _check_identity(fd: int, expected: tuple[int, int], path: Path) -> None:
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != expected:
+        raise UnsafeFileError(path, "not the directory that was checked", "replaced since")
+
+
+#: ``(dir_fd, name, path)`` for one entry: a non-directory, or a directory just emptied.
+_EntryFn = Callable[[int, str, Path], None]
+
+
+def _walk(
+    top_fd: int,
+    top: Path,
+    on_entry: _EntryFn,
+    on_dir_done: _EntryFn | None,
+    progress: Callable[[int], None],
+) -> int:
+    """Depth-first below ``top_fd``: ``on_entry`` for every non-directory, ``on_dir_done``
+    (when given) for every directory after its contents; the count of both.
+
+    Only the current directory is held open (a tree of any depth needs one descriptor), and
+    each step up re-opens ``..`` and checks it is the directory the step down came from: a
+    directory moved out of the tree meanwhile stops the walk instead of leading it outside.
+    """
+    count = 0
+    cur = os.dup(top_fd)
+    cur_path = top
+    # One frame per level entered: (name, identity of the directory holding it, the rest of
+    # that directory's subdirectories).
+    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    try:
+        pending = _scan(cur, cur_path, on_entry)
+        count += pending.count
+        while True:
+            if pending.dirs:
+                name = pending.dirs.pop()
+                try:
+                    sub = _open_subdir(cur, name, cur_path / name)
+                except UnsafeFileError:
+                    # Swapped for a symlink (or a file) since the listing: an entry like any.
+                    on_entry(cur, name, cur_path / name)
+                    count += 1
+                    continue
+                except FileNotFoundError:
+                    continue
+                here = os.fstat(cur)
+                stack.append((name, (here.st_dev, here.st_ino), pending.dirs))
+                os.close(cur)
+                cur, cur_path = sub, cur_path / name
+                pending = _scan(cur, cur_path, on_entry)
+                count += pending.count
+                continue
+            if not stack:
+                return count
+            name, parent_id, rest = stack.pop()
+            parent = _open_subdir(cur, "..", cur_path.parent)
+            os.close(cur)
+            cur, cur_path = parent, cur_path.parent
+            _check_identity(cur, parent_id, cur_path)
+            if on_dir_done is not None:
+                on_dir_done(cur, name, cur_path / name)
+            count += 1
+            progress(count)
+            pending = _Listing(rest, 0)
+    finally:
+        os.close(cur)
+
+
+class _Listing:
+    """What a scan left to do in one directory: its subdirectories, and entries it handled."""
+
+    __slots__ = ("count", "dirs")
+
+    def __init__(self, dirs: list[str], count: int) -> None:
+        self.dirs = dirs
+        self.count = count
+
+
+def _scan(dir_fd: int, path: Path, on_entry: _EntryFn) -> _Listing:
+    """``on_entry`` for every non-directory in ``dir_fd``; its subdirectories' names."""
+    dirs: list[str] = []
+    count = 0
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                dirs.append(entry.name)
+            else:
+                on_entry(dir_fd, entry.name, path / entry.name)
+                count += 1
+    return _Listing(dirs, count)
+
+
+def _delete_entry(dir_fd: int, name: str, path: Path) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise _named(exc, path) from None
+
+
+def _delete_dir(dir_fd: int, name: str, path: Path) -> None:
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except NotADirectoryError:
+        _delete_entry(dir_fd, name, path)  # swapped for a symlink after we emptied it
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise _named(exc, path) from None
