@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -101,7 +102,7 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
 
     def session_started(self) -> None:
         """Greet as the agent does."""
-        self._send({"hello": agent.hello()})
+        self._send({"hello": dataclasses.asdict(agent.hello())})
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         """Answer each complete request line in the thread pool."""

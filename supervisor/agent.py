@@ -59,7 +59,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Union
 
 PROTOCOL = 1
 #: How often terminate looks at /proc while waiting for a pid to die: fast enough that a
@@ -78,9 +79,6 @@ LAUNCHER_ACK_S = 5.0
 #: whole source must fit one argv string (128 KiB), so no spec comes near this.
 LAUNCHER_MESSAGE_MAX = 1 << 20
 
-#: A launch spec (``supervisor.layout.LaunchSpec`` as JSON). Annotations only: this file
-#: must not subscript builtin types at run time, which Python 3.8 cannot do.
-
 
 class OpError(Exception):
     """A request that could not be served; ``kind`` tells the daemon how to read it."""
@@ -96,6 +94,264 @@ class Refused(OpError):
     """A launch refused because a live worker holds the shard."""
 
     kind = "refused"
+
+
+# --- the protocol -----------------------------------------------------------------------
+# Every message of the protocol, each way, is one of the classes below: the agent reads
+# requests and writes replies with them, and ``remote.py`` imports this module to write the
+# requests and read the replies with the same classes. On the wire each is one JSON object
+# per line: a request ``{"id": N, "op": OP, ...its fields}``, a reply ``{"id": N, "ok": true,
+# "result": {...its fields}}`` or a ``Failure`` ``{"id": N, "ok": false, "kind", "error",
+# "holder_pid"}``, and first of all ``{"hello": {...}}``. Reading checks every field's type
+# and range: whatever the other side sends, a bad message is a ProtocolError, never a crash.
+# (Python 3.7's dataclasses: annotations below are text, and Optional/Dict are from typing.)
+
+#: The largest pid Linux can hand out (PID_MAX_LIMIT on 64-bit).
+PID_MAX = 4 * 1024 * 1024
+#: /proc/PID/stat's start time is an unsigned 64-bit count of clock ticks.
+START_TIME_MAX = 2**64 - 1
+#: A reply's text fields (errors, outcomes) are cut here.
+TEXT_MAX = 4096
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of the protocol's: a wrong shape or a field's wrong type;
+    ``rid`` is its id when it had a usable one (a request so is still answered)."""
+
+    def __init__(self, message: str, rid: int | None = None) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Which live worker of ``spec``'s shard runs here: ``pid``, or the pidfile's."""
+
+    spec: dict[str, Any]
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Start ``spec``'s worker under a detached shepherd."""
+
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TerminateRequest:
+    """Stop ``pid`` (TERM, ``grace_s``, KILL if ``kill``); answer once it is confirmed dead."""
+
+    spec: dict[str, Any]
+    pid: int
+    grace_s: float
+    kill: bool
+
+
+@dataclass(frozen=True)
+class PingRequest:
+    """Is the agent there? Answered with a Hello."""
+
+
+@dataclass(frozen=True)
+class DisarmSeedRequest:
+    """End the old script's respawn wrappers (``wrap_script``), leaving the worker."""
+
+    spec: dict[str, Any]
+    wrap_script: str
+    dry_run: bool = False
+
+
+# Union, not X | Y: this line runs, and hosts may have Python 3.7.
+Request = Union[  # noqa: UP007
+    ProbeRequest, LaunchRequest, TerminateRequest, PingRequest, DisarmSeedRequest
+]
+#: The op name of each request on the wire.
+OP_NAMES = {
+    ProbeRequest: "probe",
+    LaunchRequest: "launch",
+    TerminateRequest: "terminate",
+    PingRequest: "ping",
+    DisarmSeedRequest: "disarm_seed",
+}
+_REQUEST_OF = {name: cls for cls, name in OP_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The agent's first line, and its answer to a ping."""
+
+    pid: int
+    python: str
+    protocol: int = 0
+    boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    """The live worker found (None: none), and each candidate's verdict."""
+
+    pid: int | None
+    checked: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LaunchReply:
+    """The worker started: its pid and start time, and how it was forked (``via``)."""
+
+    pid: int
+    start_time: int
+    via: str = ""
+
+
+@dataclass(frozen=True)
+class TerminateReply:
+    """How the pid ended: terminated, killed, dead, gone or reused (it was not ours)."""
+
+    outcome: str
+
+
+@dataclass(frozen=True)
+class DisarmSeedReply:
+    """What ``disarm_seed`` found and did."""
+
+    wrappers: list[int]
+    killed: bool
+    workers: list[int]
+    pidfile_was: int | None
+    pidfile_now: int | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request not served: ``kind`` "refused" (a live worker holds the shard, maybe
+    ``holder_pid``) or "error"."""
+
+    kind: str = "error"
+    error: str = ""
+    holder_pid: int | None = None
+
+
+Reply = Union[Hello, ProbeReply, LaunchReply, TerminateReply, DisarmSeedReply]  # noqa: UP007
+#: The reply each request is answered with.
+REPLY_TO = {
+    ProbeRequest: ProbeReply,
+    LaunchRequest: LaunchReply,
+    TerminateRequest: TerminateReply,
+    PingRequest: Hello,
+    DisarmSeedRequest: DisarmSeedReply,
+}
+
+
+def request_line(rid: int, request: Request) -> str:
+    """The wire form of ``request`` with id ``rid``."""
+    return _line({"id": rid, "op": OP_NAMES[type(request)], **asdict(request)})
+
+
+def read_request(obj: object) -> tuple[int | None, Request]:
+    """The id and request in a decoded JSON line; ProtocolError if it is not one (with the
+    id, when there is one to answer)."""
+    if not isinstance(obj, dict):
+        raise ProtocolError("not a JSON object")
+    rid = obj.get("id")
+    rid = rid if type(rid) is int else None
+    cls = _REQUEST_OF.get(obj.get("op"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError(f"unknown op {str(obj.get('op'))[:100]!r}", rid)
+    try:
+        return rid, _build(cls, obj)
+    except ProtocolError as exc:
+        raise ProtocolError(str(exc), rid) from None
+
+
+def reply_message(rid: int | None, reply: Reply | Failure) -> dict[str, Any]:
+    """The wire form of ``reply`` to request ``rid``, before encoding."""
+    if isinstance(reply, Failure):
+        return {"id": rid, "ok": False, **asdict(reply)}
+    return {"id": rid, "ok": True, "result": asdict(reply)}
+
+
+def read_reply(obj: dict[str, Any], expected: type) -> Reply | Failure:
+    """The reply in a decoded line, as ``expected`` (or a Failure); ProtocolError if the
+    host sent anything else."""
+    reply: Reply | Failure
+    if obj.get("ok") is True:
+        result = obj.get("result")
+        if not isinstance(result, dict):
+            raise ProtocolError("a reply without a result")
+        reply = _build(expected, result)
+    elif obj.get("ok") is False:
+        reply = _build(Failure, obj)
+    else:
+        raise ProtocolError("a reply that is neither ok nor not")
+    return reply
+
+
+def read_hello(obj: object) -> Hello | None:
+    """The Hello in a decoded line, or None if the line is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("hello"), dict):
+        return None
+    try:
+        hello: Hello = _build(Hello, obj["hello"])
+    except ProtocolError:
+        return None
+    return hello
+
+
+def _line(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":")) + "\n"
+
+
+#: How each field is checked when a message is read: its type, and for numbers a range.
+_CHECKS: dict[str, tuple[Any, ...]] = {
+    "pid": (int, 1, PID_MAX),
+    "holder_pid": (int, 1, PID_MAX),
+    "pidfile_was": (int, 1, PID_MAX),
+    "pidfile_now": (int, 1, PID_MAX),
+    "start_time": (int, 0, START_TIME_MAX),
+    "protocol": (int, 0, 1 << 31),
+    "grace_s": (float, 0.0, 1e9),
+    "kill": (bool,),
+    "killed": (bool,),
+    "dry_run": (bool,),
+    "spec": (dict,),
+    "checked": (list,),
+    "wrappers": (list,),
+    "workers": (list,),
+}
+
+
+def _build(cls: Any, obj: dict[str, Any]) -> Any:
+    """An instance of dataclass ``cls`` from ``obj``'s fields, each checked; ProtocolError
+    names the first bad one."""
+    values = {}
+    for f in fields(cls):
+        if f.name not in obj:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ProtocolError(f"{cls.__name__} lacks {f.name!r}")
+            continue
+        optional = str(f.type).endswith("| None")
+        values[f.name] = _checked(f.name, obj[f.name], optional)
+    return cls(**values)
+
+
+def _checked(name: str, value: Any, optional: bool) -> Any:
+    if value is None and optional:
+        return None
+    kind, *bounds = _CHECKS.get(name, (str,))
+    if kind is float and type(value) is int:
+        value = float(value)
+    if type(value) is not kind:
+        raise ProtocolError(f"{name!r} is not a {kind.__name__}")
+    if bounds and not bounds[0] <= value <= bounds[1]:
+        raise ProtocolError(f"{name!r} is out of range")
+    if kind is str:
+        return value[:TEXT_MAX]
+    if name in ("wrappers", "workers") and not all(
+        type(pid) is int and 0 < pid <= PID_MAX for pid in value
+    ):
+        raise ProtocolError(f"{name!r} holds something that is not a pid")
+    return value
 
 
 # --- /proc ------------------------------------------------------------------------------
@@ -385,18 +641,17 @@ def identify(spec: dict[str, Any], pid: int) -> str:
 # --- ops --------------------------------------------------------------------------------
 
 
-def op_ping(request: dict[str, Any]) -> dict[str, Any]:
+def op_ping(request: PingRequest) -> Hello:
     """Liveness and facts about this agent."""
     return hello()
 
 
-def op_probe(request: dict[str, Any]) -> dict[str, Any]:
+def op_probe(request: ProbeRequest) -> ProbeReply:
     """The live worker of the shard among the given pid and the pidfile's, or null."""
-    spec: dict[str, Any] = request["spec"]
+    spec = request.spec
     candidates: list[int] = []
-    given = request.get("pid")
-    if isinstance(given, int) and given > 0:
-        candidates.append(given)
+    if request.pid is not None:
+        candidates.append(request.pid)
     recorded = read_pidfile(spec["pidfile"], spec.get("root"))
     if recorded is not None and recorded not in candidates:
         candidates.append(recorded)
@@ -405,24 +660,21 @@ def op_probe(request: dict[str, Any]) -> dict[str, Any]:
         verdict = identify(spec, pid)
         checked.append([pid, verdict])
         if verdict == "ours":
-            return {"pid": pid, "checked": checked}
-    return {"pid": None, "checked": checked}
+            return ProbeReply(pid=pid, checked=checked)
+    return ProbeReply(pid=None, checked=checked)
 
 
-def op_terminate(request: dict[str, Any]) -> dict[str, Any]:
+def op_terminate(request: TerminateRequest) -> TerminateReply:
     """SIGTERM (+SIGCONT) the worker's group, wait ``grace_s``, SIGKILL if ``kill``; returns
     only once the pid is confirmed dead, raises OpError otherwise."""
-    spec: dict[str, Any] = request["spec"]
-    pid = int(request["pid"])
-    grace_s = float(request["grace_s"])
-    kill = bool(request["kill"])
+    spec, pid, grace_s, kill = request.spec, request.pid, request.grace_s, request.kill
     verdict = identify(spec, pid)
     if verdict != "ours":
         # Gone, a zombie, or a pid now used by an unrelated process: ours is dead either way.
-        return {"outcome": verdict}
+        return TerminateReply(outcome=verdict)
     stat = proc_stat(pid)
     if stat is None or is_dead(stat):
-        return {"outcome": "dead"}
+        return TerminateReply(outcome="dead")
     start_time = stat[2]
     # Our workers lead their own group (their verifier subprocesses are in it); a worker that
     # does not (the old script's nohup) is signalled alone so we never hit its parent's group.
@@ -433,12 +685,12 @@ def op_terminate(request: dict[str, Any]) -> dict[str, Any]:
     if _wait_dead(pid, start_time, grace_s):
         if kill and group:
             _signal(pid, True, signal.SIGKILL)  # stragglers left in the group
-        return {"outcome": "terminated"}
+        return TerminateReply(outcome="terminated")
     if not kill:
         raise OpError(f"pid {pid} still alive after {grace_s:g}s; kill_after_grace=false")
     _signal(pid, group, signal.SIGKILL)
     if _wait_dead(pid, start_time, KILL_CONFIRM_S):
-        return {"outcome": "killed"}
+        return TerminateReply(outcome="killed")
     state = proc_stat(pid)
     raise OpError(
         f"pid {pid} still alive {KILL_CONFIRM_S:g}s after SIGKILL"
@@ -515,14 +767,14 @@ def own_source() -> str:
     return _SOURCE[0]
 
 
-def op_launch(request: dict[str, Any]) -> dict[str, Any]:
+def op_launch(request: LaunchRequest) -> LaunchReply:
     """Start a shepherd for the spec and return the worker's ``{pid, start_time, via}``.
 
     The launcher forks it when it can; when it cannot (it failed to start, died, or is
     wedged), a fresh interpreter does, so a launch never fails for want of a launcher.
     ``via`` says which, and why.
     """
-    spec: dict[str, Any] = request["spec"]
+    spec = request.spec
     python = sys.executable or spec["python"]
     with _LAUNCHER_LOCK:
         report_fd, via, trouble = _hand_to_launcher(python, spec)
@@ -541,10 +793,10 @@ def op_launch(request: dict[str, Any]) -> dict[str, Any]:
     return _launch_result(_launch_fresh(python, spec, via), via)
 
 
-def _launch_result(report: dict[str, Any], via: str) -> dict[str, Any]:
+def _launch_result(report: dict[str, Any], via: str) -> LaunchReply:
     """The reply to a launch from the shepherd's report; raises its refusal or error."""
     if report.get("ok"):
-        return {"pid": report["pid"], "start_time": report["start_time"], "via": via}
+        return LaunchReply(pid=report["pid"], start_time=report["start_time"], via=via)
     if report.get("kind") == "refused":
         raise Refused(report["error"], report.get("holder_pid"))
     raise OpError(report["error"])
@@ -727,7 +979,7 @@ def _hand_to_launcher(python: str, spec: dict[str, Any]) -> tuple[int | None, st
 FREEZE_DEADLINE_S = 20.0
 
 
-def op_disarm_seed(request: dict[str, Any]) -> dict[str, Any]:
+def op_disarm_seed(request: DisarmSeedRequest) -> DisarmSeedReply:
     """End the old script's respawn wrappers for one host, leaving its worker running.
 
     ``reward_workers_ctl.py start`` runs ``bash <root>/ctl/<host>.wrap.sh``, a loop that starts
@@ -739,9 +991,7 @@ def op_disarm_seed(request: dict[str, Any]) -> dict[str, Any]:
     lives on (reparented to init). Then: the live workers of the spec (command line match),
     and the pidfile pointed at the one worker if it named another pid. ``dry_run``: look only.
     """
-    spec: dict[str, Any] = request["spec"]
-    script = str(request["wrap_script"])
-    dry_run = bool(request.get("dry_run"))
+    spec, script, dry_run = request.spec, request.wrap_script, request.dry_run
     wrappers = sorted(_wrapper_pids(script))
     if wrappers and not dry_run:
         frozen = _freeze_wrappers(script)
@@ -753,17 +1003,17 @@ def op_disarm_seed(request: dict[str, Any]) -> dict[str, Any]:
         wrappers = sorted(frozen)
     workers = sorted(_spec_workers(spec))
     recorded = read_pidfile(spec["pidfile"], spec.get("root"))
-    result = {
-        "wrappers": wrappers,
-        "killed": not dry_run,
-        "workers": workers,
-        "pidfile_was": recorded,
-        "pidfile_now": recorded,
-    }
+    now = recorded
     if len(workers) == 1 and recorded != workers[0] and not dry_run:
         write_atomic(spec["pidfile"], f"{workers[0]}\n", spec.get("root"))
-        result["pidfile_now"] = workers[0]
-    return result
+        now = workers[0]
+    return DisarmSeedReply(
+        wrappers=wrappers,
+        killed=not dry_run,
+        workers=workers,
+        pidfile_was=recorded,
+        pidfile_now=now,
+    )
 
 
 def _live_pids() -> list[int]:
@@ -870,48 +1120,50 @@ def _spec_workers(spec: dict[str, Any]) -> list[int]:
     ]
 
 
-def answer(request: dict[str, Any]) -> dict[str, Any]:
-    """The reply to one request: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false,
-    "kind", "error"[, "holder_pid"]}``; never raises, so every request gets an answer."""
-    rid = request.get("id")
-    op = OPS.get(str(request.get("op")), _unknown_op)
+def answer(message: object) -> dict[str, Any]:
+    """The reply to one request (a decoded JSON line; the fleet simulator calls this in
+    process); never raises, so every request gets an answer: one we cannot read is
+    answered as a Failure, with its id when it has one."""
+    rid: int | None = None
     try:
-        result = op(request)
+        rid, request = read_request(message)
+        reply: Any = OPS[type(request)](request)
     except OpError as exc:
-        return {
-            "id": rid,
-            "ok": False,
-            "kind": exc.kind,
-            "error": str(exc),
-            "holder_pid": exc.holder_pid,
-        }
+        reply = Failure(kind=exc.kind, error=str(exc), holder_pid=exc.holder_pid)
+    except ProtocolError as exc:
+        rid = exc.rid
+        reply = Failure(kind="error", error=f"bad request: {exc}")
     except Exception as exc:  # noqa: BLE001 - a request's root: the caller must hear back
-        return {"id": rid, "ok": False, "kind": "error", "error": f"{type(exc).__name__}: {exc}"}
-    return {"id": rid, "ok": True, "result": result}
+        reply = Failure(kind="error", error=f"{type(exc).__name__}: {exc}")
+    return reply_message(rid, reply)
 
 
-def _unknown_op(request: dict[str, Any]) -> dict[str, Any]:
-    """The answer to a request we cannot read or do not know."""
-    raise OpError(f"unknown op {request.get('op')!r}: {request.get('error', '')}")
+def answer_line(line: bytes) -> str:
+    """The reply line to one request line (as ``answer``, for bytes off the channel)."""
+    try:
+        message: object = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        message = {"op": None, "error": str(exc)}
+    return _line(answer(message))
 
 
-OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ping": op_ping,
-    "probe": op_probe,
-    "launch": op_launch,
-    "terminate": op_terminate,
-    "disarm_seed": op_disarm_seed,
+OPS: dict[type, Callable[[Any], Any]] = {
+    PingRequest: op_ping,
+    ProbeRequest: op_probe,
+    LaunchRequest: op_launch,
+    TerminateRequest: op_terminate,
+    DisarmSeedRequest: op_disarm_seed,
 }
 
 
-def hello() -> dict[str, Any]:
+def hello() -> Hello:
     """What the agent says first: enough to tell which python and host answered."""
-    return {
-        "protocol": PROTOCOL,
-        "pid": os.getpid(),
-        "python": ".".join(str(n) for n in sys.version_info[:3]),
-        "boot_id": boot_id(),
-    }
+    return Hello(
+        protocol=PROTOCOL,
+        pid=os.getpid(),
+        python=".".join(str(n) for n in sys.version_info[:3]),
+        boot_id=boot_id(),
+    )
 
 
 # --- agent ------------------------------------------------------------------------------
@@ -922,8 +1174,8 @@ def serve() -> int:
     out = sys.stdout.buffer
     lock = threading.Lock()
 
-    def send(message: dict[str, Any]) -> None:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8")
+    def send(text: str) -> None:
+        data = text.encode("utf-8")
         try:
             with lock:
                 out.write(data)
@@ -932,22 +1184,16 @@ def serve() -> int:
             # The channel is gone; nobody can hear the answer, and nobody will ask again.
             os._exit(0)
 
-    def handle(request: dict[str, Any]) -> None:
-        send(answer(request))
+    def handle(line: bytes) -> None:
+        send(answer_line(line))
 
     if sys.executable:
         # Now, so that it boots while the daemon is still busy with the hello.
         with _LAUNCHER_LOCK:
             start_launcher(sys.executable)
-    send({"hello": hello()})
+    send(_line({"hello": asdict(hello())}))
     for line in sys.stdin.buffer:
-        try:
-            request = json.loads(line.decode("utf-8"))
-        except ValueError as exc:
-            request = {"op": "bad request", "error": str(exc)}
-        if not isinstance(request, dict):
-            request = {"op": "bad request", "error": "not a JSON object"}
-        threading.Thread(target=handle, args=(request,), daemon=True).start()
+        threading.Thread(target=handle, args=(line,), daemon=True).start()
     return 0
 
 

@@ -40,11 +40,12 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import asyncssh
 import structlog
 
+from supervisor import agent as protocol
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
@@ -73,11 +74,6 @@ OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 #: longer than this is not a reply, and is dropped unparsed. asyncssh's readline already
 #: cuts a line at the channel's receive window (2 MiB), so this bounds the parse, not the read.
 MAX_REPLY_CHARS: Final = 64 * 1024
-#: The largest pid Linux can hand out (PID_MAX_LIMIT on 64-bit); a host naming a bigger one
-#: is lying, and its number would travel on into logs, status and later requests.
-PID_MAX: Final = 4 * 1024 * 1024
-#: /proc/PID/stat's start time is an unsigned 64-bit count of clock ticks.
-START_TIME_MAX: Final = 2**64 - 1
 #: What of a line from the host is kept for logs and error messages.
 MAX_NOISE_CHARS: Final = 500
 #: What the agent printed is kept this far when it dies before its hello: the shell's or
@@ -220,31 +216,7 @@ def host_text(value: object, limit: int = MAX_NOISE_CHARS) -> str | None:
     return _SURROGATES.sub("\ufffd", value[:limit])
 
 
-def reply_int(
-    host: str,
-    op: str,
-    result: dict[str, Any],
-    key: str,
-    *,
-    low: int | None = None,
-    high: int | None = None,
-) -> int | None:
-    """``result[key]`` as an int (None when absent or null); RemoteError if it is not one, or
-    not within ``low``..``high``."""
-    value = result.get(key)
-    if value is None:
-        return None
-    if type(value) is not int:
-        raise RemoteError(host, f"{op}: the agent sent a {type(value).__name__} as {key!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        shown = str(value) if value.bit_length() < 64 else f"a {value.bit_length()}-bit int"
-        raise RemoteError(host, f"{op}: the agent sent {shown} as {key!r}, out of range")
-    return value
-
-
-def is_pid(value: object) -> bool:
-    """``value`` could be a process id on Linux."""
-    return type(value) is int and 0 < value <= PID_MAX
+_Reply = TypeVar("_Reply", bound=protocol.Reply)
 
 
 class Backoff:
@@ -536,42 +508,39 @@ class RemoteHost:
 
         Raises ShardHeld when a live worker holds the shard, RemoteError otherwise.
         """
-        result = await self._call("launch", {"spec": _spec_json(spec)}, RPC_TIMEOUT_S)
-        pid = reply_int(self.name, "launch", result, "pid", low=1, high=PID_MAX)
-        start_time = reply_int(
-            self.name, "launch", result, "start_time", low=0, high=START_TIME_MAX
-        )
-        if pid is None or start_time is None:
-            raise RemoteError(self.name, "launch: the agent's reply has no valid pid")
-        started = Started(pid=pid, start_time=start_time)
+        request = protocol.LaunchRequest(spec=_spec_json(spec))
+        reply = await self._call(request, protocol.LaunchReply, RPC_TIMEOUT_S)
+        started = Started(pid=reply.pid, start_time=reply.start_time)
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
     async def terminate(self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool) -> None:
         """Stop ``pid`` (SIGTERM to its group, SIGKILL after ``grace_s`` if ``kill``); returns
         only once it is confirmed dead (or was not ours), raises RemoteError otherwise."""
-        payload = {"spec": _spec_json(spec), "pid": pid, "grace_s": grace_s, "kill": kill}
-        result = await self._call("terminate", payload, grace_s + TERMINATE_SLACK_S)
-        outcome = host_text(result.get("outcome"))
+        request = protocol.TerminateRequest(
+            spec=_spec_json(spec), pid=pid, grace_s=float(grace_s), kill=kill
+        )
+        reply = await self._call(request, protocol.TerminateReply, grace_s + TERMINATE_SLACK_S)
+        outcome = host_text(reply.outcome)
         log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """The live worker of ``spec``'s shard on this host (``pid`` or the pidfile's), if
         any: alive, not a zombie, and ours by start time or command line."""
-        payload = {"spec": _spec_json(spec), "pid": pid}
-        result = await self._call("probe", payload, RPC_TIMEOUT_S)
-        found = reply_int(self.name, "probe", result, "pid", low=1, high=PID_MAX)
-        log.debug("remote.probed", host=self.name, pid=found)
-        return found
+        request = protocol.ProbeRequest(spec=_spec_json(spec), pid=pid)
+        reply = await self._call(request, protocol.ProbeReply, RPC_TIMEOUT_S)
+        log.debug("remote.probed", host=self.name, pid=reply.pid)
+        return reply.pid
 
     async def disarm_seed(
         self, spec: LaunchSpec, wrap_script: str, *, dry_run: bool
-    ) -> dict[str, Any]:
+    ) -> protocol.DisarmSeedReply:
         """End the old script's respawn wrappers of this host (``wrap_script``), leaving its
-        worker running; the agent's report (``agent.op_disarm_seed``), unchecked: the
-        caller validates what the host says."""
-        payload = {"spec": _spec_json(spec), "wrap_script": wrap_script, "dry_run": dry_run}
-        return await self._call("disarm_seed", payload, RPC_TIMEOUT_S)
+        worker running; the agent's report (``agent.op_disarm_seed``)."""
+        request = protocol.DisarmSeedRequest(
+            spec=_spec_json(spec), wrap_script=wrap_script, dry_run=dry_run
+        )
+        return await self._call(request, protocol.DisarmSeedReply, RPC_TIMEOUT_S)
 
     async def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
         """Run one command (each argv element quoted) on its own channel.
@@ -637,19 +606,27 @@ class RemoteHost:
             raise RemoteError(self.name, f"{op}: not connected", connection_lost=False)
         return link
 
-    async def _call(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """One agent request; its result, or ShardHeld / RemoteError."""
+    async def _call(
+        self, request: protocol.Request, expected: type[_Reply], timeout_s: float
+    ) -> _Reply:
+        """One agent request; its reply, checked field by field, or ShardHeld / RemoteError
+        (a reply that is not one of the protocol's is the host's error)."""
+        op = protocol.OP_NAMES[type(request)]
         link = self._require_link(op)
         agent = await link.agent(self._python)
-        reply = await agent.call(op, payload, timeout_s)
-        if reply.get("ok"):
-            result = reply.get("result")
-            return result if isinstance(result, dict) else {}
-        error = host_text(reply.get("error")) or "the agent gave no reason"
-        if reply.get("kind") == "refused":
-            holder = reply.get("holder_pid")
-            raise ShardHeld(self.name, error, holder_pid=holder if is_pid(holder) else None)
-        raise RemoteError(self.name, f"{op}: {error}")
+        raw = await agent.call(op, request, timeout_s)
+        try:
+            reply = protocol.read_reply(raw, expected)
+        except protocol.ProtocolError as exc:
+            raise RemoteError(self.name, f"{op}: the agent's reply is malformed: {exc}") from None
+        if isinstance(reply, protocol.Failure):
+            error = host_text(reply.error) or "the agent gave no reason"
+            if reply.kind == "refused":
+                raise ShardHeld(self.name, error, holder_pid=reply.holder_pid)
+            raise RemoteError(self.name, f"{op}: {error}")
+        if not isinstance(reply, expected):
+            raise RemoteError(self.name, f"{op}: the agent answered with another kind of reply")
+        return reply
 
 
 # --- the connection and its agent -------------------------------------------------------
@@ -765,7 +742,7 @@ class _Agent:
         self._stderr: deque[str] = deque(maxlen=20)
         self._retiring = False
         self.closed_reason: str | None = None
-        self.hello: dict[str, Any] = {}
+        self.hello: protocol.Hello | None = None
 
     @property
     def accepting(self) -> bool:
@@ -801,22 +778,22 @@ class _Agent:
             "agent.started",
             host=link.host,
             python=python,
-            agent_pid=message.get("pid") if type(message.get("pid")) is int else None,
-            python_version=host_text(message.get("python"), 100),
+            agent_pid=message.pid,
+            python_version=host_text(message.python, 100),
         )
         if not (link.spawn(agent._read_replies()) and link.spawn(agent._read_stderr())):
             agent.close(link.ended.reason)
         return agent
 
-    async def _read_hello(self) -> dict[str, Any] | None:
+    async def _read_hello(self) -> protocol.Hello | None:
         """The agent's hello, skipping whatever the user's rc files print first; None at EOF."""
         while line := await self._process.stdout.readline():
             message: object = None
             if len(line) <= MAX_REPLY_CHARS:
                 with contextlib.suppress(ValueError, RecursionError):
                     message = json.loads(line)
-            if isinstance(message, dict) and isinstance(message.get("hello"), dict):
-                hello: dict[str, Any] = message["hello"]
+            hello = protocol.read_hello(message)
+            if hello is not None:
                 return hello
             self._stderr.append(line.rstrip()[:MAX_NOISE_CHARS])
         return None
@@ -834,15 +811,15 @@ class _Agent:
         text = " ".join(" ".join(self._stderr).split())[-1000:]
         return f"the agent did not start (exit status {self._process.exit_status}): {text or '-'}"
 
-    async def call(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Send one request and wait for its reply (a dict with ``ok``)."""
+    async def call(self, op: str, request: protocol.Request, timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait for its reply line (decoded, not yet checked)."""
         if not self.accepting:
             raise RemoteError(self._host, f"{op}: agent gone: {self.closed_reason or 'retired'}")
         rid = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (op, future)
         try:
-            self._process.stdin.write(json.dumps({"id": rid, "op": op, **payload}) + "\n")
+            self._process.stdin.write(protocol.request_line(rid, request))
             async with asyncio.timeout(timeout_s):
                 return await future
         except TimeoutError:

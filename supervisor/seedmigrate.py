@@ -37,6 +37,7 @@ import structlog
 from supervisor import layout, runfiles
 from supervisor.config import Config, HostConfig
 from supervisor.errors import RemoteError, UnsafeFileError
+from supervisor.remote import RemoteHost
 
 log = structlog.get_logger()
 
@@ -267,19 +268,18 @@ async def _disarm_one(
         log.exception("seed.disarm_failed", host=cfg.name)
         outcome.error = f"internal error: {exc!r}; its respawn wrapper may still run"
         return
-    outcome.wrappers = _int_list(reply.get("wrappers"))
-    outcome.workers = _int_list(reply.get("workers"))
-    outcome.pidfile_was = _opt_int(reply.get("pidfile_was"))
-    outcome.pidfile_now = _opt_int(reply.get("pidfile_now"))
+    # The protocol checked every pid; the lists are still the host's, so they are bounded.
+    outcome.wrappers = sorted(set(reply.wrappers[:MAX_PIDS]))
+    outcome.workers = sorted(set(reply.workers[:MAX_PIDS]))
+    outcome.pidfile_was = reply.pidfile_was
+    outcome.pidfile_now = reply.pidfile_now
 
 
 @contextlib.asynccontextmanager
 async def _connected(
     config: Config, cfg: HostConfig, handshakes: asyncio.Semaphore
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[RemoteHost]:
     """A ``RemoteHost`` connected to ``cfg`` for the block; RemoteError if it never is."""
-    from supervisor.remote import RemoteHost
-
     up = asyncio.Event()
     why: list[str] = []
 
@@ -309,16 +309,6 @@ async def _connected(
         await remote.aclose()
         await asyncio.wait([keeper], timeout=5)  # maintain() returns after aclose()
         keeper.cancel()
-
-
-def _int_list(value: object) -> list[int]:
-    if not isinstance(value, list):
-        return []
-    return sorted({v for v in value[:MAX_PIDS] if isinstance(v, int) and v > 0})
-
-
-def _opt_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 # --- stop files ----------------------------------------------------------------------------

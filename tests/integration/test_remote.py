@@ -813,7 +813,7 @@ for line in sys.stdin.buffer:
     ):
         send(junk)
     reply = {"id": rid, "ok": True, "result": {"pid": None}}
-    if b'"pid": 999' in line:  # the test's cue for a well-framed reply with a bad field
+    if json.loads(line).get("pid") == 999:  # the cue for a well-framed reply with a bad field
         reply["result"] = {"pid": 1e999}
     send(json.dumps(reply).encode())
 """

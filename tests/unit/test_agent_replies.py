@@ -8,14 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.errors import RemoteError
+from supervisor import agent as protocol
 from supervisor.remote import (
     MAX_REPLY_CHARS,
-    PID_MAX,
     TokenBucket,
     host_text,
     parse_reply,
-    reply_int,
 )
 
 
@@ -83,33 +81,100 @@ def test_any_json_value_as_id_parses_or_is_noise(value: object) -> None:
 
 
 @pytest.mark.parametrize("value", [1e999, 1.5, "12", [1], {"a": 1}, True])
-def test_result_fields_of_the_wrong_type_are_a_remote_error(value: object) -> None:
-    """A pid that is not an int is the host's error, reported as RemoteError naming the field."""
-    with pytest.raises(RemoteError, match="'pid'"):
-        reply_int("worker-0", "probe", {"pid": value}, "pid")
+def test_result_fields_of_the_wrong_type_are_a_protocol_error(value: object) -> None:
+    """A pid that is not an int is the host's error, a ProtocolError naming the field."""
+    with pytest.raises(protocol.ProtocolError, match="'pid'"):
+        protocol.read_reply({"ok": True, "result": {"pid": value}}, protocol.ProbeReply)
 
 
-def test_absent_or_null_result_fields_are_none_and_ints_pass() -> None:
-    """A missing or null field is None; an int is returned as it is."""
-    assert reply_int("h", "probe", {}, "pid") is None
-    assert reply_int("h", "probe", {"pid": None}, "pid") is None
-    assert reply_int("h", "probe", {"pid": 12}, "pid") == 12
+def test_null_and_int_pids_read_and_a_missing_field_is_an_error() -> None:
+    """A null pid is "none found", an int is returned as it is; a reply lacking a required
+    field is the host's error."""
+    reply = protocol.read_reply({"ok": True, "result": {"pid": None}}, protocol.ProbeReply)
+    assert reply == protocol.ProbeReply(pid=None)
+    reply = protocol.read_reply({"ok": True, "result": {"pid": 12}}, protocol.ProbeReply)
+    assert reply == protocol.ProbeReply(pid=12)
+    with pytest.raises(protocol.ProtocolError, match="lacks 'pid'"):
+        protocol.read_reply({"ok": True, "result": {}}, protocol.ProbeReply)
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("pid", 0), ("pid", -1), ("pid", PID_MAX + 1), ("pid", 10**30)]
+    ("key", "value"),
+    [
+        ("pid", 0),
+        ("pid", -1),
+        ("pid", protocol.PID_MAX + 1),
+        ("pid", 10**30),
+        ("start_time", -1),
+        ("start_time", 2**64),
+    ],
 )
-def test_pids_out_of_range_are_a_remote_error(key: str, value: int) -> None:
-    """A pid no Linux kernel can hand out is the host's error, never passed on."""
-    with pytest.raises(RemoteError, match="out of range"):
-        reply_int("worker-0", "probe", {key: value}, key, low=1, high=PID_MAX)
+def test_pids_and_start_times_out_of_range_are_a_protocol_error(key: str, value: int) -> None:
+    """A pid no Linux kernel can hand out, or an impossible start time, is the host's error,
+    never passed on."""
+    result = {"pid": 5, "start_time": 7, key: value}
+    with pytest.raises(protocol.ProtocolError, match="out of range"):
+        protocol.read_reply({"ok": True, "result": result}, protocol.LaunchReply)
 
 
 def test_a_huge_int_is_not_echoed_whole() -> None:
-    """An int of thousands of digits is described by its size, not printed into the reason."""
-    with pytest.raises(RemoteError) as failed:
-        reply_int("h", "launch", {"pid": 10**4000}, "pid", high=PID_MAX)
-    assert len(failed.value.reason) < 200
+    """An int of thousands of digits is named, not printed into the error."""
+    with pytest.raises(protocol.ProtocolError) as failed:
+        protocol.read_reply({"ok": True, "result": {"pid": 10**4000}}, protocol.ProbeReply)
+    assert len(str(failed.value)) < 200
+
+
+def test_failures_and_refusals_read_with_their_holder() -> None:
+    """A failure carries its kind, its text (cut) and a checked holder pid."""
+    raw = {"ok": False, "kind": "refused", "error": "x" * 10_000, "holder_pid": 42}
+    failure = protocol.read_reply(raw, protocol.LaunchReply)
+    assert isinstance(failure, protocol.Failure)
+    assert failure.kind == "refused" and failure.holder_pid == 42
+    assert len(failure.error) == protocol.TEXT_MAX
+    with pytest.raises(protocol.ProtocolError):
+        protocol.read_reply({**raw, "holder_pid": True}, protocol.LaunchReply)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["ok", "result", "pid", "kind", "error", "holder_pid", "start_time"]),
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.lists(st.none()),
+    )
+)
+def test_any_reply_reads_or_is_a_protocol_error(raw: dict[str, object]) -> None:
+    """Whatever a host sends as a reply, reading it gives a typed reply or a ProtocolError."""
+    for expected in (protocol.ProbeReply, protocol.LaunchReply, protocol.TerminateReply):
+        try:
+            reply = protocol.read_reply(raw, expected)
+        except protocol.ProtocolError:
+            continue
+        assert isinstance(reply, expected | protocol.Failure)
+
+
+def test_requests_round_trip_and_unknown_ops_are_refused() -> None:
+    """What remote.py writes the agent reads back as the same request; anything else is a
+    ProtocolError."""
+    spec = {"host": "w", "pidfile": "/r/ctl/w.pid"}
+    for request in (
+        protocol.ProbeRequest(spec=spec, pid=7),
+        protocol.LaunchRequest(spec=spec),
+        protocol.TerminateRequest(spec=spec, pid=7, grace_s=3.0, kill=True),
+        protocol.PingRequest(),
+        protocol.DisarmSeedRequest(spec=spec, wrap_script="/r/ctl/w.wrap.sh"),
+    ):
+        line = protocol.request_line(9, request)
+        assert protocol.read_request(json.loads(line)) == (9, request)
+    for bad in ({"op": "rm -rf"}, {"op": "terminate", "spec": spec, "pid": "7"}, [1], None):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.read_request(bad)
+
+
+def test_the_agent_answers_a_request_it_cannot_read_with_a_failure_and_its_id() -> None:
+    """A bad line, or a good one naming no op we have, is answered, never dropped."""
+    reply = json.loads(protocol.answer_line(b'{"id": 5, "op": "format-disk"}\n'))
+    assert reply["id"] == 5 and reply["ok"] is False and "unknown op" in reply["error"]
+    reply = json.loads(protocol.answer_line(b"[[[[\n"))
+    assert reply["id"] is None and reply["ok"] is False
 
 
 @given(st.text(max_size=1000))
