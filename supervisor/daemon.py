@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, assert_never
@@ -28,6 +28,7 @@ from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import ConfigError, ControlError, LaunchRefused, RemoteError
 from supervisor.layout import LaunchSpec
 from supervisor.metrics import Metrics, restart_reason, snapshot_on_loop
+from supervisor.mounts import check_filesystem
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.statusfiles import (
     ExitObserved,
@@ -36,10 +37,8 @@ from supervisor.statusfiles import (
     SentinelObserved,
     StatusObserved,
     StatusProblem,
-    Watcher,
-    WatcherProtocol,
-    check_filesystem,
 )
+from supervisor.watch import Watcher, WatcherProtocol
 
 log = structlog.get_logger("supervisor.daemon")
 
@@ -85,7 +84,7 @@ class RemoteLike(Protocol):
 RemoteFactory = Callable[
     [HostConfig, SshConfig, str, asyncio.Semaphore, Callable[[bool, str], None]], RemoteLike
 ]
-WatcherFactory = Callable[[Config, Callable[[], Collection[str]]], WatcherProtocol]
+WatcherFactory = Callable[[Config], WatcherProtocol]
 
 
 def default_remote_factory(
@@ -101,12 +100,12 @@ def default_remote_factory(
     return RemoteHost(host, ssh, python=python, handshakes=handshakes, on_connection=on_connection)
 
 
-def default_watcher_factory(config: Config, hosts: Callable[[], Collection[str]]) -> Watcher:
-    """A real watchfiles-backed ``Watcher`` on the run root."""
+def default_watcher_factory(config: Config) -> Watcher:
+    """A real watchfiles-backed ``Watcher`` on the run root, watching no host yet."""
     w = config.watch
     return Watcher(
         config.run.root,
-        hosts,
+        (),
         mode=w.mode,
         poll_interval_s=w.poll_interval_s,
         debounce_ms=w.debounce_ms,
@@ -143,11 +142,8 @@ class Daemon:
         self._notifier: NotifierProtocol = notifier or Notifier()
         self._remote_factory = remote_factory
         self._members: dict[str, _Member] = {}
-        # The watcher asks for the names on every batch; the same object until the fleet
-        # changes tells it that nothing was added or removed without comparing N names.
-        self._names: frozenset[str] = frozenset()
         self._waiting: dict[str, HostConfig] = {}  # hosts waiting for their shard to be free
-        self._watcher = watcher_factory(config, self._member_names)
+        self._watcher = watcher_factory(config)
         self._handshakes = asyncio.Semaphore(config.ssh.max_concurrent_handshakes)
         self._events = EventHub()
         self._stop = asyncio.Event()
@@ -218,7 +214,7 @@ class Daemon:
 
     async def _serve(self) -> None:
         history = await asyncio.to_thread(self._load_history)
-        initial = await asyncio.to_thread(self._watcher.scan_all)
+        initial = await self._watcher.scan_all()
         sentinels = {o.host for o in initial if isinstance(o, SentinelObserved) and o.present}
         for cfg in self._config.hosts:
             self._add_member(cfg, history.get(cfg.name), cfg.name in sentinels)
@@ -363,9 +359,6 @@ class Daemon:
             raise RuntimeError("hosts act only while the daemon's task group runs")
         return self._tg
 
-    def _member_names(self) -> Collection[str]:
-        return self._names
-
     def _add_member(
         self, cfg: HostConfig, history: health.History | None, sentinel: bool
     ) -> _Member:
@@ -385,7 +378,7 @@ class Daemon:
             )
         member = _Member(cfg=cfg, host=host, remote=remote)
         self._members[name] = member
-        self._names = frozenset(self._members)
+        self._watcher.set_hosts(self._members)
         if not self._ready and not _settled(member):
             self._unsettled.add(name)
         return member
@@ -823,7 +816,7 @@ class Daemon:
         if self._members.get(name) is not member:
             return
         del self._members[name]
-        self._names = frozenset(self._members)
+        self._watcher.set_hosts(self._members)
         self._unsettled.discard(name)
         self._stop_member_tasks(member)
         if self._tg is not None:

@@ -78,6 +78,22 @@ def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
+@contextlib.contextmanager
+def mounted(target: Path, command: list[str]) -> Iterator[Path]:
+    """Mount with ``command + [target]`` (made here) while in the block, or skip loudly when
+    mounting is not permitted."""
+    target.mkdir()
+    result = subprocess.run(
+        [*command, str(target)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount here ({' '.join(command)}): {result.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True, timeout=60)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

@@ -1,0 +1,78 @@
+"""The run root's filesystem asked whether it answers: a real hung FUSE mount, a real full tmpfs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from supervisor.mounts import FilesystemCheck, check_filesystem
+from tests.conftest import mounted, mounted_tmpfs
+
+
+def _pids_of(program: str, argument: str) -> list[int]:
+    """Pids whose argv[0] ends with ``program`` and whose argv contains ``argument``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.fsdecode(argv[0]).endswith(program) and os.fsencode(argument) in argv:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_filesystem_check_names_a_hung_mount_without_hanging(tmp_path: Path) -> None:
+    """statvfs of a FUSE mount whose server is stopped never returns: the check gives up after
+    its timeout, says the mount looks hung, and the event loop was never blocked."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
+        servers = _pids_of("bindfs", str(run))
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGSTOP)
+        try:
+            ticks = 0
+
+            async def tick() -> None:
+                """Count event-loop turns while the check waits."""
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
+
+            async with asyncio.TaskGroup() as tasks:
+                ticker = tasks.create_task(tick())
+                check = await check_filesystem(run, timeout_s=0.5)
+                ticker.cancel()
+        finally:
+            os.kill(servers[0], signal.SIGCONT)
+    assert check == FilesystemCheck(answered=False)
+    assert "hung" in check.finding
+    assert ticks > 5  # the loop kept running while statvfs hung
+
+
+async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: Path) -> None:
+    """A filled tmpfs is reported full; an ordinary directory answers with its free space."""
+    healthy = await check_filesystem(tmp_path, timeout_s=10)
+    assert healthy.answered and healthy.free_bytes and healthy.free_bytes > 1 << 20
+    assert healthy.finding.startswith("the run root answers")
+    with mounted_tmpfs(tmp_path / "small", "4m") as small:
+        with (small / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+        full = await check_filesystem(small, timeout_s=10)
+    assert full.answered and full.free_bytes is not None and full.free_bytes < 1 << 20
+    assert full.finding.startswith("the run filesystem is full")
+    missing = await check_filesystem(tmp_path / "absent", timeout_s=10)
+    assert missing.error is not None and "cannot be examined" in missing.finding
