@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asyncssh
 
-from supervisor.statusfiles import FILE_THREAD_NAME
-
 if TYPE_CHECKING:
     from tests.sshd import OpenSsh
 
@@ -36,6 +34,12 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 #: Where run directories go: tmpfs when there is one, so a disk's fsync latency is not what
 #: we measure (the daemon never fsyncs status files; the workers and simulator write them).
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+
+
+try:
+    from supervisor.watch import FILE_THREAD_NAME
+except ImportError:  # the code before the watcher had a module of its own (PYTHONPATH A/B)
+    from supervisor.statusfiles import FILE_THREAD_NAME  # type: ignore[attr-defined,no-redef]
 
 
 # --- machine -----------------------------------------------------------------------------
