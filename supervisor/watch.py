@@ -124,10 +124,9 @@ class Watcher:
     nanosecond times (a rewrite in place).
     Both modes re-read everything every ``rescan_interval_s``.
 
-    Threads: this object belongs to the event loop. Every filesystem call is made by its
-    ``FileThread``, which owns the ``_Disk`` (path caches, the poll's memory) that no other
-    thread can reach; watchfiles' threads see only the immutable ``_RunPaths`` and the
-    ``_restart`` event.
+    Threads: this object belongs to the event loop. Every stat, listing and read is made by
+    its ``FileThread``, which owns the ``_Disk`` (path caches, the poll's memory) that no
+    other thread can reach; watchfiles' waiting thread sees only the ``_restart`` event.
     """
 
     #: The resolved mode, ``None`` until ``scan_all()`` or ``run()`` looked at the run
@@ -531,7 +530,7 @@ class Watcher:
 class _RunPaths:
     """The watched directories' paths, and which host file a path names.
 
-    Immutable, so the loop, the file thread and watchfiles' filter may all use it.
+    Immutable, so the loop (watchfiles' filter included) and the file thread may share it.
     """
 
     root: str
