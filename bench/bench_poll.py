@@ -32,17 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # after PYTHONPATH: another checkout's supervisor can be measured
 
 from bench.common import SCRATCH, percentile  # noqa: E402
-from supervisor import statusfiles  # noqa: E402
 from supervisor.statusfiles import Observation, StatusObserved  # noqa: E402
 
 
 def _watcher_module() -> ModuleType:
-    """The module holding ``Watcher`` in the code on the path: ``supervisor.watch``, or
-    ``supervisor.statusfiles`` in versions before the watcher had a module of its own."""
-    try:
-        return importlib.import_module("supervisor.watch")
-    except ImportError:
-        return importlib.import_module("supervisor.statusfiles")
+    """The module holding ``Watcher`` in the code on the path: ``supervisor.statusfiles`` in
+    versions before the watcher had a module of its own, else ``supervisor.watch``.
+
+    Asked in that order: with an older checkout on ``PYTHONPATH``, the venv's editable
+    install still supplies any module that checkout lacks, so ``supervisor.watch`` would
+    import (from the newer tree) even there."""
+    statusfiles = importlib.import_module("supervisor.statusfiles")
+    if hasattr(statusfiles, "Watcher"):
+        return statusfiles
+    return importlib.import_module("supervisor.watch")
 
 
 def _new_watcher(root: Path, hosts: list[str], **settings: Any) -> Any:
@@ -158,7 +161,7 @@ def main() -> None:
         "p99_ms": round(percentile(ms, 99), 1),
         "max_ms": round(max(ms), 1) if ms else None,
         "cpu_pct": round(cpu_pct, 2),
-        "code": str(Path(statusfiles.__file__).parent),
+        "code": WATCHING.__file__,
     }
     print(json.dumps(summary))
 

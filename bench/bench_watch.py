@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from watchfiles import awatch
 
@@ -56,22 +56,29 @@ from supervisor.statusfiles import (  # noqa: E402
     read_status,
 )
 
-try:
-    from supervisor.mounts import ResolvedMode, filesystem_type
-except ImportError:  # the code before the split, measured side by side (PYTHONPATH)
-    from supervisor.statusfiles import (  # type: ignore[attr-defined,no-redef]
-        ResolvedMode,
-        filesystem_type,
+#: How the code on the path names a run root's filesystem (``_watcher_module``'s caveat).
+filesystem_type = (
+    getattr(
+        importlib.import_module("supervisor.statusfiles"),
+        "filesystem_type",
+        None,
     )
+    or importlib.import_module("supervisor.mounts").filesystem_type
+)
+ResolvedMode = Literal["inotify", "poll"]
 
 
 def _watcher_module() -> ModuleType:
-    """The module holding ``Watcher`` in the code on the path: ``supervisor.watch``, or
-    ``supervisor.statusfiles`` in versions before the watcher had a module of its own."""
-    try:
-        return importlib.import_module("supervisor.watch")
-    except ImportError:
-        return importlib.import_module("supervisor.statusfiles")
+    """The module holding ``Watcher`` in the code on the path: ``supervisor.statusfiles`` in
+    versions before the watcher had a module of its own, else ``supervisor.watch``.
+
+    Asked in that order: with an older checkout on ``PYTHONPATH``, the venv's editable
+    install still supplies any module that checkout lacks, so ``supervisor.watch`` would
+    import (from the newer tree) even there."""
+    statusfiles = importlib.import_module("supervisor.statusfiles")
+    if hasattr(statusfiles, "Watcher"):
+        return statusfiles
+    return importlib.import_module("supervisor.watch")
 
 
 def _new_watcher(root: Path, hosts: list[str], **settings: Any) -> Any:

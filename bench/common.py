@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import importlib.metadata
 import json
 import math
@@ -36,10 +37,13 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
 
 
-try:
-    from supervisor.watch import FILE_THREAD_NAME
-except ImportError:  # the code before the watcher had a module of its own (PYTHONPATH A/B)
-    from supervisor.statusfiles import FILE_THREAD_NAME  # type: ignore[attr-defined,no-redef]
+#: The status-file reader thread's name: in ``supervisor.statusfiles`` before the watcher
+#: had a module of its own. Looked up there first, because with an older checkout on
+#: ``PYTHONPATH`` the venv's editable install still supplies ``supervisor.watch``.
+FILE_THREAD_NAME: Final[str] = (
+    getattr(importlib.import_module("supervisor.statusfiles"), "FILE_THREAD_NAME", None)
+    or importlib.import_module("supervisor.watch").FILE_THREAD_NAME
+)
 
 
 # --- machine -----------------------------------------------------------------------------
