@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -91,7 +92,22 @@ def mounted(target: Path, command: list[str]) -> Iterator[Path]:
     try:
         yield target
     finally:
-        subprocess.run(["umount", str(target)], check=True, timeout=60)
+        _unmount(target)
+
+
+def _unmount(target: Path) -> None:
+    """umount ``target``, waiting while it is busy: a thread just let out of a hung mount
+    may still be inside it for a moment."""
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            ["umount", str(target)], capture_output=True, text=True, timeout=60, check=False
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"umount {target} failed: {done.stderr.strip()}")
+        time.sleep(0.05)  # wait-ok: polling interval of a condition loop
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,4 +1,4 @@
-"""The run root's filesystem asked whether it answers: a real hung FUSE mount, a real full tmpfs."""
+"""A hung or full run filesystem: real FUSE mounts whose server is stopped, a real full tmpfs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import contextlib
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from supervisor.mounts import FilesystemCheck, check_filesystem
+from supervisor.statusfiles import Observation
+from supervisor.watch import Watcher
 from tests.conftest import mounted, mounted_tmpfs
 
 
@@ -76,3 +79,72 @@ async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: P
     assert full.finding.startswith("the run filesystem is full")
     missing = await check_filesystem(tmp_path / "absent", timeout_s=10)
     assert missing.error is not None and "cannot be examined" in missing.finding
+
+
+async def test_a_watcher_on_a_hung_mount_keeps_the_loop_turning(tmp_path: Path) -> None:
+    """Built and started on a FUSE mount whose server is stopped, the watcher never blocks the
+    event loop: its look at the filesystem hangs in its file thread, and it is not healthy."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
+        servers = _pids_of("bindfs", str(run))
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGSTOP)
+        # Only if the loop itself hangs (the failure this test catches) does this ever fire:
+        # it lets the test end, and fail, instead of hanging the run.
+        rescue = threading.Timer(30, os.kill, (servers[0], signal.SIGCONT))
+        rescue.start()
+        try:
+            ticks = 0
+
+            async def tick() -> None:
+                """Count event-loop turns while the watcher starts."""
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
+
+            def sink(batch: list[Observation]) -> None:
+                """Nothing is read while the mount hangs."""
+
+            async with asyncio.TaskGroup() as tasks:
+                ticker = tasks.create_task(tick())
+                # Never looked up before, so the kernel has to ask the stopped server.
+                watcher = Watcher(
+                    run / "run",
+                    ["h1"],
+                    mode="auto",
+                    poll_interval_s=0.1,
+                    debounce_ms=20,
+                    rescan_interval_s=3600,
+                )
+                watching = tasks.create_task(watcher.run(sink))
+                async with asyncio.timeout(20):
+                    while ticks < 50:  # noqa: ASYNC110 (counting loop turns is the point)
+                        await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop
+                still_stopped = _state_of(servers[0]) == "T"
+                looked, healthy = watcher.mode, watcher.healthy(asyncio.get_running_loop().time())
+                # Let the look return before the mount goes: umount fails while a lookup in
+                # it is pending, so the file thread must be out of the mount first.
+                os.kill(servers[0], signal.SIGCONT)
+                async with asyncio.timeout(20):
+                    while watcher.mode is None:  # noqa: ASYNC110 (the watcher exposes state)
+                        await asyncio.sleep(0.01)  # wait-ok: polling interval of a condition
+                watching.cancel()
+                ticker.cancel()
+            reader = watcher._files._thread
+            if reader is not None:
+                await asyncio.to_thread(reader.join, 20)
+        finally:
+            rescue.cancel()
+            os.kill(servers[0], signal.SIGCONT)
+    assert still_stopped, "the server was let go: the loop had been blocked until then"
+    assert (looked, healthy) == (None, False)
+
+
+def _state_of(pid: int) -> str:
+    """The process state letter of ``pid`` (``T``: stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
