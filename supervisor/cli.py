@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from supervisor import config as config_mod
-from supervisor.errors import ConfigError, ControlError
+from supervisor.errors import ConfigError, ControlError, DaemonNotRunning
 
 CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
 EXIT_OK: Final = 0
@@ -119,7 +119,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("wait-ready", cmd_wait_ready, "wait until every host is ready (like seed start)")
     with_config(p)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=60.0,
+        help="give up after this many seconds (default 60); exit 1 (3 if no daemon answered)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print the seed\'s JSON lines: {"ok": true, "phase": "manifest", ...} once the'
+        ' daemon answers, then {"ok": true, "phase": "ready", "root": ROOT}',
+    )
+    p.add_argument(
+        "--stop-on-timeout",
+        action="store_true",
+        help="like the seed's start: if the fleet is not ready in time, stop every worker"
+        " and the daemon, so a failed start leaves nothing running",
+    )
 
     p = command("check-config", cmd_check_config, "validate a config file")
     p.add_argument("config_file", metavar="CONFIG")
@@ -134,9 +151,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", help="seed run root (reads ROOT/ctl/launch_meta.json)")
     p.add_argument("--launch-meta", help="path to a seed launch_meta.json")
     p.add_argument("-o", "--output", help="write here instead of stdout")
-    p.add_argument("--known-hosts", default="/etc/reward-supervisor/known_hosts")
-    p.add_argument("--client-key", action="append", default=None)
-    p.add_argument("--username", default=None)
+    p.add_argument(
+        "--known-hosts",
+        default="/etc/reward-supervisor/known_hosts",
+        help="ssh.known_hosts (default /etc/reward-supervisor/known_hosts)",
+    )
+    p.add_argument("--client-key", action="append", default=None, help="ssh.client_keys entry")
+    p.add_argument("--username", default=None, help="ssh.username (default: the current user)")
+    p.add_argument("--ws", default=None, help="the seed's --ws ($SAO_WS): its workspace")
+    p.add_argument("--venv", default=None, help="the seed's --venv (default WS/tmp/runtime-venv)")
+    p.add_argument("--repo", default=None, help="the seed's --repo (default WS/repo/AReaL)")
+    p.add_argument(
+        "--pointer-file",
+        default=None,
+        help="run.pointer_file (default WS/tmp/sao-reward-current.json, as the seed)",
+    )
+
+    p = command(
+        "disarm-seed",
+        cmd_disarm_seed,
+        "take over from reward_workers_ctl.py: stop its watch and respawn wrappers (workers"
+        " keep running) and remove the stop files its stop wrote",
+    )
+    with_config(p)
+    with_json(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="report what would be done; change nothing"
+    )
+    p.add_argument(
+        "--watch-timeout",
+        type=_positive_seconds,
+        default=120.0,
+        help="seconds to wait for the old watch loop to exit (default 120)",
+    )
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
     p.add_argument("--hosts", type=int, default=4, help="number of simulated hosts (default 4)")
@@ -339,24 +386,89 @@ def _event_line(event: dict[str, Any]) -> str:
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> int:
-    """``wait-ready -c CONFIG``: exit 0 once every host is ready, 1 at the timeout."""
+    """``wait-ready -c CONFIG``: exit 0 once every host is ready; 1 at the timeout (after
+    stopping everything with ``--stop-on-timeout``); 3 if no daemon answered at all."""
     from supervisor import control
 
-    socket = _socket_of(args.config)
+    cfg_path = args.config
+    socket = _socket_of(cfg_path)
     deadline = time.monotonic() + args.timeout
     status: dict[str, Any] = {}
+    answered = False
     while time.monotonic() < deadline:
         try:
             status = control.request_sync(socket, "status")
         except ControlError:
             status = {}
+        if status and not answered:
+            answered = True
+            if args.json:
+                _print_phase(_manifest_phase(cfg_path, status))
         hosts = status.get("hosts", {})
         if hosts and all(row.get("state") == "ready" for row in hosts.values()):
-            print(f"all {len(hosts)} hosts ready")
+            root = status.get("daemon", {}).get("root")
+            if args.json:
+                _print_phase({"ok": True, "phase": "ready", "root": root})
+            else:
+                print(f"all {len(hosts)} hosts ready")
             return EXIT_OK
         time.sleep(0.25)
-    waiting = [n for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"]
-    raise CliError(f"not ready within {args.timeout:g}s: {', '.join(waiting) or 'no daemon'}")
+    if not answered:
+        if args.json:
+            _print_phase({"ok": False, "phase": "no_daemon", "socket": str(socket)})
+        raise CliError(f"no daemon answered on {socket} within {args.timeout:g}s", EXIT_NO_DAEMON)
+    waiting = {n: r for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"}
+    if args.json:
+        _print_phase(
+            {
+                "ok": False,
+                "phase": "timeout",
+                "root": status.get("daemon", {}).get("root"),
+                "not_ready": {
+                    n: {"state": r.get("state"), "reason": r.get("last_reason")}
+                    for n, r in waiting.items()
+                },
+            }
+        )
+    detail = ", ".join(
+        f"{n} ({r.get('state')}: {r.get('last_reason')})" for n, r in waiting.items()
+    )
+    if args.stop_on_timeout:
+        _stop_after_failed_start(socket, status, as_json=args.json)
+        if status.get("daemon", {}).get("on_exit") == "detach":
+            raise CliError(
+                f"not ready within {args.timeout:g}s: {detail}; stopped the daemon, but"
+                ' run.on_exit = "detach" left its workers running'
+            )
+        raise CliError(f"not ready within {args.timeout:g}s: {detail}; stopped everything")
+    raise CliError(f"not ready within {args.timeout:g}s: {detail}")
+
+
+def _print_phase(line: dict[str, Any]) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def _manifest_phase(cfg_path: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The seed's first line, ``{"ok": true, "phase": "manifest", **launch_meta}``: the launch
+    meta the daemon writes, computed from the config rather than read back from the run
+    root (a file there could be anything, even a FIFO that never answers)."""
+    from supervisor import layout
+
+    meta: dict[str, Any] = {"root": status.get("daemon", {}).get("root")}
+    with contextlib.suppress(ConfigError):
+        meta = layout.launch_meta(config_mod.load(cfg_path))
+    return {"ok": True, "phase": "manifest", **meta}
+
+
+def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: bool) -> None:
+    """``--stop-on-timeout``: stop every worker and the daemon, as the seed's start did."""
+    _request(socket, "stop")
+    grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
+    _wait_for_exit(socket, grace + 30)
+    if as_json:
+        _print_phase(
+            {"ok": False, "phase": "stopped", "root": status.get("daemon", {}).get("root")}
+        )
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -405,22 +517,41 @@ def cmd_import_seed(args: argparse.Namespace) -> int:
     from supervisor import seedimport
 
     try:
-        text = seedimport.config_from_seed(
+        imported = seedimport.config_from_seed(
             root=args.root,
             launch_meta=args.launch_meta,
             environ=os.environ,
             known_hosts=args.known_hosts,
             client_keys=args.client_key,
             username=args.username,
+            ws=args.ws,
+            venv=args.venv,
+            repo=args.repo,
+            pointer_file=args.pointer_file,
         )
     except seedimport.ImportProblem as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    for warning in imported.warnings:
+        print(f"reward-supervisor: warning: {warning}", file=sys.stderr)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        Path(args.output).write_text(imported.text, encoding="utf-8")
         print(f"wrote {args.output}; check it with: reward-supervisor check-config {args.output}")
     else:
-        print(text, end="")
+        print(imported.text, end="")
     return EXIT_OK
+
+
+def cmd_disarm_seed(args: argparse.Namespace) -> int:
+    """``disarm-seed -c CONFIG``: hand the old script's fleet over without stopping a worker."""
+    from supervisor import seedmigrate
+
+    cfg = _load_config(args.config)
+    report = seedmigrate.run(cfg, dry_run=args.dry_run, watch_timeout_s=args.watch_timeout)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -457,6 +588,17 @@ def _load_config(path: str | None) -> config_mod.Config:
         raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds: {text!r}")
+    return value
+
+
 def _socket_of(path: str | None) -> Path:
     """The control socket named by a config, even one that does not validate.
 
@@ -483,10 +625,7 @@ def _request(socket: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) ->
 
 
 def _control_exit_code(exc: ControlError) -> int:
-    text = str(exc)
-    if "not running" in text or "no socket" in text:
-        return EXIT_NO_DAEMON
-    return EXIT_FAILED
+    return EXIT_NO_DAEMON if isinstance(exc, DaemonNotRunning) else EXIT_FAILED
 
 
 if __name__ == "__main__":

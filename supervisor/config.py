@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, cast
 
 from supervisor.errors import ConfigError, ConfigProblem
+from supervisor.fleet import FleetPolicy, Member
 from supervisor.health import Policy
 
 WatchMode = Literal["auto", "inotify", "poll"]
@@ -57,6 +58,11 @@ DEFAULT_REWARD_FN: Final = "areal.reward.gsm8k.gsm8k_reward_fn"
 # workers on scheduler noise, and no Python worker imports and reports ready in under 2 s.
 MIN_HEARTBEAT_STALE_S: Final = 3.0
 MIN_READY_TIMEOUT_S: Final = 2.0
+# Start-up waits one connect timeout plus this for probes and launches to answer before
+# READY=1 goes out anyway (a host that cannot be reached must not block the others).
+STARTUP_SLACK_S: Final = 10.0
+# Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
+SHUTDOWN_SLACK_S: Final = 15.0
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH: Final = 107
 
@@ -132,16 +138,6 @@ class WatchConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FleetConfig:
-    """``[fleet]``: protection against common-mode failures and restart stampedes."""
-
-    freeze_fraction: float = 0.5
-    freeze_window_s: float = 30.0
-    max_concurrent_launches: int = 16
-    max_launches_per_minute: int = 120
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
     """``[metrics]``: the optional Prometheus endpoint."""
 
@@ -171,7 +167,7 @@ class Config:
     ssh: SshConfig
     control: ControlConfig
     watch: WatchConfig
-    fleet: FleetConfig
+    fleet: FleetPolicy
     metrics: MetricsConfig
     hosts: tuple[HostConfig, ...]
 
@@ -207,6 +203,13 @@ def render_argv(config: Config, host: HostConfig) -> tuple[str, ...]:
     """The worker's argv for ``host``: each template element becomes exactly one argument."""
     values = argv_fields(config, host)
     return tuple(element.format_map(values) for element in config.worker.argv)
+
+
+def members(config: Config) -> tuple[Member, ...]:
+    """The configured hosts as the fleet core sees them."""
+    return tuple(
+        Member(name=h.name, shard=h.shard, launch_key=launch_key(config, h)) for h in config.hosts
+    )
 
 
 def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
@@ -523,7 +526,8 @@ class _Validator:
         health = self.health(self.table(raw, "health"), watch)
         ssh = self.ssh(self.table(raw, "ssh"))
         control = self.control(self.table(raw, "control"), source)
-        fleet = self.fleet(self.table(raw, "fleet"))
+        pointer_file = run.pointer_file if run is not None else None
+        fleet = self.fleet(self.table(raw, "fleet"), health, ssh, pointer_file)
         metrics = self.metrics(self.table(raw, "metrics"))
         if run is not None and hosts is not None:
             self.check_hosts_against_run(hosts, run)
@@ -727,14 +731,24 @@ class _Validator:
             rescan_interval_s=self.seconds(t, w, "rescan_interval_s", d.rescan_interval_s),
         )
 
-    def fleet(self, t: Mapping[str, Any]) -> FleetConfig:
+    def fleet(
+        self,
+        t: Mapping[str, Any],
+        health: Policy,
+        ssh: SshConfig | None,
+        pointer_file: Path | None,
+    ) -> FleetPolicy:
         w = "fleet"
-        d = FleetConfig()
+        d = FleetPolicy()
         self.unknown_keys(t, KEYS[_section(w)], w)
         fraction = self.get(t, w, "freeze_fraction", float, d.freeze_fraction)
         if fraction is not None and not 0 < fraction <= 1:
             self.problem("fleet.freeze_fraction", f"must be in (0, 1], not {fraction}")
-        return FleetConfig(
+        connect_timeout_s = ssh.connect_timeout_s if ssh is not None else 0.0
+        return FleetPolicy(
+            pointer_file=None if pointer_file is None else str(pointer_file),
+            startup_timeout_s=connect_timeout_s + STARTUP_SLACK_S,
+            shutdown_timeout_s=health.stop_grace_s + SHUTDOWN_SLACK_S,
             freeze_fraction=fraction if fraction is not None else d.freeze_fraction,
             freeze_window_s=self.seconds(t, w, "freeze_window_s", d.freeze_window_s),
             max_concurrent_launches=self.positive_int(

@@ -77,7 +77,39 @@ UNHEALTHY_STATES: Final = frozenset({S.STALE, S.COOLING_DOWN, S.FAILED})
 STOP_STATES: Final = frozenset({S.STOPPING, S.STOPPED})
 
 Op = Literal["launch", "terminate", "probe"]
-StopCause = Literal["operator", "sentinel", "shutdown", "removed"]
+
+
+class StopCause(StrEnum):
+    """Who wanted the host stopped: decides what starts it again."""
+
+    #: ``stop-host`` (written as a sentinel, so it outlives the daemon).
+    OPERATOR = "operator"
+    #: ``ctl/<host>.stop`` appeared: removing it starts the host again.
+    SENTINEL = "sentinel"
+    #: The daemon is stopping.
+    SHUTDOWN = "shutdown"
+    #: A reload removed the host from the config.
+    REMOVED = "removed"
+
+
+class Cause(StrEnum):
+    """Why a worker was found unhealthy, as a code beside the human reason (metrics labels,
+    alerting and tests read the code, never the sentence)."""
+
+    #: It exited with a code (its exit record or the agent said so).
+    EXITED = "exited"
+    #: It was killed by a signal.
+    KILLED = "killed"
+    #: Its heartbeat stopped changing for ``heartbeat_stale_s``.
+    HEARTBEAT_STALE = "heartbeat_stale"
+    #: It did not report ready in time, or reported ``ready: false`` for too long.
+    NOT_READY = "not_ready"
+    #: The launch did not start a worker.
+    LAUNCH_FAILED = "launch_failed"
+    #: A probe found no live worker where one should run.
+    NO_WORKER = "no_worker"
+    #: A terminate confirmed the worker dead while it should have been running.
+    GONE = "gone"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,7 +240,7 @@ class StopRequested:
     """Someone asked for the host's worker to stop."""
 
     reason: str
-    cause: StopCause = "operator"
+    cause: StopCause = StopCause.OPERATOR
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,6 +312,8 @@ class Launch:
 
     reason: str
     is_restart: bool
+    #: Why the worker is replaced (automatic restarts only).
+    cause: Cause | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -360,8 +394,9 @@ class Host:
     restart_times_at: tuple[float, ...] = ()
     restarts: int = 0
     next_restart_at: float | None = None
-    #: Why the worker was last found unhealthy.
+    #: Why the worker was last found unhealthy, in words and as a code.
     cause: str | None = None
+    cause_code: Cause | None = None
     #: Whether leaving ``stale`` with a Launch counts as an automatic restart.
     restart_is_automatic: bool = True
     stop_sentinel: bool = False
@@ -383,6 +418,7 @@ class History:
     restart_times_at: tuple[float, ...] = ()
     next_restart_at: float | None = None
     cause: str | None = None
+    cause_code: Cause | None = None
     #: Why the host was ``failed`` when the previous daemon stopped; None if it was not.
     failed: str | None = None
 
@@ -395,6 +431,7 @@ def history_of(host: Host) -> History:
         restart_times_at=host.restart_times_at,
         next_restart_at=host.next_restart_at,
         cause=host.cause,
+        cause_code=host.cause_code,
         failed=host.reason if host.state is S.FAILED else None,
     )
 
@@ -410,6 +447,7 @@ def history_changed(before: Host, after: Host) -> bool:
         or before.restart_times_at != after.restart_times_at
         or before.next_restart_at != after.next_restart_at
         or before.cause != after.cause
+        or before.cause_code is not after.cause_code
     )
 
 
@@ -432,6 +470,7 @@ def new_host(
         restart_times_at=history.restart_times_at,
         next_restart_at=history.next_restart_at,
         cause=history.cause,
+        cause_code=history.cause_code,
     )
     if stop_sentinel:
         return replace(
@@ -439,7 +478,7 @@ def new_host(
             state=S.STOPPING,
             reason="stop sentinel present",
             stop_sentinel=True,
-            stop_cause="sentinel",
+            stop_cause=StopCause.SENTINEL,
         )
     if history.failed is not None:
         return replace(host, state=S.FAILED, reason=history.failed)
@@ -771,12 +810,17 @@ def _enter(host: Host, state: HostState, reason: str, now: float) -> Host:
     )
 
 
-def _fail(host: Host, reason: str, now: float, policy: Policy) -> Host:
+def _fail(host: Host, code: Cause, reason: str, now: float, policy: Policy) -> Host:
     """The worker is unhealthy: restart now, after a cooldown, or give up."""
     failures = host.failures + 1
     window = tuple(t for t in host.restart_times_at if now - t < policy.restart_window_s)
     host = replace(
-        host, failures=failures, restart_times_at=window, restart_is_automatic=True, cause=reason
+        host,
+        failures=failures,
+        restart_times_at=window,
+        restart_is_automatic=True,
+        cause=reason,
+        cause_code=code,
     )
     if not policy.auto_restart:
         return _enter(host, S.FAILED, f"{reason} (auto_restart is off)", now)
@@ -810,8 +854,12 @@ def _recover(host: Host, event: Event, now: float, policy: Policy) -> Host:
 def _worker_gone(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.pid is not None:
         return host  # a probe found a different live pid; its heartbeat decides
-    why = host.last_exit if isinstance(event, WorkerExited | TerminateConfirmed) else None
-    return _fail(host, why or "probe found no live worker", now, policy)
+    if isinstance(event, WorkerExited):
+        code = Cause.EXITED if event.signal is None else Cause.KILLED
+        return _fail(host, code, host.last_exit or describe_exit(event), now, policy)
+    if isinstance(event, TerminateConfirmed):
+        return _fail(host, Cause.GONE, host.last_exit or "confirmed dead", now, policy)
+    return _fail(host, Cause.NO_WORKER, "probe found no live worker", now, policy)
 
 
 def _launch_failed(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -819,7 +867,7 @@ def _launch_failed(host: Host, event: Event, now: float, policy: Policy) -> Host
         # The worker may well be running: find out (the probe) rather than count a failure.
         # The ready deadline of this launch still bounds the wait.
         return replace(host, reason=f"launch outcome unknown ({event.reason}); probing")
-    return _fail(host, host.last_error or "launch failed", now, policy)
+    return _fail(host, Cause.LAUNCH_FAILED, host.last_error or "launch failed", now, policy)
 
 
 def _launch_refused(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -847,19 +895,19 @@ def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) 
     if host.frozen:
         return host  # a worker cannot report ready through a stalled filesystem
     if host.launched_at is not None and now >= _ready_by(host, policy):
-        return _fail(
-            host, f"not ready within ready_timeout_s={policy.ready_timeout_s:g}", now, policy
-        )
+        why = f"not ready within ready_timeout_s={policy.ready_timeout_s:g}"
+        return _fail(host, Cause.NOT_READY, why, now, policy)
     return host
 
 
 def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if now >= _stale_at(host, policy) and not host.frozen:
         base = host.alive_at if host.alive_at is not None else host.since_at
-        return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
+        why = f"heartbeat stale for {now - base:.1f}s"
+        return _fail(host, Cause.HEARTBEAT_STALE, why, now, policy)
     since = host.not_ready_since_at
     if since is not None and now >= since + policy.ready_timeout_s:
-        return _fail(host, f"not ready for {now - since:.1f}s", now, policy)
+        return _fail(host, Cause.NOT_READY, f"not ready for {now - since:.1f}s", now, policy)
     return host
 
 
@@ -890,7 +938,7 @@ def _start(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.stop_sentinel:
         return host  # the sentinel wins: removing it is how a sentinel-stopped host starts
     if isinstance(event, StopSentinelRemoved):
-        if host.stop_cause != "sentinel":
+        if host.stop_cause is not StopCause.SENTINEL:
             return host
         reason = "stop sentinel removed"
     else:
@@ -907,8 +955,15 @@ def _start(host: Host, event: Event, now: float, policy: Policy) -> Host:
     return _maybe_ready(_enter(host, S.STARTING, reason, now), event, now, policy)
 
 
-def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
+def restart_refusal(host: Host) -> str | None:
+    """Why an operator's restart of ``host`` does nothing, or None if it would act."""
     if host.stop_sentinel:
+        return "held stopped by its stop sentinel; use start-host"
+    return None
+
+
+def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if restart_refusal(host) is not None:
         return host
     reason = event.reason if isinstance(event, RestartRequested) else "restart"
     host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False)
@@ -921,7 +976,7 @@ def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if isinstance(event, StopRequested):
         reason, cause = event.reason, event.cause
     else:
-        reason, cause = "stop sentinel present", "sentinel"
+        reason, cause = "stop sentinel present", StopCause.SENTINEL
     host = replace(host, stop_cause=cause)
     if host.state is S.STOPPED:
         return replace(host, reason=reason)
@@ -931,7 +986,9 @@ def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
 def _sentinel_takes_over(host: Host, event: Event, now: float, policy: Policy) -> Host:
     # An operator stop becomes a sentinel stop, so removing the file starts the host again;
     # a shutdown or removal stays what it is.
-    return replace(host, stop_cause="sentinel") if host.stop_cause == "operator" else host
+    if host.stop_cause is StopCause.OPERATOR:
+        return replace(host, stop_cause=StopCause.SENTINEL)
+    return host
 
 
 def _each(
@@ -1012,7 +1069,8 @@ def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
         found_running=False,
         restart_is_automatic=True,
     )
-    return host, [Launch(reason=reason, is_restart=automatic)]
+    cause = host.cause_code if automatic else None
+    return host, [Launch(reason=reason, is_restart=automatic, cause=cause)]
 
 
 def _deadline(host: Host, policy: Policy) -> float | None:

@@ -7,7 +7,7 @@ channel instead of a handshake or a new channel (and the remote user's rc files)
 
 One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
 ``fcntl.lockf(LOCK_EX | LOCK_NB)`` on ``ctl/shard-N.lock`` and holds it for the worker's
-whole life; a second launch finds it held and is refused with ``LaunchRefused``. Why lockf:
+whole life; a second launch finds it held and is refused with ``ShardHeld``. Why lockf:
 
 - On Linux NFS clients, ``lockf``/``fcntl`` byte-range locks go to the server (NLM for
   NFSv3, the protocol's own locks for NFSv4), so they exclude across every host mounting
@@ -45,7 +45,7 @@ import asyncssh
 import structlog
 
 from supervisor.config import HostConfig, SshConfig
-from supervisor.errors import LaunchRefused, RemoteError
+from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
 
 log = structlog.get_logger()
@@ -361,7 +361,7 @@ class RemoteHost:
     async def launch(self, spec: LaunchSpec) -> Started:
         """Start the worker under a detached shepherd; returns once it is forked.
 
-        Raises LaunchRefused when a live worker holds the shard, RemoteError otherwise.
+        Raises ShardHeld when a live worker holds the shard, RemoteError otherwise.
         """
         result = await self._call("launch", {"spec": _spec_json(spec)}, RPC_TIMEOUT_S)
         pid = reply_int(self.name, "launch", result, "pid")
@@ -391,6 +391,15 @@ class RemoteHost:
             raise RemoteError(self.name, f"probe: the agent named pid {found}")
         log.debug("remote.probed", host=self.name, pid=found)
         return found
+
+    async def disarm_seed(
+        self, spec: LaunchSpec, wrap_script: str, *, dry_run: bool
+    ) -> dict[str, Any]:
+        """End the old script's respawn wrappers of this host (``wrap_script``), leaving its
+        worker running; the agent's report (``agent.op_disarm_seed``), unchecked: the
+        caller validates what the host says."""
+        payload = {"spec": _spec_json(spec), "wrap_script": wrap_script, "dry_run": dry_run}
+        return await self._call("disarm_seed", payload, RPC_TIMEOUT_S)
 
     async def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
         """Run one command (each argv element quoted) on its own channel.
@@ -457,7 +466,7 @@ class RemoteHost:
         return link
 
     async def _call(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """One agent request; its result, or LaunchRefused / RemoteError."""
+        """One agent request; its result, or ShardHeld / RemoteError."""
         link = self._require_link(op)
         agent = await link.agent(self._python)
         reply = await agent.call(op, payload, timeout_s)
@@ -468,7 +477,7 @@ class RemoteHost:
         error = error[:MAX_NOISE_CHARS] if isinstance(error, str) else "the agent gave no reason"
         if reply.get("kind") == "refused":
             holder = reply.get("holder_pid")
-            raise LaunchRefused(
+            raise ShardHeld(
                 self.name, error, holder_pid=holder if isinstance(holder, int) else None
             )
         raise RemoteError(self.name, f"{op}: {error}")

@@ -15,7 +15,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, Protocol
@@ -78,6 +78,8 @@ class WatcherProtocol(Protocol):
     async def run(self, sink: Callable[[list[Observation]], None]) -> None: ...
 
     async def scan_all(self) -> list[Observation]: ...
+
+    async def scan(self, hosts: Collection[str]) -> list[Observation]: ...
 
     def set_hosts(self, hosts: Iterable[str]) -> None: ...
 
@@ -234,9 +236,23 @@ class Watcher:
         batch = await self._read_off_loop(_all_keys(hosts), check=False)
         return self._observe(batch.observations, every=True)
 
+    async def scan(self, hosts: Collection[str]) -> list[Observation]:
+        """Read ``hosts``' files now, off the event loop; returns all of them (and seeds what
+        ``run()`` compares with, so it reports only what changes after)."""
+        keys = _all_keys(hosts)
+        batch = await self._read_off_loop(keys, False)
+        return self._observe(batch.observations, every=True)
+
     def set_hosts(self, hosts: Iterable[str]) -> None:
-        """Watch exactly these hosts from the next batch on."""
-        self._hosts = frozenset(hosts)
+        """Watch exactly these hosts from the next batch on.
+
+        O(1) when given the frozenset it already holds (nothing can have changed in it), so
+        a caller may hand over its current set after every step.
+        """
+        given = frozenset(hosts)  # ``hosts`` itself when it is a frozenset
+        if given is self._hosts:
+            return
+        self._hosts = given
         self._hosts_version += 1
 
     def healthy(self, now: float) -> bool:

@@ -25,7 +25,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.config import Config, HostConfig, parse
-from supervisor.errors import LaunchRefused, RemoteError
+from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
 from supervisor.remote import RemoteHost, Started
 from tests.sshd import OpenSsh
@@ -352,7 +352,7 @@ async def test_second_launch_is_refused_with_the_holder_pid(
     config = make_config(openssh, run_root)
     async with maintained(config) as h:
         started = reaper.add(await h.remote.launch(h.spec))
-        with pytest.raises(LaunchRefused) as refused:
+        with pytest.raises(ShardHeld) as refused:
             await h.remote.launch(h.spec)
         assert refused.value.holder_pid == started.pid
         assert "locked" in refused.value.reason
@@ -373,7 +373,7 @@ async def test_launch_refused_by_pidfile_when_the_shepherd_was_killed(
         shepherd = int(record["shepherd_pid"])
         os.kill(shepherd, signal.SIGKILL)
         await wait_until(lambda: not is_alive(shepherd), "the shepherd to die")
-        with pytest.raises(LaunchRefused) as refused:
+        with pytest.raises(ShardHeld) as refused:
             await h.remote.launch(h.spec)
         assert refused.value.holder_pid == started.pid
         assert "no shepherd holds" in refused.value.reason

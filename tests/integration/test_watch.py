@@ -513,6 +513,34 @@ async def test_run_after_scan_all_reports_only_changes(root: Path, mode: Mode) -
         assert seen.all == [StatusObserved("h2", record)]
 
 
+async def test_hosts_scanned_then_added_are_reported_only_when_they_change(
+    root: Path, mode: Mode
+) -> None:
+    """scan(hosts) returns those hosts' files now; added by set_hosts() afterwards, they are
+    not reported again by run(), only their later changes (as the daemon joins a host)."""
+    first = beat(root, "h1", 1)
+    watcher = Watcher(
+        root,
+        (),
+        mode=mode,
+        poll_interval_s=POLL_INTERVAL_S,
+        debounce_ms=20,
+        rescan_interval_s=3600,
+    )
+    assert await watcher.scan(["h1"]) == [
+        StatusObserved("h1", first),
+        ExitObserved("h1", None),
+        SentinelObserved("h1", False),
+    ]
+    watcher.set_hosts(["h1"])
+    async with watching(root, [], mode, watcher=watcher, initial=False) as (_, seen):
+        record = beat(root, "h1", 2)
+        await seen.wait_for(StatusObserved("h1", record))
+        # The batch that reads a newly added host's files comes first: had the scan not
+        # seeded the watcher's memory, the unchanged exit record and sentinel came too.
+        assert seen.all == [StatusObserved("h1", record)]
+
+
 async def test_poll_mode_watches_a_real_tmpfs_mount(tmp_path: Path) -> None:
     """On a tmpfs mounted for the test (path with a space) the type is read and polling works."""
     with mounted(tmp_path / "mnt point", ["mount", "-t", "tmpfs", "tmpfs"]) as mnt:

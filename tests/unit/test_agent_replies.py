@@ -1,4 +1,4 @@
-"""The daemon's parser of agent replies: any line a host sends is an answer or noise, never a crash."""
+"""The parser of agent replies: any line a host sends is an answer or noise, never a crash."""
 
 from __future__ import annotations
 

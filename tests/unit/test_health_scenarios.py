@@ -153,7 +153,7 @@ def test_shutdown_stop_is_not_undone_by_a_sentinel_removal() -> None:
     """A host stopped for daemon shutdown does not restart when a sentinel comes and goes."""
     host, _ = run(
         h.new_host("w", 0.0),
-        (h.StopRequested(reason="daemon shutdown", cause="shutdown"), 0.0),
+        (h.StopRequested(reason="daemon shutdown", cause=h.StopCause.SHUTDOWN), 0.0),
         (h.SshRestored(), 0.1),
         (h.ProbeResult(pid=None), 0.2),
         (h.StopSentinelAppeared(), 1.0),
