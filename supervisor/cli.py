@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from supervisor import config as config_mod
 from supervisor.errors import ConfigError, ControlError, DaemonNotRunning
+from supervisor.terminal import terminal_text
 
 CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
 EXIT_OK: Final = 0
@@ -49,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except CliError as exc:
-        print(f"reward-supervisor: {exc}", file=sys.stderr)
+        # A daemon's message may quote a host's text.
+        print(f"reward-supervisor: {terminal_text(exc)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
@@ -275,8 +277,10 @@ def _watch_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
                         print(
                             json.dumps(line)
                             if line
-                            else f"{name}: {brief['state']} pid={brief['pid']} "
-                            f"ssh={brief['ssh']} ({brief['last_reason']})",
+                            else terminal_text(
+                                f"{name}: {brief['state']} pid={brief['pid']} "
+                                f"ssh={brief['ssh']} ({brief['last_reason']})"
+                            ),
                             flush=True,
                         )
             time.sleep(args.interval)
@@ -293,7 +297,7 @@ def cmd_host_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reply, indent=2, sort_keys=True))
     else:
-        print(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})")
+        print(terminal_text(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})"))
     return EXIT_OK
 
 
@@ -310,7 +314,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     else:
         print("reload refused; the daemon keeps running on its previous config:")
         for error in reply.get("errors", []):
-            print(f"  {error}")
+            print(f"  {terminal_text(error)}")
     return EXIT_OK if reply.get("reloaded") else EXIT_FAILED
 
 
@@ -377,12 +381,13 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def _event_line(event: dict[str, Any]) -> str:
+    """One event as a terminal line: a host's text in it is escaped, never obeyed."""
     if event.get("event") == "host.state":
-        return (
+        return terminal_text(
             f"{event.get('timestamp', '')} {event.get('host')}: {event.get('from')} -> "
             f"{event.get('to')} ({event.get('reason')})"
         )
-    return json.dumps(event, sort_keys=True)
+    return terminal_text(json.dumps(event, sort_keys=True))
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> int:
@@ -499,7 +504,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     cfg = _load_config(args.config)
     said: list[str] = []
-    out: Callable[[str], None] = said.append if args.json else print
+    # Messages name files under the run root, whose names anyone with write access chose.
+    out: Callable[[str], None] = said.append if args.json else _print_escaped
     try:
         code = cleanup.run(cfg, yes=args.yes, out=out)
     except cleanup.Refused as exc:
@@ -510,6 +516,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": code == EXIT_OK, "messages": said}))
     return code
+
+
+def _print_escaped(text: str) -> None:
+    print(terminal_text(text))
 
 
 def cmd_import_seed(args: argparse.Namespace) -> int:

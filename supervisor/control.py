@@ -783,7 +783,11 @@ def _error(message: str) -> dict[str, Any]:
 
 def _encode(message: Mapping[str, Any]) -> bytes:
     # NaN and Infinity are not JSON; other readers of the socket (jq) would choke on them.
-    return (json.dumps(message, allow_nan=False, ensure_ascii=False) + "\n").encode()
+    text = json.dumps(message, allow_nan=False, ensure_ascii=False) + "\n"
+    # A lone surrogate (a request's or a host's "\ud800") cannot be UTF-8; as the escape it
+    # came in as it stays valid JSON (surrogates only ever occur inside JSON strings), where
+    # a strict encode would fail the whole reply.
+    return text.encode("utf-8", "backslashreplace")
 
 
 def _show(value: object, limit: int = 60) -> str:

@@ -223,6 +223,8 @@ class Daemon:
             hosts=len(self._config.hosts),
             pid=os.getpid(),
         )
+        for event, fields in config_mod.privilege_warnings(self._config, os.geteuid()):
+            log.warning(event, **fields)
         try:
             await asyncio.to_thread(self._prepare_run_directory)
         except (OSError, RunLocked) as exc:
@@ -440,6 +442,25 @@ class Daemon:
                     "fleet.freeze_finding", finding=action.finding, free_bytes=action.free_bytes
                 )
                 self._publish_event("fleet.freeze_finding", reason=action.finding)
+                self._publish_status(force=True)
+            case fleet.CrashSignatureFound():
+                log.error(
+                    "fleet.crash_signature",
+                    signature=action.signature,
+                    hosts=list(action.hosts),
+                    canary=action.canary,
+                    log_tail=action.log_tail,
+                )
+                self._publish_event("fleet.crash_signature", reason=action.signature)
+                self._publish_status(force=True)
+            case fleet.CrashSignatureCleared():
+                log.warning(
+                    "fleet.crash_signature_cleared",
+                    signature=action.signature,
+                    reason=action.reason,
+                    released=list(action.released),
+                )
+                self._publish_event("fleet.crash_signature_cleared", reason=action.reason)
                 self._publish_status(force=True)
             case fleet.Settled():
                 self._settled(action)
@@ -810,6 +831,12 @@ class Daemon:
         if freeze.frozen:
             finding = f"{self._fleet.finding}; " if self._fleet.finding else ""
             text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
+        for signature in self._fleet.signatures.values():
+            held = sum(1 for s in self._fleet.held.values() if s == signature.signature)
+            text = (
+                f"CRASH SIGNATURE ({signature.signature}): restarts held on {held} hosts,"
+                f" canary {signature.canary}; {text}"
+            )
         if text != self._summary or force:
             self._summary = text
             if self._ready:
@@ -858,6 +885,16 @@ class Daemon:
                 "frozen": core.freeze.frozen,
                 "frozen_reason": core.freeze.reason or None,
                 "freeze_finding": core.finding,
+                "crash_signatures": [
+                    {
+                        "signature": sig.signature,
+                        "since_s": round(now - sig.since_at, 3),
+                        "hosts": sorted(sig.hosts),
+                        "canary": sig.canary,
+                        "held": sorted(n for n, s in core.held.items() if s == sig.signature),
+                    }
+                    for sig in core.signatures.values()
+                ],
                 "launches_waiting": len(core.budget.waiting),
                 "launches_in_flight": len(core.budget.in_flight),
                 "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
@@ -981,9 +1018,13 @@ def _event_of(obs: Observation) -> health.Event | None:
                 ready=record.ready,
                 remote_heartbeat_at=record.heartbeat_at,
                 remote_seq=record.seq,
+                processed=record.processed,
+                in_flight=record.in_flight,
             )
         case ExitObserved(record=ExitRecord() as r):
-            return health.WorkerExited(pid=r.pid, exit_code=r.exit_code, signal=r.signal)
+            return health.WorkerExited(
+                pid=r.pid, exit_code=r.exit_code, signal=r.signal, log_tail=r.log_tail
+            )
         case ExitObserved():
             return None  # the record went away: nothing died
         case SentinelObserved(present=present):

@@ -29,7 +29,15 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
 7. The pointer file (``run.pointer_file``, the seed's "this run's workers are up" marker) is
    written once, when the fleet is first all ready; a failed write is retried with a
    doubling delay whatever the fleet does meanwhile, and never stops anything.
-8. Operator commands. An unknown or retiring host is refused by name; a restart of a host
+8. Crash signatures. When ``crash_signature_hosts`` hosts exit the same way (the exit code
+   or a crash signal, and the last line of the log with its numbers blurred) within
+   ``crash_signature_window_s``, the cause is common to them (a bad deploy), not theirs:
+   restarting every host into it only hides it. The fleet holds their restarts, except on
+   one canary host at a time, which restarts under its own backoff. The hold ends when the
+   canary runs again (ready), when a reload changes what the workers run, or when an
+   operator unfreezes. Signals someone sends (SIGKILL, SIGTERM, SIGINT, SIGHUP: the OOM
+   killer, an operator) are never a signature: a random ``kill -9`` is restarted as before.
+9. Operator commands. An unknown or retiring host is refused by name; a restart of a host
    held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
    written before the host is stopped and start-host has it removed before the host starts,
    so the file, which outlives the daemon, always agrees with what was done.
@@ -47,6 +55,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -76,6 +85,9 @@ class FleetPolicy:
     shutdown_timeout_s: float = 75.0
     #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
     pointer_file: str | None = None
+    #: This many hosts crashing the same way within the window hold restarts (0: never).
+    crash_signature_hosts: int = 3
+    crash_signature_window_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -410,6 +422,25 @@ class PointerNotWritten:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignatureFound:
+    """Hosts crashed the same way: restarts on it are held but for the ``canary``."""
+
+    signature: str
+    hosts: tuple[str, ...]
+    canary: str
+    log_tail: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignatureCleared:
+    """A crash signature no longer holds restarts (``reason`` says why)."""
+
+    signature: str
+    reason: str
+    released: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
@@ -436,6 +467,8 @@ Action = (
     | ShutdownDone
     | WritePointer
     | PointerNotWritten
+    | CrashSignatureFound
+    | CrashSignatureCleared
     | HistoryChanged
 )
 
@@ -491,6 +524,12 @@ class Fleet:
         #: The pointer file's progress (written at most once per path).
         self.pointer = Pointer()
         self._pointer_due = False
+        #: Recent crashes by signature: (when, host), oldest first.
+        self._crashes: dict[str, list[tuple[float, str]]] = {}
+        #: Signatures that hold restarts now.
+        self.signatures: dict[str, CrashSignature] = {}
+        #: Hosts whose restarts are held, and by which signature.
+        self.held: dict[str, str] = {}
         #: The names of joined and joining hosts; a new object whenever they change.
         self.names: frozenset[str] = frozenset()
 
@@ -612,6 +651,7 @@ class Fleet:
             case StopSentinelDeleted():
                 self._sentinel_deleted(event, now, out)
             case UnfreezeRequested():
+                self._clear_signatures("operator unfreeze", now, out)
                 was = self.freeze.frozen
                 self.freeze, change = unfreeze(self.freeze, now)
                 if change is not None:
@@ -633,6 +673,9 @@ class Fleet:
     def _observed(self, name: str, event: health.Event, now: float, out: list[Action]) -> None:
         if name not in self._hosts:
             return  # a host that left (or has not joined): its news is moot
+        if type(event) is health.WorkerExited:
+            # Decided before the exit is applied: a held host must not restart at once.
+            self._crashed(name, event, now, out)
         if type(event) in _RESULTS_OF_LAUNCH and name in self.budget.in_flight:
             # The slot goes back before the result is applied: a relaunch the core asks for
             # at once (the first failure after a healthy spell) must find it free.
@@ -704,6 +747,8 @@ class Fleet:
         if host.state is not before.state:
             self._assess_due = True
             self._pointer_due = True
+            if host.state is S.READY and self.signatures:
+                self._ran_again(name, now, out)
         if host.state is not S.STARTING and is_waiting(self.budget, name):
             # It left ``starting`` (stopped, restarted...) while its launch waited: the
             # launch will never begin, and the core must hear that it did not happen.
@@ -810,6 +855,7 @@ class Fleet:
         self._unsettled.discard(name)
         self._stop_pending.discard(name)
         self._connect_seen.discard(name)
+        self.held.pop(name, None)
         self.budget = launch_done(self.budget, name)
         self._names_changed()
         out.append(Disconnect(host=name))
@@ -844,6 +890,8 @@ class Fleet:
             if name in self._members and name not in self._retiring:
                 self._members[name] = new[name]
                 out.append(Reconnect(host=name))
+        if restarted:
+            self._clear_signatures("a reload changed what the workers run", now, out)
         for name in restarted:
             if name in self._hosts and name not in self._retiring:
                 reason = "launch parameters changed by reload"
@@ -961,6 +1009,81 @@ class Fleet:
             unreachable = tuple(n for n, h in self._hosts.items() if h.state is not S.STOPPED)
             out.append(ShutdownDone(unreachable=unreachable))
 
+    # --- crash signatures ------------------------------------------------------------------------
+
+    def _crashed(
+        self, name: str, event: health.WorkerExited, now: float, out: list[Action]
+    ) -> None:
+        """Count a crash of ``name`` by its signature; hold its restart if others crashed
+        the same way (unless it is the canary)."""
+        if self._policy.crash_signature_hosts <= 0 or not health.exit_applies(
+            self._hosts[name], event
+        ):
+            return
+        signature = crash_signature(event)
+        if signature is None:
+            return
+        window = self._policy.crash_signature_window_s
+        recent = [(t, h) for t, h in self._crashes.get(signature, ()) if now - t < window]
+        recent.append((now, name))
+        self._crashes[signature] = recent
+        active = self.signatures.get(signature)
+        if active is None:
+            hosts = {h for _, h in recent}
+            if len(hosts) < self._policy.crash_signature_hosts:
+                return
+            active = CrashSignature(
+                signature=signature, since_at=now, hosts=frozenset(hosts), canary=name
+            )
+            self.signatures[signature] = active
+            out.append(
+                CrashSignatureFound(
+                    signature=signature,
+                    hosts=tuple(sorted(hosts)),
+                    canary=name,
+                    log_tail=event.log_tail,
+                )
+            )
+            for other in sorted(hosts - {name}):
+                if other in self._hosts and self._hosts[other].state is not S.READY:
+                    self._hold(other, signature, now, out)
+            return
+        active = replace(active, hosts=active.hosts | {name})
+        if active.canary not in self._hosts:
+            active = replace(active, canary=name)  # the canary left: this one tries next
+        self.signatures[signature] = active
+        if active.canary != name:
+            self._hold(name, signature, now, out)
+
+    def _hold(self, name: str, signature: str, now: float, out: list[Action]) -> None:
+        self.held[name] = signature
+        count = len(self.signatures[signature].hosts)
+        reason = f"{count} hosts crashed the same way ({signature})"
+        self._feed(name, health.RestartHeld(reason=reason), now, out)
+
+    def _ran_again(self, name: str, now: float, out: list[Action]) -> None:
+        """``name`` is ready again: it is held no more, and a canary that runs clears its
+        signature (whatever crashed it is gone)."""
+        self.held.pop(name, None)
+        for signature, active in list(self.signatures.items()):
+            if active.canary == name:
+                self._clear(signature, f"the canary {name} is ready", now, out)
+
+    def _clear_signatures(self, reason: str, now: float, out: list[Action]) -> None:
+        for signature in list(self.signatures):
+            self._clear(signature, reason, now, out)
+
+    def _clear(self, signature: str, reason: str, now: float, out: list[Action]) -> None:
+        del self.signatures[signature]
+        self._crashes.pop(signature, None)
+        released = sorted(n for n, s in self.held.items() if s == signature)
+        out.append(
+            CrashSignatureCleared(signature=signature, reason=reason, released=tuple(released))
+        )
+        for name in released:
+            del self.held[name]
+            self._feed(name, health.RestartReleased(), now, out)
+
     # --- the pointer file ----------------------------------------------------------------------
 
     def _write_pointer_if_due(self, now: float, out: list[Action]) -> None:
@@ -1073,6 +1196,53 @@ _SHUTDOWN_STOP: Final = health.StopRequested(
 def _stop_done(host: Host) -> bool:
     """Shutdown is done with this host: stopped, or unreachable with nothing in flight."""
     return host.state is S.STOPPED or (not host.ssh_up and host.op is None)
+
+
+# --------------------------------------------------------------------------------------
+# Crash signatures
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignature:
+    """A way of crashing that several hosts share, holding their restarts."""
+
+    signature: str
+    since_at: float
+    hosts: frozenset[str]
+    #: The one host that keeps restarting (under its own backoff) to find out if it is over.
+    canary: str
+
+
+#: SIGHUP, SIGINT, SIGKILL, SIGTERM: sent to a worker by someone (the OOM killer, an operator,
+#: a scheduler), so they say nothing about what the worker runs.
+_SENT_SIGNALS: Final = frozenset({1, 2, 9, 15})
+#: How much of the log's last line a signature keeps.
+_SIGNATURE_LINE: Final = 160
+_NUMBERS: Final = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_SPACE: Final = re.compile(r"\s+")
+
+
+def _blur(number: re.Match[str]) -> str:
+    return "0x?" if number.group().startswith("0x") else "N"
+
+
+def crash_signature(event: health.WorkerExited) -> str | None:
+    """How the worker crashed, alike for alike crashes on different hosts; None for an exit
+    that says nothing about what the worker runs (a signal someone sent)."""
+    if event.signal is not None:
+        if event.signal in _SENT_SIGNALS:
+            return None
+        head = f"signal {event.signal}"
+    elif event.exit_code is not None:
+        head = f"exit {event.exit_code}"
+    else:
+        return None
+    line = health.last_log_line(event.log_tail)
+    if not line:
+        return head
+    # Pids, addresses, times and counts differ from host to host; the words do not.
+    blurred = _SPACE.sub(" ", _NUMBERS.sub(_blur, line)).strip()
+    return f"{head}: {blurred[:_SIGNATURE_LINE]}"
 
 
 # --------------------------------------------------------------------------------------

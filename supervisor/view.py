@@ -16,6 +16,7 @@ from supervisor import fleet, health
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.statusfiles import StatusProblem, StatusRecord, read_status
+from supervisor.terminal import terminal_text
 
 # Order of states in summaries: the ones that need attention last, where the eye lands.
 _SUMMARY_ORDER = [s.value for s in health.HostState]
@@ -77,7 +78,8 @@ def summary(states: Iterable[str]) -> str:
 
 
 def render_table(status: Mapping[str, Any]) -> str:
-    """The status JSON as an aligned text table with a header line."""
+    """The status JSON as an aligned text table with a header line, for a terminal: every
+    value is escaped (``terminal_text``), so a host's text cannot drive the screen."""
     daemon = status.get("daemon", {})
     hosts: Mapping[str, Mapping[str, Any]] = status.get("hosts", {})
     lines: list[str] = []
@@ -86,8 +88,10 @@ def render_table(status: Mapping[str, Any]) -> str:
         if frozen and daemon.get("freeze_finding"):
             frozen += f" ({daemon['freeze_finding']})"
         lines.append(
-            f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
-            f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
+            terminal_text(
+                f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
+                f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
+            )
         )
         pointer = daemon.get("pointer")
         if isinstance(pointer, Mapping) and pointer.get("error"):
@@ -97,7 +101,7 @@ def render_table(status: Mapping[str, Any]) -> str:
                 + (f" (retry in {_age(retry)})" if retry is not None else "")
             )
     else:
-        lines.append(str(daemon.get("note", "daemon not running")))
+        lines.append(terminal_text(daemon.get("note", "daemon not running")))
         return "\n".join([*lines, *_offline_table(hosts)])
     header = ("HOST", "SHARD", "STATE", "PID", "SSH", "BEAT", "RESTARTS", "NEXT", "LAST REASON")
     rows: list[tuple[str, ...]] = [header]
@@ -105,19 +109,20 @@ def render_table(status: Mapping[str, Any]) -> str:
         state = str(row.get("state"))
         if row.get("ssh") == "unreachable" and state == "ready":
             state = "ready*"
-        rows.append(
-            (
-                name,
-                str(row.get("shard", "")),
-                state,
-                _dash(row.get("pid")),
-                str(row.get("ssh", "")),
-                _age(row.get("heartbeat_age_s")),
-                _dash(row.get("restarts")),
-                _age(row.get("next_restart_in_s")),
-                _clip(str(row.get("last_reason") or row.get("last_error") or ""), 60),
-            )
+        raw = (
+            name,
+            str(row.get("shard", "")),
+            state,
+            _dash(row.get("pid")),
+            str(row.get("ssh", "")),
+            _age(row.get("heartbeat_age_s")),
+            _dash(row.get("restarts")),
+            _age(row.get("next_restart_in_s")),
+            str(row.get("last_reason") or row.get("last_error") or ""),
         )
+        # Escaped before measuring, so widths are those of what is shown.
+        shown = tuple(terminal_text(cell) for cell in raw)
+        rows.append((*shown[:-1], _clip(shown[-1], 60)))
     lines += _aligned(rows)
     if any(r[2] == "ready*" for r in rows[1:]):
         lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
@@ -132,17 +137,18 @@ def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
         note = str(row.get("last_reason") or "")
         if row.get("stop_sentinel"):
             note = f"ctl/{name}.stop present (kept stopped); {note}"
-        rows.append(
-            (
-                name,
-                str(row.get("shard", "")),
-                str(row.get("verdict", "?")),
-                _dash(row.get("pid")),
-                _dash(row.get("status_pid")),
-                _age(row.get("heartbeat_age_s")),
-                _clip(note, 60),
-            )
+        raw = (
+            name,
+            str(row.get("shard", "")),
+            str(row.get("verdict", "?")),
+            _dash(row.get("pid")),
+            _dash(row.get("status_pid")),
+            _age(row.get("heartbeat_age_s")),
+            note,
         )
+        # What a file says is escaped before it reaches a terminal (and before measuring).
+        shown = tuple(terminal_text(cell) for cell in raw)
+        rows.append((*shown[:-1], _clip(shown[-1], 60)))
     return _aligned(rows)
 
 

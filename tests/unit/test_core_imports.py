@@ -10,8 +10,9 @@ import supervisor.fleet
 import supervisor.health
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
-#: The fleet core adds a heap for its one timer, and the per-host core it drives.
-FLEET_ALLOWED = ALLOWED | {"heapq", "supervisor", "supervisor.health"}
+#: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
+#: and the per-host core it drives.
+FLEET_ALLOWED = ALLOWED | {"heapq", "re", "supervisor", "supervisor.health"}
 
 
 def _imports(path: Path) -> set[str]:

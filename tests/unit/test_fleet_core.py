@@ -47,6 +47,10 @@ class Shell:
         """Feed events about one host."""
         return self.feed(*(f.HostObserved(name, e) for e in events))
 
+    def core_policy(self) -> f.FleetPolicy:
+        """The fleet rules in force (what a reload that changes nothing else would send)."""
+        return self.core._policy
+
     def state(self, name: str) -> S:
         """``name``'s state now."""
         return self.core.hosts[name].state
@@ -710,3 +714,151 @@ def test_a_reload_that_names_another_pointer_file_writes_that_one_and_ignores_th
     assert s.of(out, f.WritePointer) == [f.WritePointer(path="/p/two.json")]
     assert s.feed(f.PointerWritten(path="/p/one.json")) == []
     assert not s.core.pointer.written
+
+
+# --- crash signatures ------------------------------------------------------------------------
+
+IMPORT_ERROR = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'rw'\n"
+
+
+def crash(s: Shell, name: str, pid: int, tail: str | None = IMPORT_ERROR, code: int = 2) -> None:
+    """``name``'s worker ``pid`` exits with ``code`` and ``tail`` in its log."""
+    s.on(name, h.WorkerExited(pid=pid, exit_code=code, log_tail=tail))
+
+
+def bad_deploy(n: int, policy: f.FleetPolicy | None = None) -> Shell:
+    """``n`` hosts whose workers start, are ready, and then all crash at start-up, again and
+    again, the same way, as long as the test answers their launches."""
+    policy = policy or f.FleetPolicy(crash_signature_hosts=3, startup_timeout_s=1e6)
+    s = shell(*((f"w{i}", i) for i in range(n)), policy=policy)
+    s.boot()
+    for i in range(n):
+        s.run_worker(f"w{i}", 100 + i)
+    s.now = 1000.0  # long healthy: the first crash restarts at once
+    s.feed(
+        *(
+            f.HostObserved(f"w{i}", h.HeartbeatSeen(pid=100 + i, ready=True, remote_heartbeat_at=2))
+            for i in range(n)
+        )
+    )
+    return s
+
+
+def answer_launches(s: Shell, pids: list[int]) -> list[str]:
+    """Answer every launch in flight with a worker that crashes at once; the hosts launched."""
+    launched = sorted(s.core.budget.in_flight)
+    for name in launched:
+        pid = pids.pop()
+        s.on(name, h.Launched(pid=pid))
+        crash(s, name, pid)
+    return launched
+
+
+def test_hosts_crashing_the_same_way_hold_their_restarts_but_for_one_canary() -> None:
+    """20 hosts exit 2 with the same import error: after the third, one event, every other
+    host waits in cooling_down, and only the canary keeps restarting, on its own backoff."""
+    s = bad_deploy(20)
+    for i in range(20):
+        crash(s, f"w{i}", 100 + i)
+    found = [a for a in s.actions if isinstance(a, f.CrashSignatureFound)]
+    assert len(found) == 1
+    assert found[0].signature == "exit 2: ModuleNotFoundError: No module named 'rw'"
+    assert found[0].canary == "w2" and found[0].hosts == ("w0", "w1", "w2")
+    pids = list(range(5000, 6000))
+    launched: list[str] = []
+    for _ in range(30):  # five minutes of relaunches, answered as fast as they come
+        launched += answer_launches(s, pids)
+        s.now += 10.0
+        s.feed(f.DeadlinePassed())
+    # Before the third crash the first two restarted once each; after it, only the canary,
+    # under its doubling backoff (1, 2, 4 ... 256 s): at most nine times in five minutes.
+    assert sorted(n for n in launched if n != "w2") == ["w0", "w1"]
+    assert launched.count("w2") <= 9
+    held = {n for n, host in s.core.hosts.items() if host.held is not None}
+    assert held == {f"w{i}" for i in range(20)} - {"w2"}
+    assert all(s.state(n) is S.COOLING_DOWN for n in held)
+    assert len([a for a in s.actions if isinstance(a, f.CrashSignatureFound)]) == 1
+
+
+def test_a_canary_that_runs_again_releases_every_held_host() -> None:
+    """Once the canary is ready, the cause is gone: the held hosts restart."""
+    s = bad_deploy(5)
+    for i in range(5):
+        crash(s, f"w{i}", 100 + i)
+    canary = s.core.signatures["exit 2: ModuleNotFoundError: No module named 'rw'"].canary
+    s.on(canary, h.Launched(pid=7000))
+    s.on(canary, h.HeartbeatSeen(pid=7000, ready=True, remote_heartbeat_at=1.0))
+    cleared = s.last(f.CrashSignatureCleared)
+    assert cleared is not None and cleared.reason == f"the canary {canary} is ready"
+    assert not s.core.signatures and not s.core.held
+    assert all(host.held is None for host in s.core.hosts.values())
+
+
+def test_a_reload_that_changes_the_workers_or_an_unfreeze_releases_the_hold() -> None:
+    """A fix deployed by reload (or an operator's unfreeze) ends the hold at once."""
+    for release in ("reload", "unfreeze"):
+        s = bad_deploy(4)
+        for i in range(4):
+            crash(s, f"w{i}", 100 + i)
+        assert s.core.held
+        if release == "reload":
+            fixed = tuple(f.Member(name=f"w{i}", shard=i, launch_key=("fixed",)) for i in range(4))
+            s.feed(f.Reconfigured(members=fixed, health=HEALTH, policy=POLICY, token=1))
+        else:
+            s.feed(f.UnfreezeRequested(token=1))
+        assert not s.core.signatures and not s.core.held, release
+
+
+def test_random_kills_and_different_crashes_keep_their_normal_restarts() -> None:
+    """kill -9 on every host, or exits that differ, form no signature: all restart at once."""
+    s = bad_deploy(6)
+    for i in range(3):
+        s.on(f"w{i}", h.WorkerExited(pid=100 + i, signal=9, log_tail=IMPORT_ERROR))
+    for i in range(3, 6):
+        errors = ("ValueError: bad task", "KeyError: 'k'", "OSError: disk full")
+        crash(s, f"w{i}", 100 + i, tail=errors[i - 3])
+    assert not s.core.signatures
+    assert all(s.state(f"w{i}") is S.STARTING for i in range(6))
+
+
+def test_signatures_blur_numbers_and_ignore_signals_someone_sent() -> None:
+    """Pids, addresses and counts do not split a signature; SIGKILL and SIGTERM make none."""
+    one = h.WorkerExited(pid=1, exit_code=1, log_tail="RuntimeError: worker 17 at 0xdeadbeef\n")
+    two = h.WorkerExited(pid=2, exit_code=1, log_tail="RuntimeError:  worker 942 at 0x1234 \n")
+    assert (
+        f.crash_signature(one)
+        == f.crash_signature(two)
+        == ("exit 1: RuntimeError: worker N at 0x?")
+    )
+    assert f.crash_signature(h.WorkerExited(pid=1, signal=11)) == "signal 11"
+    assert f.crash_signature(h.WorkerExited(pid=1, signal=9)) is None
+    assert f.crash_signature(h.WorkerExited(pid=1, signal=15)) is None
+    assert f.crash_signature(h.WorkerExited(pid=1)) is None
+
+
+def test_the_hold_spares_hosts_running_again_and_a_departed_canary_is_replaced() -> None:
+    """A host that crashed but runs again by the time the signature forms is not held; if
+    the canary leaves, the next host to crash that way becomes the canary; a held host an
+    operator restarts runs again without ending the hold of the others."""
+    s = bad_deploy(5)
+    crash(s, "w0", 100)
+    s.on("w0", h.Launched(pid=200))
+    s.on("w0", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=9.0))
+    crash(s, "w1", 101)
+    s.on("w1", h.Launched(pid=201))
+    crash(s, "w1", 201)  # its second crash waits out a backoff
+    crash(s, "w2", 102)
+    assert s.core.held.keys() == {"w1"} and s.state("w0") is S.READY
+    assert s.state("w1") is S.COOLING_DOWN and s.core.hosts["w1"].held is not None
+    kept = tuple(f.Member(name=f"w{i}", shard=i) for i in (0, 1, 3, 4))
+    s.feed(f.Reconfigured(members=kept, health=HEALTH, policy=s.core_policy(), token=1))
+    s.on("w2", h.LaunchFailed(reason="connection closed"))  # the canary's relaunch ends
+    assert "w2" not in s.core.hosts
+    crash(s, "w3", 103)
+    (signature,) = s.core.signatures.values()
+    assert signature.canary == "w3"
+    token = s.token()
+    s.feed(f.RestartHostRequested(host="w1", token=token))
+    s.on("w1", h.Launched(pid=300))
+    s.on("w1", h.HeartbeatSeen(pid=300, ready=True, remote_heartbeat_at=9.0))
+    assert "w1" not in s.core.held and s.core.signatures
