@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -39,19 +40,53 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
 
 from watchfiles import awatch
 
-from supervisor import logs
-from supervisor.statusfiles import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after PYTHONPATH: another checkout's supervisor can be measured
+
+from supervisor import logs  # noqa: E402
+from supervisor.statusfiles import (  # noqa: E402
     Observation,
-    ResolvedMode,
     StatusObserved,
     StatusRecord,
-    Watcher,
-    filesystem_type,
     read_status,
 )
+
+#: How the code on the path names a run root's filesystem (``_watcher_module``'s caveat).
+filesystem_type = (
+    getattr(
+        importlib.import_module("supervisor.statusfiles"),
+        "filesystem_type",
+        None,
+    )
+    or importlib.import_module("supervisor.mounts").filesystem_type
+)
+ResolvedMode = Literal["inotify", "poll"]
+
+
+def _watcher_module() -> ModuleType:
+    """The module holding ``Watcher`` in the code on the path: ``supervisor.statusfiles`` in
+    versions before the watcher had a module of its own, else ``supervisor.watch``.
+
+    Asked in that order: with an older checkout on ``PYTHONPATH``, the venv's editable
+    install still supplies any module that checkout lacks, so ``supervisor.watch`` would
+    import (from the newer tree) even there."""
+    statusfiles = importlib.import_module("supervisor.statusfiles")
+    if hasattr(statusfiles, "Watcher"):
+        return statusfiles
+    return importlib.import_module("supervisor.watch")
+
+
+def _new_watcher(root: Path, hosts: list[str], **settings: Any) -> Any:
+    """A ``Watcher`` of ``hosts`` from the code on the path: versions without ``set_hosts``
+    ask a callable for the hosts instead of being given them."""
+    cls = _watcher_module().Watcher
+    return cls(root, hosts if hasattr(cls, "set_hosts") else (lambda: hosts), **settings)
+
 
 RESULTS = Path(__file__).resolve().parent / "results" / "watch.md"
 DEFAULT_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -126,9 +161,9 @@ async def _ours(
     root: Path, hosts: list[str], tally: Tally, *, mode: ResolvedMode, debounce_ms: int
 ) -> AsyncIterator[None]:
     """Our ``Watcher`` over ``root`` feeding ``tally``, for the duration of the block."""
-    watcher = Watcher(
+    watcher = _new_watcher(
         root,
-        lambda: hosts,
+        hosts,
         mode=mode,
         poll_interval_s=1.0,
         debounce_ms=debounce_ms,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import importlib.metadata
 import json
 import math
@@ -25,8 +26,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import asyncssh
 
-from supervisor.statusfiles import FILE_THREAD_NAME
-
 if TYPE_CHECKING:
     from tests.sshd import OpenSsh
 
@@ -36,6 +35,15 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 #: Where run directories go: tmpfs when there is one, so a disk's fsync latency is not what
 #: we measure (the daemon never fsyncs status files; the workers and simulator write them).
 SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+
+
+#: The status-file reader thread's name: in ``supervisor.statusfiles`` before the watcher
+#: had a module of its own. Looked up there first, because with an older checkout on
+#: ``PYTHONPATH`` the venv's editable install still supplies ``supervisor.watch``.
+FILE_THREAD_NAME: Final[str] = (
+    getattr(importlib.import_module("supervisor.statusfiles"), "FILE_THREAD_NAME", None)
+    or importlib.import_module("supervisor.watch").FILE_THREAD_NAME
+)
 
 
 # --- machine -----------------------------------------------------------------------------

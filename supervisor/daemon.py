@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, assert_never
@@ -32,6 +32,7 @@ from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import ConfigError, ControlError, RemoteError, RunLocked, ShardHeld
 from supervisor.layout import LaunchSpec
 from supervisor.metrics import Metrics, snapshot_on_loop
+from supervisor.mounts import check_filesystem
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.statusfiles import (
     ExitObserved,
@@ -40,10 +41,8 @@ from supervisor.statusfiles import (
     SentinelObserved,
     StatusObserved,
     StatusProblem,
-    Watcher,
-    WatcherProtocol,
-    check_filesystem,
 )
+from supervisor.watch import Watcher, WatcherProtocol
 
 log = structlog.get_logger("supervisor.daemon")
 
@@ -90,7 +89,7 @@ class RemoteLike(Protocol):
 RemoteFactory = Callable[
     [HostConfig, SshConfig, str, asyncio.Semaphore, Callable[[bool, str], None]], RemoteLike
 ]
-WatcherFactory = Callable[[Config, Callable[[], Collection[str]]], WatcherProtocol]
+WatcherFactory = Callable[[Config], WatcherProtocol]
 
 
 def default_remote_factory(
@@ -106,12 +105,12 @@ def default_remote_factory(
     return RemoteHost(host, ssh, python=python, handshakes=handshakes, on_connection=on_connection)
 
 
-def default_watcher_factory(config: Config, hosts: Callable[[], Collection[str]]) -> Watcher:
-    """A real watchfiles-backed ``Watcher`` on the run root."""
+def default_watcher_factory(config: Config) -> Watcher:
+    """A real watchfiles-backed ``Watcher`` on the run root, watching no host yet."""
     w = config.watch
     return Watcher(
         config.run.root,
-        hosts,
+        (),
         mode=w.mode,
         poll_interval_s=w.poll_interval_s,
         debounce_ms=w.debounce_ms,
@@ -182,7 +181,7 @@ class Daemon:
         # Every host of every config loaded: a host joins (Connect) with the settings of
         # the config the core admitted it under, even while a newer one is being applied.
         self._host_configs: dict[str, HostConfig] = {h.name: h for h in config.hosts}
-        self._watcher = watcher_factory(config, self._watched_names)
+        self._watcher = watcher_factory(config)
         self._handshakes = asyncio.Semaphore(config.ssh.max_concurrent_handshakes)
         self._inbox = _Inbox()
         self._timer: asyncio.TimerHandle | None = None
@@ -291,6 +290,8 @@ class Daemon:
             batch = await self._inbox.take()
             for action in self._fleet.step(batch, loop.time()):
                 self._perform(action)
+            # O(1) unless the core's names changed: they are a new frozenset when they do.
+            self._watcher.set_hosts(self._fleet.names)
             self._arm_timer()
 
     def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -341,9 +342,6 @@ class Daemon:
 
     # ------------------------------------------------------------------------------------
     # Inputs: everything becomes an event in the inbox.
-
-    def _watched_names(self) -> Collection[str]:
-        return self._fleet.names
 
     def _on_observations(self, observations: list[Observation]) -> None:
         self._inbox.put_all(_events_of(observations))

@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -76,6 +77,37 @@ def mounted_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@contextlib.contextmanager
+def mounted(target: Path, command: list[str]) -> Iterator[Path]:
+    """Mount with ``command + [target]`` (made here) while in the block, or skip loudly when
+    mounting is not permitted."""
+    target.mkdir()
+    result = subprocess.run(
+        [*command, str(target)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount here ({' '.join(command)}): {result.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        _unmount(target)
+
+
+def _unmount(target: Path) -> None:
+    """umount ``target``, waiting while it is busy: a thread just let out of a hung mount
+    may still be inside it for a moment."""
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            ["umount", str(target)], capture_output=True, text=True, timeout=60, check=False
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"umount {target} failed: {done.stderr.strip()}")
+        time.sleep(0.05)  # wait-ok: polling interval of a condition loop
 
 
 @pytest.hookimpl(hookwrapper=True)

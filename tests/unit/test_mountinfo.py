@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.statusfiles import choose_mode, filesystem_type, needs_polling
+from supervisor.mounts import choose_mode, filesystem_type, needs_polling
 
 # A synthetic /proc/self/mountinfo (format: proc(5)): optional fields such as
 # "shared:1" sit before the lone "-"; spaces in mount points are written \040.

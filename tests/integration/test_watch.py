@@ -6,36 +6,27 @@ import asyncio
 import contextlib
 import json
 import os
-import pwd
 import shutil
-import signal
-import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Literal
 
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import runfiles, statusfiles
+from supervisor import runfiles, watch
+from supervisor.mounts import filesystem_type
 from supervisor.statusfiles import (
-    FILE_THREAD_NAME,
     ExitObserved,
     ExitRecord,
-    FilesystemCheck,
     Observation,
     SentinelObserved,
     StatusObserved,
     StatusProblem,
     StatusRecord,
-    Watcher,
-    check_filesystem,
-    filesystem_type,
-    read_exit,
-    read_status,
 )
-from tests.conftest import mounted_tmpfs
+from supervisor.watch import FILE_THREAD_NAME, Watcher
+from tests.conftest import mounted
 
 Mode = Literal["inotify", "poll"]
 #: Generous: the machines are shared and noisy; a pass takes well under a second.
@@ -130,7 +121,7 @@ def write_json_in_place(path: Path, data: object) -> None:
 @contextlib.asynccontextmanager
 async def watching(
     run: Path,
-    hosts: Callable[[], Collection[str]],
+    hosts: Collection[str],
     mode: Mode,
     *,
     rescan_interval_s: float = 3600.0,
@@ -154,7 +145,7 @@ async def watching(
         await until(lambda: watcher.watching)
         if initial:
             await until(
-                lambda: {o.host for o in seen.all if isinstance(o, StatusObserved)} >= set(hosts())
+                lambda: {o.host for o in seen.all if isinstance(o, StatusObserved)} >= set(hosts)
             )
         yield watcher, seen
         task.cancel()
@@ -162,7 +153,7 @@ async def watching(
 
 async def test_atomic_rewrite_is_observed(root: Path, mode: Mode) -> None:
     """A heartbeat rewritten by temp file and rename is reported with its fields."""
-    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+    async with watching(root, ["h1"], mode) as (watcher, seen):
         assert watcher.mode == mode
         mark = seen.mark()
         record = beat(root, "h1", 1)
@@ -182,13 +173,13 @@ async def test_the_file_reader_thread_is_named_for_top(root: Path, mode: Mode) -
                 found.add(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
         return found
 
-    async with watching(root, lambda: ["h1"], mode):
+    async with watching(root, ["h1"], mode):
         assert FILE_THREAD_NAME in names()
 
 
 async def test_rewrites_in_quick_succession_are_each_seen(root: Path, mode: Mode) -> None:
     """Heartbeats rewritten within the same second are all reported, polling included."""
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         for seq in range(1, 6):
             record = beat(root, "h1", seq)
@@ -201,7 +192,7 @@ async def test_a_run_root_created_after_start_is_watched(tmp_path: Path, mode: M
     run = tmp_path / "later"
     watcher = Watcher(
         run,
-        lambda: ["h1"],
+        ["h1"],
         mode=mode,
         poll_interval_s=POLL_INTERVAL_S,
         debounce_ms=20,
@@ -230,7 +221,7 @@ async def test_broken_status_files_are_problems_and_watching_goes_on(
 ) -> None:
     """Partial, empty, binary and huge status files are problems; a later beat still counts."""
     path = root / "status" / "h1.json"
-    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+    async with watching(root, ["h1"], mode) as (watcher, seen):
         errors_before = watcher.parse_errors
         mark = seen.mark()
         with path.open("wb") as f:  # a writer that is not atomic, caught mid-write
@@ -252,7 +243,7 @@ async def test_broken_status_files_are_problems_and_watching_goes_on(
 async def test_deleted_status_file_is_reported_missing(root: Path, mode: Mode) -> None:
     """Removing a heartbeat file reports StatusProblem("missing")."""
     beat(root, "h1", 1)
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         (root / "status" / "h1.json").unlink()
         await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
@@ -263,7 +254,7 @@ async def test_status_directory_removed_and_recreated_is_still_watched(
 ) -> None:
     """After status/ is deleted and made again, new heartbeats in it are still reported."""
     beat(root, "h1", 1)
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         shutil.rmtree(root / "status")
         await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
@@ -277,7 +268,7 @@ async def test_status_directory_removed_and_recreated_is_still_watched(
 async def test_run_root_removed_and_recreated_is_watched_again(root: Path, mode: Mode) -> None:
     """A vanished run root is retried without crashing, staying healthy; it is watched once back."""
     beat(root, "h1", 1)
-    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+    async with watching(root, ["h1"], mode) as (watcher, seen):
         mark = seen.mark()
         shutil.rmtree(root)
         await seen.wait_for(StatusObserved("h1", StatusProblem("missing")), after=mark)
@@ -299,7 +290,7 @@ async def test_a_run_root_moved_away_says_nothing_about_stop_sentinels(
     (root / "ctl" / "h1.stop").touch()
     beat(root, "h1", 1)
     away = root.with_name("run.away")
-    async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+    async with watching(root, ["h1"], mode) as (watcher, seen):
         assert SentinelObserved("h1", True) in seen.all
         mark = seen.mark()
         os.rename(root, away)
@@ -315,7 +306,7 @@ async def test_a_run_root_moved_away_says_nothing_about_stop_sentinels(
 async def test_exit_record_is_observed_and_its_removal_too(root: Path, mode: Mode) -> None:
     """The shepherd's exit record is reported, and None once it is removed."""
     path = root / "ctl" / "h1.exit.json"
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         assert ExitObserved("h1", None) in seen.all
         mark = seen.mark()
         write_json_atomic(
@@ -330,7 +321,7 @@ async def test_exit_record_is_observed_and_its_removal_too(root: Path, mode: Mod
 async def test_stop_sentinel_creation_and_removal_are_observed(root: Path, mode: Mode) -> None:
     """ctl/<host>.stop appearing and disappearing reports present True, then False."""
     sentinel = root / "ctl" / "h1.stop"
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         assert SentinelObserved("h1", False) in seen.all
         mark = seen.mark()
         sentinel.touch()
@@ -341,7 +332,7 @@ async def test_stop_sentinel_creation_and_removal_are_observed(root: Path, mode:
 
 async def test_files_of_unknown_hosts_are_ignored(root: Path, mode: Mode) -> None:
     """Status, exit and stop files of hosts not configured produce no observation."""
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         beat(root, "stranger", 1)
         write_json_atomic(root / "ctl" / "stranger.exit.json", {"pid": 3, "exit_code": 0})
@@ -355,7 +346,7 @@ async def test_task_churn_in_inbox_and_outbox_produces_no_observations(
     root: Path, mode: Mode
 ) -> None:
     """Hundreds of task files written, renamed and removed under inbox/ and outbox/ are unseen."""
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         for i in range(300):
             task = root / "inbox" / "0" / f"task-{i}.json"
@@ -372,21 +363,21 @@ async def test_task_churn_in_inbox_and_outbox_produces_no_observations(
 async def test_hosts_added_by_a_reload_are_reported_and_removed_ones_forgotten(
     root: Path, mode: Mode
 ) -> None:
-    """A host added to hosts() is read without any file change; a removed one stops reporting."""
-    hosts = {"h1"}
+    """A host added by set_hosts() is read without any file change; a removed one stops
+    reporting."""
     h2 = beat(root, "h2", 1)
-    async with watching(root, lambda: set(hosts), mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (watcher, seen):
         mark = seen.mark()
-        hosts.add("h2")
+        watcher.set_hosts(["h1", "h2"])
         await seen.wait_for(StatusObserved("h2", h2), after=mark)
-        hosts.discard("h2")
+        watcher.set_hosts(["h1"])
         mark = seen.mark()
         beat(root, "h2", 2)
         record = beat(root, "h1", 1)
         await seen.wait_for(StatusObserved("h1", record), after=mark)
         assert all(o.host == "h1" for o in seen.all[mark:])
         h2 = beat(root, "h2", 3)
-        hosts.add("h2")  # back again: its current files are reported afresh
+        watcher.set_hosts(["h1", "h2"])  # back again: its current files are reported afresh
         await seen.wait_for(StatusObserved("h2", h2), after=mark)
         await seen.wait_for(SentinelObserved("h2", False), after=mark)
 
@@ -397,7 +388,7 @@ async def test_rescan_catches_a_change_inotify_never_reports(tmp_path: Path, roo
     side = tmp_path / "side"
     side.mkdir()
     os.link(root / "status" / "h1.json", side / "h1.json")
-    async with watching(root, lambda: ["h1"], "inotify", rescan_interval_s=0.3) as (watcher, seen):
+    async with watching(root, ["h1"], "inotify", rescan_interval_s=0.3) as (watcher, seen):
         assert StatusObserved("h1", first) in seen.all
         mark = seen.mark()
         changes_before = watcher.changes_seen
@@ -416,7 +407,7 @@ async def test_broken_file_is_logged_once_per_reason_and_counted_per_read(
     path = root / "status" / "h1.json"
     beat(root, "h1", 1)
     with capture_logs() as captured:
-        async with watching(root, lambda: ["h1"], mode) as (watcher, seen):
+        async with watching(root, ["h1"], mode) as (watcher, seen):
             mark = seen.mark()
             before = watcher.parse_errors
             for i in range(1, 4):
@@ -443,7 +434,7 @@ async def test_a_status_file_missing_from_the_start_is_not_logged_but_a_vanished
     """No worker launched yet is normal (silent); a heartbeat file that disappears is logged."""
     beat(root, "h1", 1)
     with capture_logs() as captured:
-        async with watching(root, lambda: ["h1", "h2"], mode) as (_, seen):
+        async with watching(root, ["h1", "h2"], mode) as (_, seen):
             mark = seen.mark()
             record = beat(root, "h2", 1)  # h2's first heartbeat: no "recovered" either
             await seen.wait_for(StatusObserved("h2", record), after=mark)
@@ -461,7 +452,7 @@ async def test_healthy_only_while_running(root: Path, mode: Mode) -> None:
     """healthy() is false before run(), kept true by an idle loop, false after cancellation."""
     watcher = Watcher(
         root,
-        lambda: ["h1"],
+        ["h1"],
         mode=mode,
         poll_interval_s=POLL_INTERVAL_S,
         debounce_ms=20,
@@ -469,7 +460,7 @@ async def test_healthy_only_while_running(root: Path, mode: Mode) -> None:
     )
     clock = asyncio.get_running_loop().time
     assert not watcher.healthy(clock())
-    async with watching(root, lambda: ["h1"], mode, watcher=watcher):
+    async with watching(root, ["h1"], mode, watcher=watcher):
         start = clock()
         assert watcher.healthy(start)
         # True 5.5 s on only if the loop ticked again at least 0.5 s after `start`, with
@@ -479,21 +470,21 @@ async def test_healthy_only_while_running(root: Path, mode: Mode) -> None:
     assert not watcher.healthy(clock())
 
 
-def test_scan_all_reports_every_host_file_now(root: Path) -> None:
-    """scan_all() returns each host's status, exit record and sentinel, read synchronously."""
+async def test_scan_all_reports_every_host_file_now(root: Path) -> None:
+    """scan_all() returns each host's status, exit record and sentinel, read at once."""
     h1 = beat(root, "h1", 1)
     write_json_atomic(root / "ctl" / "h2.exit.json", {"pid": 8, "exit_code": 3})
     (root / "ctl" / "h3.stop").touch()
     (root / "status" / "h3.json").write_bytes(b"{")
     watcher = Watcher(
         root,
-        lambda: ["h1", "h2", "h3"],
+        ["h1", "h2", "h3"],
         mode="auto",
         poll_interval_s=1,
         debounce_ms=50,
         rescan_interval_s=30,
     )
-    assert watcher.scan_all() == [
+    assert await watcher.scan_all() == [
         StatusObserved("h1", h1),
         ExitObserved("h1", None),
         SentinelObserved("h1", False),
@@ -511,14 +502,14 @@ async def test_run_after_scan_all_reports_only_changes(root: Path, mode: Mode) -
     beat(root, "h1", 1)
     watcher = Watcher(
         root,
-        lambda: ["h1", "h2"],
+        ["h1", "h2"],
         mode=mode,
         poll_interval_s=POLL_INTERVAL_S,
         debounce_ms=20,
         rescan_interval_s=0.2,  # rescans re-read everything; unchanged files stay quiet
     )
-    assert len(watcher.scan_all()) == 6
-    async with watching(root, lambda: [], mode, watcher=watcher, initial=False) as (_, seen):
+    assert len(await watcher.scan_all()) == 6
+    async with watching(root, [], mode, watcher=watcher, initial=False) as (_, seen):
         # h2 has no status file: each rescan counts one more problem. Let two go by.
         await until(at_least(lambda: watcher.parse_errors, 3))
         record = beat(root, "h2", 1)
@@ -526,14 +517,42 @@ async def test_run_after_scan_all_reports_only_changes(root: Path, mode: Mode) -
         assert seen.all == [StatusObserved("h2", record)]
 
 
+async def test_hosts_scanned_then_added_are_reported_only_when_they_change(
+    root: Path, mode: Mode
+) -> None:
+    """scan(hosts) returns those hosts' files now; added by set_hosts() afterwards, they are
+    not reported again by run(), only their later changes (as the daemon joins a host)."""
+    first = beat(root, "h1", 1)
+    watcher = Watcher(
+        root,
+        (),
+        mode=mode,
+        poll_interval_s=POLL_INTERVAL_S,
+        debounce_ms=20,
+        rescan_interval_s=3600,
+    )
+    assert await watcher.scan(["h1"]) == [
+        StatusObserved("h1", first),
+        ExitObserved("h1", None),
+        SentinelObserved("h1", False),
+    ]
+    watcher.set_hosts(["h1"])
+    async with watching(root, [], mode, watcher=watcher, initial=False) as (_, seen):
+        record = beat(root, "h1", 2)
+        await seen.wait_for(StatusObserved("h1", record))
+        # The batch that reads a newly added host's files comes first: had the scan not
+        # seeded the watcher's memory, the unchanged exit record and sentinel came too.
+        assert seen.all == [StatusObserved("h1", record)]
+
+
 async def test_poll_mode_watches_a_real_tmpfs_mount(tmp_path: Path) -> None:
     """On a tmpfs mounted for the test (path with a space) the type is read and polling works."""
-    with _mounted(tmp_path / "mnt point", ["mount", "-t", "tmpfs", "tmpfs"]) as mnt:
+    with mounted(tmp_path / "mnt point", ["mount", "-t", "tmpfs", "tmpfs"]) as mnt:
         assert filesystem_type(mnt / "run") == "tmpfs"
         run = mnt / "run"
         (run / "status").mkdir(parents=True)
         (run / "ctl").mkdir()
-        async with watching(run, lambda: ["h1"], "poll") as (watcher, seen):
+        async with watching(run, ["h1"], "poll") as (watcher, seen):
             assert watcher.mode == "poll"
             mark = seen.mark()
             record = beat(run, "h1", 1)
@@ -552,17 +571,19 @@ async def test_auto_mode_polls_a_fuse_mount_and_sees_writes_made_behind_it(
     backing = tmp_path / "backing"
     (backing / "status").mkdir(parents=True)
     (backing / "ctl").mkdir()
-    with _mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
         watcher = Watcher(
             run,
-            lambda: ["h1"],
+            ["h1"],
             mode="auto",
             poll_interval_s=POLL_INTERVAL_S,
             debounce_ms=20,
             rescan_interval_s=3600,
         )
-        assert (watcher.fstype, watcher.mode) == ("fuse", "poll")
-        async with watching(run, lambda: ["h1"], "poll", watcher=watcher) as (_, seen):
+        # Not looked yet: the look at the mount happens in the file thread, at the first read.
+        assert (watcher.fstype, watcher.mode) == ("", None)
+        async with watching(run, ["h1"], "poll", watcher=watcher) as (_, seen):
+            assert (watcher.fstype, watcher.mode) == ("fuse", "poll")
             mark = seen.mark()
             record = beat(backing, "h1", 1)
             await seen.wait_for(StatusObserved("h1", record), after=mark)
@@ -570,154 +591,32 @@ async def test_auto_mode_polls_a_fuse_mount_and_sees_writes_made_behind_it(
             await seen.wait_for(SentinelObserved("h1", True), after=mark)
 
 
-@contextlib.contextmanager
-def _mounted(target: Path, command: list[str]) -> Iterator[Path]:
-    """Mount with ``command + [target]``, or skip loudly when mounting is not permitted."""
-    target.mkdir()
-    result = subprocess.run(
-        [*command, str(target)], capture_output=True, text=True, timeout=60, check=False
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount here ({' '.join(command)}): {result.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", str(target)], check=True, timeout=60)
-
-
-def test_unreadable_files_are_problems_for_a_non_root_reader() -> None:
-    """Read as user nobody, a 0600 root file is "unreadable: EACCES" and its exit record None."""
-    if os.geteuid() != 0:
-        pytest.skip("dropping to user nobody needs root (CI runs as root)")
-    nobody = pwd.getpwnam("nobody")
-    scratch = Path(tempfile.mkdtemp(prefix="statusfiles-"))
-    try:
-        scratch.chmod(0o755)
-        secret = scratch / "h1.json"
-        secret.write_bytes(b'{"pid": 1, "heartbeat_at": 1}')
-        secret.chmod(0o600)
-        public = scratch / "h2.json"
-        public.write_bytes(b'{"pid": 2, "heartbeat_at": 2}')
-        public.chmod(0o644)
-        out = _as_user(
-            nobody,
-            lambda: f"{read_status(secret)!r}|{read_exit(secret)!r}|{read_status(public)!r}",
-        )
-    finally:
-        shutil.rmtree(scratch)
-    assert out == "|".join(
-        [
-            repr(StatusProblem("unreadable: EACCES")),
-            "None",
-            repr(StatusRecord(pid=2, ready=False, heartbeat_at=2.0, seq=None)),
-        ]
-    )
-
-
-def _as_user(user: pwd.struct_passwd, fn: Callable[[], str]) -> str:
-    """``fn()`` evaluated in a forked child that dropped to ``user``; its text."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: drop privileges, answer, never return into pytest
-        code = 1
-        try:
-            os.close(read_fd)
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            os.write(write_fd, fn().encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        out = pipe.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return out
-
-
-def _pids_of(program: str, argument: str) -> list[int]:
-    """Pids whose argv[0] ends with ``program`` and whose argv contains ``argument``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.fsdecode(argv[0]).endswith(program) and os.fsencode(argument) in argv:
-            found.append(int(entry.name))
-    return found
-
-
-async def test_filesystem_check_names_a_hung_mount_without_hanging(tmp_path: Path) -> None:
-    """statvfs of a FUSE mount whose server is stopped never returns: the check gives up after
-    its timeout, says the mount looks hung, and the event loop was never blocked."""
-    if shutil.which("bindfs") is None:
-        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    with _mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
-        servers = _pids_of("bindfs", str(run))
-        assert len(servers) == 1, servers
-        os.kill(servers[0], signal.SIGSTOP)
-        try:
-            ticks = 0
-
-            async def tick() -> None:
-                """Count event-loop turns while the check waits."""
-                nonlocal ticks
-                while True:
-                    ticks += 1
-                    await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
-
-            async with asyncio.TaskGroup() as tasks:
-                ticker = tasks.create_task(tick())
-                check = await check_filesystem(run, timeout_s=0.5)
-                ticker.cancel()
-        finally:
-            os.kill(servers[0], signal.SIGCONT)
-    assert check == FilesystemCheck(answered=False)
-    assert "hung" in check.finding
-    assert ticks > 5  # the loop kept running while statvfs hung
-
-
-async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: Path) -> None:
-    """A filled tmpfs is reported full; an ordinary directory answers with its free space."""
-    healthy = await check_filesystem(tmp_path, timeout_s=10)
-    assert healthy.answered and healthy.free_bytes and healthy.free_bytes > 1 << 20
-    assert healthy.finding.startswith("the run root answers")
-    with mounted_tmpfs(tmp_path / "small", "4m") as small:
-        with (small / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-        full = await check_filesystem(small, timeout_s=10)
-    assert full.answered and full.free_bytes is not None and full.free_bytes < 1 << 20
-    assert full.finding.startswith("the run filesystem is full")
-    missing = await check_filesystem(tmp_path / "absent", timeout_s=10)
-    assert missing.error is not None and "cannot be examined" in missing.finding
-
-
 async def test_a_poll_in_chunks_sees_every_change_and_forgets_removed_hosts(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweep stat'ed and read chunk by chunk (4 paths here, hosts split across chunks)
     still reports every host's change, and the last chunk forgets hosts no longer watched."""
-    monkeypatch.setattr(statusfiles, "_POLL_CHUNK_KEYS", 4)
+    monkeypatch.setattr(watch, "_POLL_CHUNK_KEYS", 4)
     hosts = {f"h{i}" for i in range(10)}
-    async with watching(root, lambda: set(hosts), "poll") as (watcher, seen):
+    async with watching(root, hosts, "poll") as (watcher, seen):
         mark = seen.mark()
         records = {host: beat(root, host, 2) for host in sorted(hosts)}
         for host, record in records.items():
             await seen.wait_for(StatusObserved(host, record), after=mark)
         hosts.discard("h3")
+        watcher.set_hosts(hosts)
         # Two changes seen one after the other: a whole sweep began after the removal.
         for seq in (3, 4):
             await seen.wait_for(StatusObserved("h0", beat(root, "h0", seq)), after=mark)
         # h0 is in the sweep's first chunk; the last one forgets h3, maybe a moment later.
-        await until(lambda: {host for host, _ in watcher._signatures} == hosts)
+        # The poll's memory belongs to the file thread: ask it there.
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while True:
+            polled = await watcher._files.call(lambda disk: {host for host, _ in disk.signatures})
+            if polled == hosts or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.02)  # wait-ok: polling interval of a deadline loop
+        assert polled == hosts
 
 
 async def test_a_poll_delivers_exits_and_news_before_routine_heartbeats(root: Path) -> None:
@@ -729,13 +628,13 @@ async def test_a_poll_delivers_exits_and_news_before_routine_heartbeats(root: Pa
         beat(root, host, 1)
     watcher = Watcher(
         root,
-        lambda: hosts,
+        hosts,
         mode="poll",
         poll_interval_s=2.0,  # room to write everything between two polls, even when loaded
         debounce_ms=20,
         rescan_interval_s=3600,
     )
-    async with watching(root, lambda: hosts, "poll", watcher=watcher) as (_, seen):
+    async with watching(root, hosts, "poll", watcher=watcher) as (_, seen):
         # A poll delivers only changes: make one, and write the rest as soon as it is seen.
         await seen.wait_for(StatusObserved("h27", beat(root, "h27", 9)), after=seen.mark())
         mark = seen.mark()
@@ -760,18 +659,18 @@ async def test_a_poll_lists_directories_instead_of_stating_each_path(
     that is not there or that the listing settles (a stop sentinel) is never stat'ed, and
     renamed-in exit records, a sentinel's coming and going are all still reported."""
     stated: list[str] = []
-    real_signature = statusfiles._signature
+    real_signature = watch._signature
 
-    def recording_signature(path: str) -> statusfiles._Signature:
+    def recording_signature(path: str) -> watch._Signature:
         """The real stat signature, noting the path."""
         stated.append(path)
         return real_signature(path)
 
-    monkeypatch.setattr(statusfiles, "_signature", recording_signature)
+    monkeypatch.setattr(watch, "_signature", recording_signature)
     beat(root, "h1", 1)
     beat(root, "h2", 1)
     exit_path = root / "ctl" / "h1.exit.json"
-    async with watching(root, lambda: ["h1", "h2"], "poll") as (_, seen):
+    async with watching(root, ["h1", "h2"], "poll") as (_, seen):
         mark = seen.mark()
         for pid in (41, 42):  # a second record replaces the first (a new inode each time)
             write_json_atomic(exit_path, {"pid": pid, "exit_code": 1, "signal": None})
@@ -791,7 +690,7 @@ async def test_an_exit_record_rewritten_in_place_is_seen(root: Path, mode: Mode)
     path = root / "ctl" / "h1.exit.json"
     write_json_atomic(path, {"pid": 40, "signal": 9})
     inode = path.stat().st_ino
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         for pid in (41, 42):
             write_json_in_place(path, {"pid": pid, "signal": 9})
@@ -805,7 +704,7 @@ async def test_a_status_file_rewritten_in_place_is_seen(root: Path, mode: Mode) 
     path = root / "status" / "h1.json"
     beat(root, "h1", 1)
     inode = path.stat().st_ino
-    async with watching(root, lambda: ["h1"], mode) as (_, seen):
+    async with watching(root, ["h1"], mode) as (_, seen):
         mark = seen.mark()
         for seq in (2, 3):
             write_json_in_place(
@@ -830,10 +729,11 @@ async def test_a_poll_stats_each_path_when_a_directory_cannot_be_listed(
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", refusing_scandir)
-    async with watching(root, lambda: ["h1"], "poll") as (watcher, seen):
+    async with watching(root, ["h1"], "poll") as (watcher, seen):
         mark = seen.mark()
         write_json_atomic(root / "ctl" / "h1.exit.json", {"pid": 7, "signal": 9})
         record = ExitRecord(pid=7, exit_code=None, signal=9, exited_at=None)
         await seen.wait_for(ExitObserved("h1", record), after=mark)
         await seen.wait_for(StatusObserved("h1", beat(root, "h1", 5)), after=mark)
-        assert watcher._ctl_listing is None and watcher._status_listing is None
+        listings = await watcher._files.call(lambda disk: (disk.ctl_listing, disk.status_listing))
+        assert listings == (None, None)

@@ -1,0 +1,150 @@
+"""A hung or full run filesystem: real FUSE mounts whose server is stopped, a real full tmpfs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from supervisor.mounts import FilesystemCheck, check_filesystem
+from supervisor.statusfiles import Observation
+from supervisor.watch import Watcher
+from tests.conftest import mounted, mounted_tmpfs
+
+
+def _pids_of(program: str, argument: str) -> list[int]:
+    """Pids whose argv[0] ends with ``program`` and whose argv contains ``argument``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.fsdecode(argv[0]).endswith(program) and os.fsencode(argument) in argv:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_filesystem_check_names_a_hung_mount_without_hanging(tmp_path: Path) -> None:
+    """statvfs of a FUSE mount whose server is stopped never returns: the check gives up after
+    its timeout, says the mount looks hung, and the event loop was never blocked."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
+        servers = _pids_of("bindfs", str(run))
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGSTOP)
+        try:
+            ticks = 0
+
+            async def tick() -> None:
+                """Count event-loop turns while the check waits."""
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
+
+            async with asyncio.TaskGroup() as tasks:
+                ticker = tasks.create_task(tick())
+                check = await check_filesystem(run, timeout_s=0.5)
+                ticker.cancel()
+        finally:
+            os.kill(servers[0], signal.SIGCONT)
+    assert check == FilesystemCheck(answered=False)
+    assert "hung" in check.finding
+    assert ticks > 5  # the loop kept running while statvfs hung
+
+
+async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: Path) -> None:
+    """A filled tmpfs is reported full; an ordinary directory answers with its free space."""
+    healthy = await check_filesystem(tmp_path, timeout_s=10)
+    assert healthy.answered and healthy.free_bytes and healthy.free_bytes > 1 << 20
+    assert healthy.finding.startswith("the run root answers")
+    with mounted_tmpfs(tmp_path / "small", "4m") as small:
+        with (small / "filler").open("wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+        full = await check_filesystem(small, timeout_s=10)
+    assert full.answered and full.free_bytes is not None and full.free_bytes < 1 << 20
+    assert full.finding.startswith("the run filesystem is full")
+    missing = await check_filesystem(tmp_path / "absent", timeout_s=10)
+    assert missing.error is not None and "cannot be examined" in missing.finding
+
+
+async def test_a_watcher_on_a_hung_mount_keeps_the_loop_turning(tmp_path: Path) -> None:
+    """Built and started on a FUSE mount whose server is stopped, the watcher never blocks the
+    event loop: its look at the filesystem hangs in its file thread, and it is not healthy."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
+        servers = _pids_of("bindfs", str(run))
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGSTOP)
+        # Only if the loop itself hangs (the failure this test catches) does this ever fire:
+        # it lets the test end, and fail, instead of hanging the run.
+        rescue = threading.Timer(30, os.kill, (servers[0], signal.SIGCONT))
+        rescue.start()
+        try:
+            ticks = 0
+
+            async def tick() -> None:
+                """Count event-loop turns while the watcher starts."""
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
+
+            def sink(batch: list[Observation]) -> None:
+                """Nothing is read while the mount hangs."""
+
+            async with asyncio.TaskGroup() as tasks:
+                ticker = tasks.create_task(tick())
+                # Never looked up before, so the kernel has to ask the stopped server.
+                watcher = Watcher(
+                    run / "run",
+                    ["h1"],
+                    mode="auto",
+                    poll_interval_s=0.1,
+                    debounce_ms=20,
+                    rescan_interval_s=3600,
+                )
+                watching = tasks.create_task(watcher.run(sink))
+                async with asyncio.timeout(20):
+                    while ticks < 50:  # noqa: ASYNC110 (counting loop turns is the point)
+                        await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop
+                still_stopped = _state_of(servers[0]) == "T"
+                looked, healthy = watcher.mode, watcher.healthy(asyncio.get_running_loop().time())
+                # Let the look return before the mount goes: umount fails while a lookup in
+                # it is pending, so the file thread must be out of the mount first.
+                os.kill(servers[0], signal.SIGCONT)
+                async with asyncio.timeout(20):
+                    while watcher.mode is None:  # noqa: ASYNC110 (the watcher exposes state)
+                        await asyncio.sleep(0.01)  # wait-ok: polling interval of a condition
+                watching.cancel()
+                ticker.cancel()
+            reader = watcher._files._thread
+            if reader is not None:
+                await asyncio.to_thread(reader.join, 20)
+        finally:
+            rescue.cancel()
+            os.kill(servers[0], signal.SIGCONT)
+    assert still_stopped, "the server was let go: the loop had been blocked until then"
+    assert (looked, healthy) == (None, False)
+
+
+def _state_of(pid: int) -> str:
+    """The process state letter of ``pid`` (``T``: stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
