@@ -46,6 +46,8 @@ class OpenSsh:
     port: int
     addresses: tuple[str, ...] = ADDRESSES
     username: str = field(default_factory=getpass.getuser)
+    #: An argv prefix sshd runs under (``unshare ...``): its sessions inherit what it sets up.
+    launcher: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
 
     # --- files ------------------------------------------------------------------------
@@ -93,10 +95,20 @@ class OpenSsh:
     # --- lifecycle --------------------------------------------------------------------
 
     @classmethod
-    def create(cls, workdir: Path, addresses: Sequence[str] = ADDRESSES) -> OpenSsh:
-        """Generate keys and config in ``workdir`` and start the server."""
+    def create(
+        cls,
+        workdir: Path,
+        addresses: Sequence[str] = ADDRESSES,
+        launcher: Sequence[str] = (),
+    ) -> OpenSsh:
+        """Generate keys and config in ``workdir`` and start the server (under ``launcher``)."""
         workdir.mkdir(parents=True, exist_ok=True)
-        server = cls(workdir=workdir, port=_free_port(addresses), addresses=tuple(addresses))
+        server = cls(
+            workdir=workdir,
+            port=_free_port(addresses),
+            addresses=tuple(addresses),
+            launcher=tuple(launcher),
+        )
         server._write_files()
         server.start()
         return server
@@ -144,7 +156,7 @@ class OpenSsh:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.config_path)],
+                [*self.launcher, SSHD, "-D", "-e", "-f", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
