@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -59,7 +58,11 @@ try:
         else:
             out = {"found": True, "origin": spec.origin, "imported": False}
 except BaseException as exc:
-    out = {"found": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    # Missing: the module or a package above it; anything else was raised by their code.
+    missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and (
+        name == exc.name or name.startswith(exc.name + ".")
+    )
+    out = {"found": False, "error": "%s: %s" % (type(exc).__name__, exc), "raised": not missing}
 out["python"] = ".".join(str(n) for n in sys.version_info[:3])
 out["executable"] = sys.executable
 sys.stdout.write("\nrs-preflight-module:" + json.dumps(out) + "\n")
@@ -155,6 +158,9 @@ def check_module(request: dict[str, Any], root: str) -> dict[str, Any]:
     env.update(request["env"])
     module = request.get("module")
     if not module:
+        # Imported only here: shutil pulls in the compression modules, tens of ms per host.
+        import shutil
+
         found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
         if found is None:
             return {"found": False, "error": f"{argv[0]} not found on PATH"}

@@ -304,12 +304,18 @@ def _module(
             values=values,
         )
     error = _str(result.get("error")) or "no answer from the module check"
+    if result.get("hung") is True:
+        code = "hung"
+    elif result.get("raised") is True:
+        code = "import_failed"  # found, but its code (or a package's above it) raised
+    else:
+        code = "not_found"
     return Check(
         name=CheckName.MODULE,
         status=Status.FAIL,
-        cell="HUNG" if result.get("hung") is True else "FAIL",
+        cell="HUNG" if code == "hung" else "FAIL",
         detail=f"{what}, with worker.env: {error}",
-        code="hung" if result.get("hung") is True else "not_found",
+        code=code,
         values=values,
     )
 

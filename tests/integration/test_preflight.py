@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,37 @@ ROOMY = Options(host_timeout_s=30, timeout_s=60, min_free_bytes=1 << 20)
 SHORT_S = 1.5
 
 
-def make_config(openssh: OpenSsh, root: Path, hosts: int = 1, **overrides: Any) -> Config:
-    """A config for ``hosts`` hosts on ``openssh``, with ``[[hosts]]`` entries patched by
+def make_config(server: OpenSsh, root: Path, hosts: int = 1, **overrides: Any) -> Config:
+    """A config for ``hosts`` hosts on ``server``, with ``[[hosts]]`` entries patched by
     ``host_<i>={...}`` overrides and the rest passed to ``config_dict``."""
     patches = {k: overrides.pop(k) for k in list(overrides) if k.startswith("host_")}
-    raw = openssh.config_dict(root, hosts, **overrides)
+    raw = server.config_dict(root, hosts, **overrides)
     for key, patch in patches.items():
         raw["hosts"][int(key.removeprefix("host_"))].update(patch)
     return parse(raw, root.parent / "rs.toml")
+
+
+def without_rc_files(server: OpenSsh) -> OpenSsh:
+    """Give ``server``'s sessions an empty ``$HOME`` (no rc files, as a service account has),
+    restarting it: root's ``~/.bashrc`` here costs every session ~150 ms of CPU, and these
+    tests start a few dozen. What they check does not depend on rc files."""
+    home = server.workdir / "empty-home"
+    home.mkdir()
+    server.stop()
+    with server.config_path.open("a", encoding="utf-8") as f:
+        f.write(f"SetEnv HOME={home}\n")
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
+    """This module's OpenSSH server on the three loopback aliases, sessions without rc files."""
+    server = without_rc_files(OpenSsh.create(tmp_path_factory.mktemp("preflight-sshd")))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 async def check(config: Config, options: Options = ROOMY) -> Report:
@@ -69,12 +92,12 @@ def leftovers(root: Path) -> list[Path]:
 
 
 async def test_a_healthy_fleet_passes_every_check_and_leaves_no_file(
-    openssh: OpenSsh, tmp_path: Path
+    sshd: OpenSsh, tmp_path: Path
 ) -> None:
     """Three hosts: every check passes, the clock interval holds the true offset (zero: one
     machine), the module is found where it is, and no nonce or probe file remains."""
     root = tmp_path / "shared" / "run 1"
-    config = make_config(openssh, root, hosts=3)
+    config = make_config(sshd, root, hosts=3)
     report = await check(config)
     assert report.ok, preflight.render(report, ROOMY)
     assert set(report.created) == {str(root), str(root / "ctl"), str(root / "status")}
@@ -94,14 +117,14 @@ async def test_a_healthy_fleet_passes_every_check_and_leaves_no_file(
 
 
 async def test_wrong_host_key_and_refused_login_are_told_apart(
-    openssh: OpenSsh, tmp_path: Path
+    sshd: OpenSsh, tmp_path: Path
 ) -> None:
     """A host whose key is not the one in known_hosts fails ``ssh`` as ``host_key``; a user
     the host refuses fails it as ``login``; nothing after ``ssh`` is attempted."""
     root = tmp_path / "run"
-    wrong_key = make_config(openssh, root, ssh={"known_hosts": str(openssh.wrong_known_hosts)})
+    wrong_key = make_config(sshd, root, ssh={"known_hosts": str(sshd.wrong_known_hosts)})
     assert_only_failing(await check(wrong_key), "worker-0", CheckName.SSH, "host_key")
-    stranger = make_config(openssh, root, hosts=2, host_1={"username": "rs-no-such-user"})
+    stranger = make_config(sshd, root, hosts=2, host_1={"username": "rs-no-such-user"})
     report = await check(stranger)
     assert checks_of(report, "worker-0")[CheckName.SSH].status is Status.OK
     assert_only_failing(report, "worker-1", CheckName.SSH, "login")
@@ -112,11 +135,11 @@ async def test_wrong_host_key_and_refused_login_are_told_apart(
 
 
 async def test_a_missing_python_fails_python_and_skips_what_needs_it(
-    openssh: OpenSsh, tmp_path: Path
+    sshd: OpenSsh, tmp_path: Path
 ) -> None:
     """A ``worker.python`` the host does not have fails ``python`` as not found (exit 127);
     module, run root, writability and disk are reported as not checked."""
-    config = make_config(openssh, tmp_path / "run", python=str(tmp_path / "no" / "python3"))
+    config = make_config(sshd, tmp_path / "run", python=str(tmp_path / "no" / "python3"))
     report = await check(config)
     assert_only_failing(report, "worker-0", CheckName.PYTHON, "not_found")
     found = checks_of(report)
@@ -130,29 +153,34 @@ PYTHON37 = Path.home() / ".pyenv" / "versions" / "3.7.16" / "bin" / "python"
 @pytest.mark.optional_env
 @pytest.mark.skipif(not PYTHON37.exists(), reason="no Python 3.7 interpreter on this machine")
 async def test_a_python_older_than_the_agent_needs_fails_with_its_version(
-    openssh: OpenSsh, tmp_path: Path
+    sshd: OpenSsh, tmp_path: Path
 ) -> None:
     """A ``worker.python`` that runs but is older than 3.8 fails ``python`` as too old."""
     argv = [sys.executable, *WORKER_ARGV[1:]]
-    report = await check(make_config(openssh, tmp_path / "run", python=str(PYTHON37), argv=argv))
+    report = await check(make_config(sshd, tmp_path / "run", python=str(PYTHON37), argv=argv))
     assert_only_failing(report, "worker-0", CheckName.PYTHON, "too_old")
     assert checks_of(report)[CheckName.PYTHON].values["version"].startswith("3.7.")
 
 
-async def test_the_module_is_looked_up_with_worker_env(openssh: OpenSsh, tmp_path: Path) -> None:
+async def test_the_module_is_looked_up_with_worker_env(sshd: OpenSsh, tmp_path: Path) -> None:
     """The module after ``-m`` is found only where ``worker.env`` makes it visible to the
-    worker's interpreter: without its PYTHONPATH it fails as ``not_found``, with it it is ok."""
+    worker's interpreter: without its PYTHONPATH it fails as ``not_found``, with it it is ok;
+    it is located, not run, unless ``--import-module`` (then its import-time error shows)."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "rs_preflight_probe.py").write_text("raise SystemExit('never imported')\n")
     argv = ["{python}", "-m", "rs_preflight_probe", "--shard", "{shard}"]
     root = tmp_path / "run"
-    without = await check(make_config(openssh, root, argv=argv))
+    without = await check(make_config(sshd, root, argv=argv))
     assert_only_failing(without, "worker-0", CheckName.MODULE, "not_found")
-    with_env = await check(make_config(openssh, root, argv=argv, env={"PYTHONPATH": str(lib)}))
+    config = make_config(sshd, root, argv=argv, env={"PYTHONPATH": str(lib)})
+    with_env = await check(config)
     assert with_env.ok, preflight.render(with_env, ROOMY)
     found = checks_of(with_env)[CheckName.MODULE]
     assert found.values["origin"] == str(lib / "rs_preflight_probe.py")
+    imported = await check(config, replace(ROOMY, import_module=True))
+    assert_only_failing(imported, "worker-0", CheckName.MODULE, "import_failed")
+    assert "SystemExit: never imported" in checks_of(imported)[CheckName.MODULE].detail
 
 
 @pytest.fixture
@@ -163,11 +191,11 @@ def tiny_root(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_too_little_free_space_on_the_run_root_fails_disk(
-    openssh: OpenSsh, tiny_root: Path
+    sshd: OpenSsh, tiny_root: Path
 ) -> None:
     """A run root on a filesystem with less free space than ``--min-free-mb`` fails ``disk``
     as ``low``, with the free bytes the host saw there (at most the tmpfs's 16 MiB)."""
-    low = await check(make_config(openssh, tiny_root), Options(min_free_bytes=64 << 20))
+    low = await check(make_config(sshd, tiny_root), Options(min_free_bytes=64 << 20))
     assert_only_failing(low, "worker-0", CheckName.DISK, "low")
     free = checks_of(low)[CheckName.DISK].values["free_bytes"]
     assert 0 < free <= 16 << 20
@@ -209,7 +237,9 @@ def namespaced(tmp_path: Path) -> Iterator[Namespaced]:
     probe = subprocess.run([*launcher, "true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         pytest.skip(f"cannot make a mount namespace here (needs root): {probe.stderr.strip()}")
-    server = OpenSsh.create(base / "sshd", addresses=("127.0.0.1",), launcher=launcher)
+    server = without_rc_files(
+        OpenSsh.create(base / "sshd", addresses=("127.0.0.1",), launcher=launcher)
+    )
     try:
         yield Namespaced(server, elsewhere, read_only, unmounted)
     finally:
@@ -257,7 +287,7 @@ def silent_port() -> Iterator[int]:
 
 
 async def test_hosts_that_hang_are_reported_hung_within_the_host_timeout(
-    openssh: OpenSsh, tmp_path: Path, silent_port: int
+    sshd: OpenSsh, tmp_path: Path, silent_port: int
 ) -> None:
     """A host that never finishes the SSH handshake, and one whose python never answers, are
     each reported hung (``ssh`` and ``python`` respectively) once ``--host-timeout`` passes;
@@ -268,7 +298,7 @@ async def test_hosts_that_hang_are_reported_hung_within_the_host_timeout(
     stalls.chmod(0o755)
     root = tmp_path / "run"
     config = make_config(
-        openssh,
+        sshd,
         root,
         hosts=2,
         python=str(stalls),

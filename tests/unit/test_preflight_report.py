@@ -92,6 +92,7 @@ def test_each_bad_answer_fails_its_own_check() -> None:
         ({"python": "3.7.16"}, "python", "too_old"),
         ({"module": {"found": False, "error": "No module named 'x'"}}, "module", "not_found"),
         ({"module": {"found": False, "hung": True}}, "module", "hung"),
+        ({"module": {"found": False, "raised": True}}, "module", "import_failed"),
     ]
     for patch, name, code in cases:
         checks = evaluate({**GOOD, **patch})
