@@ -156,6 +156,10 @@ def hostcheck_source() -> str:
 # --- pure: what the worker argv asks for, and what a host's answer means ---------------------
 
 
+#: Python's options that take their value as the next argument (``python -X utf8 -m w``).
+_PYTHON_OPTIONS_WITH_VALUE: Final = frozenset({"-X", "-W", "--check-hash-based-pycs"})
+
+
 def module_target(argv: Sequence[str]) -> tuple[list[str], str | None]:
     """The interpreter argv (with its options) and the module of ``python ... -m MODULE``;
     for an argv without ``-m``, ``([argv[0]], None)``: only the executable is checked."""
@@ -171,10 +175,6 @@ def module_target(argv: Sequence[str]) -> tuple[list[str], str | None]:
             break  # a script, a command or the program's own arguments: python's end here
         i += 1
     return [argv[0]], None
-
-
-#: Python's options that take their value as the next argument (``python -X utf8 -m w``).
-_PYTHON_OPTIONS_WITH_VALUE: Final = frozenset({"-X", "-W", "--check-hash-based-pycs"})
 
 
 def parse_reply(stdout: str) -> dict[str, Any] | None:
@@ -228,11 +228,11 @@ def evaluate(
     address: str,
     module: str | None,
     module_argv: Sequence[str],
-    sent_at: float,
-    answered_at: float,
+    sent_wall: float,
+    answered_wall: float,
     options: Options,
 ) -> list[Check]:
-    """Every check of a host that answered; ``sent_at``/``answered_at`` are our wall-clock
+    """Every check of a host that answered; ``sent_wall``/``answered_wall`` are our wall-clock
     times around the command (the host read its clock in between)."""
     checks = [_ssh_ok(address), _python(reply)]
     checks.append(_module(reply, module, module_argv, options))
@@ -242,7 +242,7 @@ def evaluate(
         checks.append(_writable(reply))
     else:
         checks.append(_skip(CheckName.WRITABLE, "the host does not see the run root"))
-    checks.append(_clock(reply, sent_at, answered_at))
+    checks.append(_clock(reply, sent_wall, answered_wall))
     if root.status is Status.OK:
         checks.append(_disk(reply, options.min_free_bytes))
     else:
@@ -368,14 +368,15 @@ def _writable(reply: Mapping[str, Any]) -> Check:
     )
 
 
-def _clock(reply: Mapping[str, Any], sent_at: float, answered_at: float) -> Check:
-    remote, elapsed = _number(reply.get("time")), _number(reply.get("elapsed_s"))
-    if remote is None or elapsed is None:
+def _clock(reply: Mapping[str, Any], sent_wall: float, answered_wall: float) -> Check:
+    remote_wall, work_s = _number(reply.get("time")), _number(reply.get("elapsed_s"))
+    if remote_wall is None or work_s is None:
         return Check(name=CheckName.CLOCK, status=Status.INFO, cell="?", detail="no clock reading")
     # The host read its clock at the end of its work: after our send plus that work, and
-    # before our receipt. The login shell's start is all that is left in between.
-    elapsed = min(max(elapsed, 0.0), answered_at - sent_at)
-    low, high = remote - answered_at, remote - sent_at - elapsed
+    # before our receipt. The login shell's start is all that is left in between. (A host
+    # claiming more work than the round trip is held to the round trip.)
+    work_s = min(max(work_s, 0.0), answered_wall - sent_wall)
+    low, high = remote_wall - answered_wall, remote_wall - sent_wall - work_s
     offset, within = (low + high) / 2, (high - low) / 2
     return Check(
         name=CheckName.CLOCK,
@@ -739,7 +740,7 @@ async def _run_hostcheck(
     # -S: hostcheck needs only the stdlib, and site's .pth files cost every host a few ms;
     # the module check runs the worker's interpreter as the worker would, site and all.
     argv = [python, "-S", "-X", "utf8", "-c", hostcheck_source(), "hostcheck"]
-    sent_at = time.time()
+    sent_wall = time.time()
     try:
         # The enclosing deadline bounds this; the timeout here only has to be longer.
         result = await remote.run(argv, timeout_s=options.timeout_s, input=json.dumps(payload))
@@ -755,7 +756,7 @@ async def _run_hostcheck(
             ),
             *_skipped(CheckName.PYTHON),
         ]
-    answered_at = time.time()
+    answered_wall = time.time()
     reply = parse_reply(result.stdout) if result.exit_status == 0 else None
     if reply is None:
         reason = command_failed(python, result.exit_status, result.stdout, result.stderr)
@@ -770,7 +771,7 @@ async def _run_hostcheck(
         address=address,
         module=payload["module"],
         module_argv=payload["module_argv"],
-        sent_at=sent_at,
-        answered_at=answered_at,
+        sent_wall=sent_wall,
+        answered_wall=answered_wall,
         options=options,
     )

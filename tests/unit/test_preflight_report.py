@@ -39,8 +39,8 @@ def evaluate(reply: dict[str, Any], options: Options | None = None) -> dict[Chec
         address="10.0.0.1:22",
         module="areal.reward.fs_worker",
         module_argv=["python3"],
-        sent_at=100.0,
-        answered_at=101.0,
+        sent_wall=100.0,
+        answered_wall=101.0,
         options=options or Options(),
     )
     assert [c.name for c in checks] == list(CheckName)
