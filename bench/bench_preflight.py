@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +46,8 @@ from tests.sshd import OpenSsh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "preflight.md"
+#: The CLI's defaults but the free-space floor: scratch space here may be small.
+OPTIONS = preflight.Options(min_free_bytes=1 << 20)
 
 
 @dataclass
@@ -53,7 +58,11 @@ class Sample:
     own_cpu_s: float
     machine_cpu_s: float
     host_s: list[float] = field(default_factory=list)
-    failed: int = 0
+    #: ``check:code`` of every failing check (a loaded machine can push a host past its
+    #: --host-timeout: ``python:hung``).
+    failed: list[str] = field(default_factory=list)
+    #: Each failure's sentence, for the report.
+    details: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -70,8 +79,11 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def floor_host(config: Config, host: HostConfig, gate: asyncio.Semaphore) -> float:
-    """Connect ``host`` as preflight does and run ``true`` once; seconds it took."""
+async def floor_host(
+    config: Config, host: HostConfig, gate: asyncio.Semaphore, failed: list[str]
+) -> float:
+    """Connect ``host`` as preflight does and run ``true`` once; seconds it took (a failure
+    is appended to ``failed``, as preflight would report it)."""
     started = time.monotonic()
     up: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
 
@@ -86,9 +98,10 @@ async def floor_host(config: Config, host: HostConfig, gate: asyncio.Semaphore) 
     try:
         is_up, reason = await up
         if not is_up:
-            raise RuntimeError(f"{host.name}: cannot connect: {reason}")
-        result = await remote.run(["true"], timeout_s=60)
-        assert result.exit_status == 0, result
+            failed.append(f"{host.name}: ssh: {reason}")
+        else:
+            result = await remote.run(["true"], timeout_s=60)
+            assert result.exit_status == 0, result
     finally:
         await remote.aclose()
         keeper.cancel()
@@ -98,19 +111,22 @@ async def floor_host(config: Config, host: HostConfig, gate: asyncio.Semaphore) 
 async def floor(config: Config) -> Sample:
     """Every host's login and one shell, at once, within the handshake budget."""
     gate = asyncio.Semaphore(config.ssh.max_concurrent_handshakes)
+    failed: list[str] = []
     cpu, busy, t0 = own_cpu_s(), machine_busy_s(), time.monotonic()
-    times = await asyncio.gather(*(floor_host(config, h, gate) for h in config.hosts))
+    times = await asyncio.gather(*(floor_host(config, h, gate, failed) for h in config.hosts))
     return Sample(
         wall_s=time.monotonic() - t0,
         own_cpu_s=own_cpu_s() - cpu,
         machine_cpu_s=machine_busy_s() - busy,
         host_s=list(times),
+        failed=["ssh" for _ in failed],
+        details=failed,
     )
 
 
 async def ours(config: Config) -> Sample:
     """``preflight`` as the CLI runs it (defaults: module located, not imported)."""
-    options = preflight.Options(min_free_bytes=1 << 20)
+    options = OPTIONS
     cpu, busy, t0 = own_cpu_s(), machine_busy_s(), time.monotonic()
     report = await preflight.check_fleet(config, options)
     return Sample(
@@ -118,20 +134,52 @@ async def ours(config: Config) -> Sample:
         own_cpu_s=own_cpu_s() - cpu,
         machine_cpu_s=machine_busy_s() - busy,
         host_s=[h.elapsed_s for h in report.hosts],
-        failed=sum(1 for h in report.hosts if h.failed),
+        failed=[f"{c.name.value}:{c.code}" for h in report.hosts for c in h.failed],
+        details=[f"{h.host}: {c.name.value}: {c.detail}" for h in report.hosts for c in h.failed],
+    )
+
+
+def child_cpu_ms(argv: list[str], stdin: str | None = None, runs: int = 20) -> float:
+    """Mean CPU (user + system) of ``argv`` run ``runs`` times here, in ms."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(runs):
+        subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return spent / runs * 1000
+
+
+def parts(config: Config) -> str:
+    """What one host's share costs, piece by piece, run locally (no SSH): a markdown line."""
+    host = config.hosts[0]
+    payload = preflight._payload(config, host, "bench.nonce", "token", "bench.probe", OPTIONS)
+    python = config.worker.python
+    hostcheck = [python, "-S", "-X", "utf8", "-c", preflight.hostcheck_source(), "hostcheck"]
+    no_module = {**payload, "module": None}
+    measured = {
+        "`python -S -c pass`": child_cpu_ms([python, "-S", "-c", "pass"]),
+        "`python -c pass` (with site)": child_cpu_ms([python, "-c", "pass"]),
+        "hostcheck, no module lookup": child_cpu_ms(hostcheck, json.dumps(no_module)),
+        "hostcheck": child_cpu_ms(hostcheck, json.dumps(payload)),
+        "`bash -c true`": child_cpu_ms(["bash", "-c", "true"]),
+        "`bash -c 'source ~/.bashrc'`": child_cpu_ms(["bash", "-c", "source ~/.bashrc"], runs=5),
+    }
+    return "CPU per run, here without SSH: " + ", ".join(
+        f"{name} {ms:.0f} ms" for name, ms in measured.items()
     )
 
 
 def row(side: Side) -> str:
     """One markdown row."""
     walls = [s.wall_s for s in side.samples]
+    failed = Counter(f for s in side.samples for f in s.failed)
     hosts = [t for s in side.samples for t in s.host_s]
     return (
         f"| {side.name} | {fmt_range(walls)} | {fmt_s(percentile(hosts, 50))} /"
         f" {fmt_s(percentile(hosts, 90))} / {fmt_s(max(hosts))} |"
         f" {fmt_s(median([s.own_cpu_s for s in side.samples]))} |"
         f" {fmt_s(median([s.machine_cpu_s for s in side.samples]))} |"
-        f" {sum(s.failed for s in side.samples)} |"
+        f" {', '.join(f'{k} x{n}' for k, n in failed.items()) or 0} |"
     )
 
 
@@ -154,6 +202,7 @@ async def main_async(hosts: int, runs: int, rc_files: bool) -> str:
                 sides[0].samples.append(await floor(config))
                 sides[1].samples.append(await ours(config))
             load_after = load_average()
+            pieces = parts(config)
         finally:
             sshd.stop()
     facts = machine_facts()
@@ -170,11 +219,14 @@ async def main_async(hosts: int, runs: int, rc_files: bool) -> str:
         f" load average {load_before} before, {load_after} after",
         "",
         "| side | wall: median (range) | per host: p50 / p90 / max | own CPU (median)"
-        " | machine CPU (median) | failed host checks |",
+        " | machine CPU (median) | failed checks (all runs) |",
         "|---|---|---|---|---|---|",
         *(row(side) for side in sides),
         "",
         f"preflight / floor (median wall): {ratio:.2f}x",
+        "",
+        pieces,
+        *(f"\nfailure: {d}" for side in sides for s in side.samples for d in s.details),
     ]
     return "\n".join(lines)
 
@@ -194,4 +246,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -570,7 +570,8 @@ async def check_fleet(config: Config, options: Options) -> Report:
                     _check_host(config, host, payload, handshakes, overall_at, options, reports)
                 )
     finally:
-        await asyncio.to_thread(_remove, run_dir, written, token, config.hosts)
+        # Not in a thread: this must run even when the run is being cancelled (Ctrl-C).
+        _remove(run_dir, written, token, config.hosts)
     return Report(
         root=str(config.run.root),
         hosts=tuple(reports[h.name] for h in config.hosts),
