@@ -317,3 +317,14 @@ def test_hostcheck_source_is_python38_syntax() -> None:
 
     ast.parse(preflight.hostcheck_source(), feature_version=(3, 8))
     assert os.path.basename(preflight.HOSTCHECK_PATH) == "hostcheck.py"
+
+
+async def test_a_run_root_that_cannot_be_made_here_stops_before_any_host(
+    sshd: OpenSsh, tmp_path: Path
+) -> None:
+    """A run root whose parent is a file cannot be created on this side: preflight says so
+    (LocalProblem) before connecting anywhere."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    with pytest.raises(preflight.LocalProblem, match="cannot create the run directories"):
+        await check(make_config(sshd, blocker / "run"))
