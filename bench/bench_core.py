@@ -67,12 +67,13 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
         state["host"], _ = health.step(state["host"], event, now + 2 + i * 1e-3, POLICY)
 
     fleet_hosts = [replace(host, name=f"h{i}") for i in range(hosts)]
-    policy = fleet.FleetPolicy(heartbeat_stale_s=POLICY.heartbeat_stale_s)
+    policy = fleet.FleetPolicy()
+    silent_after_s = POLICY.heartbeat_stale_s / 2
     freeze = fleet.Freeze()
 
     def assess(_i: int) -> None:
-        fleet.assess(freeze, fleet_hosts, now + 3, policy)
-        fleet.next_assessment_at(freeze, fleet_hosts, now + 3, policy)
+        fleet.assess(freeze, fleet_hosts, now + 3, policy, silent_after_s)
+        fleet.next_assessment_at(freeze, fleet_hosts, now + 3, silent_after_s)
 
     def summary(_i: int) -> None:
         view.summary(h.state.value for h in fleet_hosts)
@@ -102,14 +103,14 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
             "per heartbeat",
         ),
         ("health.step(HeartbeatSeen) on a ready host", per_call(beat, 20_000), "per heartbeat"),
-        ("health.history_of x2 and compare (daemon._feed)", per_call(history, 20_000), "per event"),
+        ("health.history_of x2 and compare (Fleet._feed)", per_call(history, 20_000), "per event"),
         (
             "dataclasses.replace(Host, one field)",
             per_call(lambda i: replace(host, alive_at=float(i)), 20_000),
             "inside step",
         ),
         (
-            "loop timer cancel + call_at (daemon._arm_timer)",
+            "loop timer cancel + call_at (one re-arm)",
             per_call(rearm, 20_000),
             "per heartbeat",
         ),

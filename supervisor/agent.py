@@ -551,6 +551,156 @@ def _hand_to_launcher(python: str, spec: dict[str, Any]) -> tuple[int | None, st
     )
 
 
+# --- the old script's respawn wrappers --------------------------------------------------
+
+#: A SIGSTOP takes effect when the target next runs; seconds only for one asleep in the
+#: kernel (a hung NFS read). Freezing every wrapper of a host must finish within this.
+FREEZE_DEADLINE_S = 20.0
+
+
+def op_disarm_seed(request: dict[str, Any]) -> dict[str, Any]:
+    """End the old script's respawn wrappers for one host, leaving its worker running.
+
+    ``reward_workers_ctl.py start`` runs ``bash <root>/ctl/<host>.wrap.sh``, a loop that starts
+    the worker again whenever it exits: it would restart a worker the daemon replaced, and
+    two workers would share the shard. Every process running that script (the loop, and any
+    subshell it forked, whose command line is the loop's until it execs) is frozen with
+    SIGSTOP until a look at /proc finds none still running, so none can start a worker
+    between our look and our kill; then all are SIGKILLed. The worker, a child of the loop,
+    lives on (reparented to init). Then: the live workers of the spec (command line match),
+    and the pidfile pointed at the one worker if it named another pid. ``dry_run``: look only.
+    """
+    spec: dict[str, Any] = request["spec"]
+    script = str(request["wrap_script"])
+    dry_run = bool(request.get("dry_run"))
+    wrappers = sorted(_wrapper_pids(script))
+    if wrappers and not dry_run:
+        frozen = _freeze_wrappers(script)
+        for pid in frozen:
+            _signal(pid, False, signal.SIGKILL)
+        alive = [pid for pid, start in frozen.items() if not _wait_dead(pid, start, KILL_CONFIRM_S)]
+        if alive:
+            raise OpError(f"wrapper pid(s) {alive} still alive {KILL_CONFIRM_S:g}s after SIGKILL")
+        wrappers = sorted(frozen)
+    workers = sorted(_spec_workers(spec))
+    recorded = read_pidfile(spec["pidfile"])
+    result = {
+        "wrappers": wrappers,
+        "killed": not dry_run,
+        "workers": workers,
+        "pidfile_was": recorded,
+        "pidfile_now": recorded,
+    }
+    if len(workers) == 1 and recorded != workers[0] and not dry_run:
+        write_atomic(spec["pidfile"], f"{workers[0]}\n")
+        result["pidfile_now"] = workers[0]
+    return result
+
+
+def _live_pids() -> list[int]:
+    """Every process on this host but ourselves."""
+    me = os.getpid()
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me]
+
+
+class _Script:
+    """A shell script on this host, recognised in command lines by path or by file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        try:
+            st = os.stat(path)
+            self.file: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            self.file = None
+
+    def run_by(self, pid: int) -> bool:
+        """``pid`` is alive and runs this script (an argument names it, as the same text or
+        as a path, relative to the process's working directory, to the same file)."""
+        args = cmdline(pid)[1:]
+        return any(self._names(pid, arg) for arg in args) and not is_dead(proc_stat(pid))
+
+    def _names(self, pid: int, arg: str) -> bool:
+        if arg == self.path:
+            return True
+        if self.file is None or os.path.basename(arg) != self.name:
+            return False
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            st = os.stat(arg if os.path.isabs(arg) else os.path.join(cwd, arg))
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.file
+
+
+def _wrapper_pids(script: str) -> list[int]:
+    """Live processes that run ``script``."""
+    wrapper = _Script(script)
+    return [pid for pid in _live_pids() if wrapper.run_by(pid)]
+
+
+def _freeze_wrappers(script: str) -> dict[int, int]:
+    """SIGSTOP every process running ``script`` until none runs unfrozen; ``{pid: start}``.
+
+    On failure every frozen one is continued, so the host is left as it was found.
+    """
+    frozen: dict[int, int] = {}
+    try:
+        _freeze_rounds(_Script(script), frozen, time.monotonic() + FREEZE_DEADLINE_S)
+    except BaseException:
+        for pid in frozen:
+            _signal(pid, False, signal.SIGCONT)
+        raise
+    return frozen
+
+
+def _freeze_rounds(wrapper: _Script, frozen: dict[int, int], deadline: float) -> None:
+    """Look, stop what runs, look again, until a look finds nothing new (a stopped loop
+    forks nothing). A process that exec'd something else between our look and its stop (a
+    subshell that became the worker) is continued and left out."""
+    while True:
+        fresh = [pid for pid in _live_pids() if pid not in frozen and wrapper.run_by(pid)]
+        if not fresh:
+            return
+        if time.monotonic() > deadline:
+            raise OpError(f"wrappers of {wrapper.path} kept appearing")
+        for pid in fresh:
+            stat = proc_stat(pid)
+            if stat is None or is_dead(stat):
+                continue
+            _signal(pid, False, signal.SIGSTOP)
+            frozen[pid] = stat[2]
+        for pid in fresh:
+            if pid not in frozen:
+                continue
+            if not _wait_stopped(pid, deadline):
+                raise OpError(f"wrapper pid {pid} did not stop within {FREEZE_DEADLINE_S:g}s")
+            if not wrapper.run_by(pid):
+                _signal(pid, False, signal.SIGCONT)
+                del frozen[pid]
+
+
+def _wait_stopped(pid: int, deadline: float) -> bool:
+    """Until ``pid`` is stopped (state T) or dead; False at ``deadline``."""
+    while True:
+        stat = proc_stat(pid)
+        if stat is None or is_dead(stat) or stat[0] in ("T", "t"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+
+
+def _spec_workers(spec: dict[str, Any]) -> list[int]:
+    """Live processes whose command line is a run of the spec's worker (``argv_matches``)."""
+    return [
+        pid
+        for pid in _live_pids()
+        if argv_matches(spec, cmdline(pid)) and not is_dead(proc_stat(pid))
+    ]
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     """The reply to one request: ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false,
     "kind", "error"[, "holder_pid"]}``; never raises, so every request gets an answer."""
@@ -581,6 +731,7 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "probe": op_probe,
     "launch": op_launch,
     "terminate": op_terminate,
+    "disarm_seed": op_disarm_seed,
 }
 
 

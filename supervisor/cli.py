@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from supervisor import config as config_mod
-from supervisor.errors import ConfigError, ConfigProblem, ControlError
+from supervisor.errors import ConfigError, ConfigProblem, ControlError, DaemonNotRunning
+from supervisor.terminal import terminal_text
 
 CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
 EXIT_OK: Final = 0
@@ -49,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except CliError as exc:
-        print(f"reward-supervisor: {exc}", file=sys.stderr)
+        # A daemon's message may quote a host's text.
+        print(f"reward-supervisor: {terminal_text(exc)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument(
         "--interval",
-        type=_positive_float,
+        type=_positive_seconds,
         default=1.0,
         metavar="S",
         help="refresh interval for --watch, seconds (default 1)",
@@ -115,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wait", action="store_true", help="return once the stop has begun")
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=_positive_seconds,
         default=None,
         metavar="S",
         help="seconds to wait for the exit (default: the daemon's stop_grace_s + 30)",
@@ -131,7 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("wait-ready", cmd_wait_ready, "wait until every host is ready (like seed start)")
     with_config(p)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=60.0,
+        help="give up after this many seconds (default 60); exit 1 (3 if no daemon answered)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print the seed\'s JSON lines: {"ok": true, "phase": "manifest", ...} once the'
+        ' daemon answers, then {"ok": true, "phase": "ready", "root": ROOT}',
+    )
+    p.add_argument(
+        "--stop-on-timeout",
+        action="store_true",
+        help="like the seed's start: if the fleet is not ready in time, stop every worker"
+        " and the daemon, so a failed start leaves nothing running",
+    )
 
     p = command(
         "check-config",
@@ -159,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_json(p)
     p.add_argument(
         "--host-timeout",
-        type=_positive_float,
+        type=_positive_seconds,
         default=20.0,
         metavar="S",
         help="seconds per host, connecting included; a host still silent is reported hung"
@@ -167,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=_positive_seconds,
         default=60.0,
         metavar="S",
         help="seconds for the whole run (default 60)",
@@ -198,16 +217,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--known-hosts",
         default="/etc/reward-supervisor/known_hosts",
-        help="ssh.known_hosts of the new config (default /etc/reward-supervisor/known_hosts)",
+        help="ssh.known_hosts (default /etc/reward-supervisor/known_hosts)",
+    )
+    p.add_argument("--client-key", action="append", default=None, help="ssh.client_keys entry")
+    p.add_argument("--username", default=None, help="ssh.username (default: the current user)")
+    p.add_argument("--ws", default=None, help="the seed's --ws ($SAO_WS): its workspace")
+    p.add_argument("--venv", default=None, help="the seed's --venv (default WS/tmp/runtime-venv)")
+    p.add_argument("--repo", default=None, help="the seed's --repo (default WS/repo/AReaL)")
+    p.add_argument(
+        "--pointer-file",
+        default=None,
+        help="run.pointer_file (default WS/tmp/sao-reward-current.json, as the seed)",
+    )
+
+    p = command(
+        "disarm-seed",
+        cmd_disarm_seed,
+        "take over from reward_workers_ctl.py: stop its watch and respawn wrappers (workers"
+        " keep running) and remove the stop files its stop wrote",
+    )
+    with_config(p)
+    with_json(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="report what would be done; change nothing"
     )
     p.add_argument(
-        "--client-key",
-        action="append",
-        default=None,
-        metavar="FILE",
-        help="a private key for ssh.client_keys (repeatable)",
+        "--watch-timeout",
+        type=_positive_seconds,
+        default=120.0,
+        help="seconds to wait for the old watch loop to exit (default 120)",
     )
-    p.add_argument("--username", default=None, help="ssh.username (default: the current user)")
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
     p.add_argument(
@@ -218,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--duration",
-        type=_positive_float,
+        type=_positive_seconds,
         default=20.0,
         metavar="S",
         help="seconds of task stream (default 20)",
@@ -235,17 +274,6 @@ def build_parser() -> argparse.ArgumentParser:
         " [--heartbeat-interval S] [--reward-fn F]",
     )
     return parser
-
-
-def _positive_float(text: str) -> float:
-    """An argparse type: a finite number above 0 (else a usage error, exit 2)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -376,8 +404,10 @@ def _watch_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
                         print(
                             json.dumps(line)
                             if line
-                            else f"{name}: {brief['state']} pid={brief['pid']} "
-                            f"ssh={brief['ssh']} ({brief['last_reason']})",
+                            else terminal_text(
+                                f"{name}: {brief['state']} pid={brief['pid']} "
+                                f"ssh={brief['ssh']} ({brief['last_reason']})"
+                            ),
                             flush=True,
                         )
             time.sleep(args.interval)
@@ -394,7 +424,7 @@ def cmd_host_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reply, indent=2, sort_keys=True))
     else:
-        print(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})")
+        print(terminal_text(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})"))
     return EXIT_OK
 
 
@@ -411,7 +441,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     else:
         print("reload refused; the daemon keeps running on its previous config:")
         for error in reply.get("errors", []):
-            print(f"  {error}")
+            print(f"  {terminal_text(error)}")
     return EXIT_OK if reply.get("reloaded") else EXIT_FAILED
 
 
@@ -478,33 +508,99 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def _event_line(event: dict[str, Any]) -> str:
+    """One event as a terminal line: a host's text in it is escaped, never obeyed."""
     if event.get("event") == "host.state":
-        return (
+        return terminal_text(
             f"{event.get('timestamp', '')} {event.get('host')}: {event.get('from')} -> "
             f"{event.get('to')} ({event.get('reason')})"
         )
-    return json.dumps(event, sort_keys=True)
+    return terminal_text(json.dumps(event, sort_keys=True))
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> int:
-    """``wait-ready -c CONFIG``: exit 0 once every host is ready, 1 at the timeout."""
+    """``wait-ready -c CONFIG``: exit 0 once every host is ready; 1 at the timeout (after
+    stopping everything with ``--stop-on-timeout``); 3 if no daemon answered at all."""
     from supervisor import control
 
-    socket = _socket_of(args.config)
+    cfg_path = args.config
+    socket = _socket_of(cfg_path)
     deadline = time.monotonic() + args.timeout
     status: dict[str, Any] = {}
+    answered = False
     while time.monotonic() < deadline:
         try:
             status = control.request_sync(socket, "status")
         except ControlError:
             status = {}
+        if status and not answered:
+            answered = True
+            if args.json:
+                _print_phase(_manifest_phase(cfg_path, status))
         hosts = status.get("hosts", {})
         if hosts and all(row.get("state") == "ready" for row in hosts.values()):
-            print(f"all {len(hosts)} hosts ready")
+            root = status.get("daemon", {}).get("root")
+            if args.json:
+                _print_phase({"ok": True, "phase": "ready", "root": root})
+            else:
+                print(f"all {len(hosts)} hosts ready")
             return EXIT_OK
         time.sleep(0.25)
-    waiting = [n for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"]
-    raise CliError(f"not ready within {args.timeout:g}s: {', '.join(waiting) or 'no daemon'}")
+    if not answered:
+        if args.json:
+            _print_phase({"ok": False, "phase": "no_daemon", "socket": str(socket)})
+        raise CliError(f"no daemon answered on {socket} within {args.timeout:g}s", EXIT_NO_DAEMON)
+    waiting = {n: r for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"}
+    if args.json:
+        _print_phase(
+            {
+                "ok": False,
+                "phase": "timeout",
+                "root": status.get("daemon", {}).get("root"),
+                "not_ready": {
+                    n: {"state": r.get("state"), "reason": r.get("last_reason")}
+                    for n, r in waiting.items()
+                },
+            }
+        )
+    detail = ", ".join(
+        f"{n} ({r.get('state')}: {r.get('last_reason')})" for n, r in waiting.items()
+    )
+    if args.stop_on_timeout:
+        _stop_after_failed_start(socket, status, as_json=args.json)
+        if status.get("daemon", {}).get("on_exit") == "detach":
+            raise CliError(
+                f"not ready within {args.timeout:g}s: {detail}; stopped the daemon, but"
+                ' run.on_exit = "detach" left its workers running'
+            )
+        raise CliError(f"not ready within {args.timeout:g}s: {detail}; stopped everything")
+    raise CliError(f"not ready within {args.timeout:g}s: {detail}")
+
+
+def _print_phase(line: dict[str, Any]) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def _manifest_phase(cfg_path: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The seed's first line, ``{"ok": true, "phase": "manifest", **launch_meta}``: the launch
+    meta the daemon writes, computed from the config rather than read back from the run
+    root (a file there could be anything, even a FIFO that never answers)."""
+    from supervisor import layout
+
+    meta: dict[str, Any] = {"root": status.get("daemon", {}).get("root")}
+    with contextlib.suppress(ConfigError):
+        meta = layout.launch_meta(config_mod.load(cfg_path))
+    return {"ok": True, "phase": "manifest", **meta}
+
+
+def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: bool) -> None:
+    """``--stop-on-timeout``: stop every worker and the daemon, as the seed's start did."""
+    _request(socket, "stop")
+    grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
+    _wait_for_exit(socket, grace + 30)
+    if as_json:
+        _print_phase(
+            {"ok": False, "phase": "stopped", "root": status.get("daemon", {}).get("root")}
+        )
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -587,7 +683,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     cfg = _load_config(args.config)
     said: list[str] = []
-    out: Callable[[str], None] = said.append if args.json else print
+    # Messages name files under the run root, whose names anyone with write access chose.
+    out: Callable[[str], None] = said.append if args.json else _print_escaped
     try:
         code = cleanup.run(cfg, yes=args.yes, out=out)
     except cleanup.Refused as exc:
@@ -600,27 +697,50 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return code
 
 
+def _print_escaped(text: str) -> None:
+    print(terminal_text(text))
+
+
 def cmd_import_seed(args: argparse.Namespace) -> int:
     """``import-seed``: a config for a run started by reward_workers_ctl.py."""
     from supervisor import seedimport
 
     try:
-        text = seedimport.config_from_seed(
+        imported = seedimport.config_from_seed(
             root=args.root,
             launch_meta=args.launch_meta,
             environ=os.environ,
             known_hosts=args.known_hosts,
             client_keys=args.client_key,
             username=args.username,
+            ws=args.ws,
+            venv=args.venv,
+            repo=args.repo,
+            pointer_file=args.pointer_file,
         )
     except seedimport.ImportProblem as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    for warning in imported.warnings:
+        print(f"reward-supervisor: warning: {warning}", file=sys.stderr)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        Path(args.output).write_text(imported.text, encoding="utf-8")
         print(f"wrote {args.output}; check it with: reward-supervisor check-config {args.output}")
     else:
-        print(text, end="")
+        print(imported.text, end="")
     return EXIT_OK
+
+
+def cmd_disarm_seed(args: argparse.Namespace) -> int:
+    """``disarm-seed -c CONFIG``: hand the old script's fleet over without stopping a worker."""
+    from supervisor import seedmigrate
+
+    cfg = _load_config(args.config)
+    report = seedmigrate.run(cfg, dry_run=args.dry_run, watch_timeout_s=args.watch_timeout)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -657,6 +777,17 @@ def _load_config(path: str | None) -> config_mod.Config:
         raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds: {text!r}")
+    return value
+
+
 def _socket_of(path: str | None) -> Path:
     """The control socket named by a config, even one that does not validate.
 
@@ -683,10 +814,7 @@ def _request(socket: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) ->
 
 
 def _control_exit_code(exc: ControlError) -> int:
-    text = str(exc)
-    if "not running" in text or "no socket" in text:
-        return EXIT_NO_DAEMON
-    return EXIT_FAILED
+    return EXIT_NO_DAEMON if isinstance(exc, DaemonNotRunning) else EXIT_FAILED
 
 
 if __name__ == "__main__":

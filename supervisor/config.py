@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, cast
 
 from supervisor.errors import ConfigError, ConfigProblem
+from supervisor.fleet import FleetPolicy, Member
 from supervisor.health import Policy
 
 WatchMode = Literal["auto", "inotify", "poll"]
@@ -59,6 +60,14 @@ DEFAULT_REWARD_FN: Final = "areal.reward.gsm8k.gsm8k_reward_fn"
 # workers on scheduler noise, and no Python worker imports and reports ready in under 2 s.
 MIN_HEARTBEAT_STALE_S: Final = 3.0
 MIN_READY_TIMEOUT_S: Final = 2.0
+# Start-up waits one connect timeout plus this for probes and launches to answer before
+# READY=1 goes out anyway (a host that cannot be reached must not block the others).
+STARTUP_SLACK_S: Final = 10.0
+# Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
+SHUTDOWN_SLACK_S: Final = 15.0
+#: Where ``metrics.listen`` binds when it names only a port: the endpoint has no
+#: authentication, so serving it beyond this machine must be asked for by address.
+METRICS_DEFAULT_HOST: Final = "127.0.0.1"
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH: Final = 107
 
@@ -111,6 +120,23 @@ class SshConfig:
     max_channels_per_host: int = 9
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    # Algorithm lists, in order of preference; None: the modern defaults (remote.DEFAULT_ALGS,
+    # no SHA-1). A list given replaces the default whole, as OpenSSH's options do.
+    kex_algs: tuple[str, ...] | None = None
+    encryption_algs: tuple[str, ...] | None = None
+    mac_algs: tuple[str, ...] | None = None
+    signature_algs: tuple[str, ...] | None = None
+    server_host_key_algs: tuple[str, ...] | None = None
+
+
+#: The ``[ssh]`` keys that list algorithms (each named as asyncssh names its option).
+SSH_ALGORITHM_KEYS: Final = (
+    "kex_algs",
+    "encryption_algs",
+    "mac_algs",
+    "signature_algs",
+    "server_host_key_algs",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,16 +157,6 @@ class WatchConfig:
     debounce_ms: int = 50
     # A full re-read of every file, in every mode: inotify can overflow, NFS can lie.
     rescan_interval_s: float = 30.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FleetConfig:
-    """``[fleet]``: protection against common-mode failures and restart stampedes."""
-
-    freeze_fraction: float = 0.5
-    freeze_window_s: float = 30.0
-    max_concurrent_launches: int = 16
-    max_launches_per_minute: int = 120
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,7 +189,7 @@ class Config:
     ssh: SshConfig
     control: ControlConfig
     watch: WatchConfig
-    fleet: FleetConfig
+    fleet: FleetPolicy
     metrics: MetricsConfig
     hosts: tuple[HostConfig, ...]
 
@@ -211,6 +227,13 @@ def render_argv(config: Config, host: HostConfig) -> tuple[str, ...]:
     return tuple(element.format_map(values) for element in config.worker.argv)
 
 
+def members(config: Config) -> tuple[Member, ...]:
+    """The configured hosts as the fleet core sees them."""
+    return tuple(
+        Member(name=h.name, shard=h.shard, launch_key=launch_key(config, h)) for h in config.hosts
+    )
+
+
 def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
     """Everything that shapes ``host``'s worker; a reload restarts the host if it changes."""
     return (
@@ -221,6 +244,8 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
         host.username or config.ssh.username,
         config.worker.python,
         host.shard,
+        # The worker reads it at start: a running one never sees a new one.
+        config.run.reward_fn,
     )
 
 
@@ -266,6 +291,33 @@ def socket_from_raw_file(path: Path) -> Path | None:
     if isinstance(socket, str) and socket.startswith("/"):
         return Path(socket)
     return default_socket_path(path)
+
+
+def privilege_warnings(config: Config, euid: int) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(event, fields)`` to log at start when ``config`` uses root: the daemon running
+    as root (``euid`` 0), or logging in to hosts as root. Neither is refused; both widen what
+    one compromised host or one planted file in the run root can reach."""
+    warnings: list[tuple[str, dict[str, Any]]] = []
+    if euid == 0:
+        warnings.append(
+            (
+                "daemon.running_as_root",
+                {"advice": "run it as a service account (docs/OPERATIONS.md, Installing)"},
+            )
+        )
+    roots = [h.name for h in config.hosts if (h.username or config.ssh.username) == "root"]
+    if roots:
+        warnings.append(
+            (
+                "ssh.root_login",
+                {
+                    "hosts": roots[:20],
+                    "host_count": len(roots),
+                    "advice": "log in as an unprivileged user (ssh.username, hosts.username)",
+                },
+            )
+        )
+    return warnings
 
 
 def default_socket_path(config_path: Path) -> Path:
@@ -435,6 +487,8 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "stop_grace_s",
         "kill_after_grace",
         "auto_restart",
+        "progress_stale_s",
+        "permanent_exit_codes",
     ),
     "ssh": (
         "username",
@@ -447,6 +501,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "max_channels_per_host",
         "reconnect_min_s",
         "reconnect_max_s",
+        *SSH_ALGORITHM_KEYS,
     ),
     "control": ("socket",),
     "watch": (
@@ -460,6 +515,8 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "freeze_window_s",
         "max_concurrent_launches",
         "max_launches_per_minute",
+        "crash_signature_hosts",
+        "crash_signature_window_s",
     ),
     "metrics": ("listen",),
     "hosts": (
@@ -551,6 +608,27 @@ class _Validator:
             )
         return value
 
+    def seconds_or_off(
+        self, table: Mapping[str, Any], where: str, key: str, default: float, minimum: float
+    ) -> float:
+        """Like ``seconds``, but 0 turns the check off."""
+        if table.get(key) == 0 and not isinstance(table.get(key), bool):
+            return 0.0
+        return self.seconds(table, where, key, default, minimum)
+
+    def exit_codes(self, table: Mapping[str, Any], where: str, key: str) -> frozenset[int]:
+        """A list of process exit codes (0-255)."""
+        value = self.get(table, where, key, list, [])
+        codes: set[int] = set()
+        for i, item in enumerate(value or []):
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= 255:
+                self.problem(
+                    f"{_join(where, key)}[{i}]", f"must be an exit code 0-255, not {item!r}"
+                )
+            else:
+                codes.add(item)
+        return frozenset(codes)
+
     def positive_int(
         self, table: Mapping[str, Any], where: str, key: str, default: int, minimum: int = 1
     ) -> int:
@@ -616,7 +694,8 @@ class _Validator:
         health = self.health(self.table(raw, "health"), watch)
         ssh = self.ssh(self.table(raw, "ssh"))
         control = self.control(self.table(raw, "control"), source)
-        fleet = self.fleet(self.table(raw, "fleet"))
+        pointer_file = run.pointer_file if run is not None else None
+        fleet = self.fleet(self.table(raw, "fleet"), health, ssh, pointer_file)
         metrics = self.metrics(self.table(raw, "metrics"))
         if run is None or ssh is None or hosts is None:
             return None
@@ -763,6 +842,10 @@ class _Validator:
             stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
             kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
             auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
+            progress_stale_s=self.seconds_or_off(
+                t, w, "progress_stale_s", d.progress_stale_s, stale_min
+            ),
+            permanent_exit_codes=self.exit_codes(t, w, "permanent_exit_codes"),
         )
         if policy.backoff_max_s < policy.restart_cooldown_s:
             self.problem(
@@ -799,9 +882,11 @@ class _Validator:
                 "ssh.max_channels_per_host",
                 f"{channels} reaches OpenSSH's default MaxSessions (10); use at most 9",
             )
+        algorithms = {key: self.algorithms(t, key) for key in SSH_ALGORITHM_KEYS}
         if username is None or known_hosts is None:
             return None
         return SshConfig(
+            **algorithms,
             username=username,
             known_hosts=known_hosts,
             client_keys=tuple(client_keys),
@@ -817,6 +902,29 @@ class _Validator:
             reconnect_min_s=reconnect_min,
             reconnect_max_s=reconnect_max,
         )
+
+    def algorithms(self, t: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+        """``[ssh] key``: a non-empty list of algorithm names this asyncssh supports."""
+        if key not in t:
+            return None
+        names = self.strings(t, "ssh", key, ())
+        if not isinstance(t[key], list) or len(names or ()) < len(t[key]):
+            return None  # reported by strings()
+        if not names:
+            self.problem(f"ssh.{key}", "must name at least one algorithm (omit it for defaults)")
+            return None
+        # Imported here, and only for a config that sets a list: remote.py is the only importer
+        # of asyncssh, which knows what it supports, and other commands need not load it.
+        from supervisor.remote import SUPPORTED_ALGS
+
+        supported = SUPPORTED_ALGS[key]
+        for i, name in enumerate(names):
+            if name not in supported:
+                self.problem(
+                    f"ssh.{key}[{i}]",
+                    f"{name!r} is not an algorithm this asyncssh supports for {key}",
+                )
+        return tuple(names)
 
     def control(self, t: Mapping[str, Any], source: Path) -> ControlConfig:
         self.unknown_keys(t, KEYS["control"], "control")
@@ -840,14 +948,24 @@ class _Validator:
             rescan_interval_s=self.seconds(t, w, "rescan_interval_s", d.rescan_interval_s),
         )
 
-    def fleet(self, t: Mapping[str, Any]) -> FleetConfig:
+    def fleet(
+        self,
+        t: Mapping[str, Any],
+        health: Policy,
+        ssh: SshConfig | None,
+        pointer_file: Path | None,
+    ) -> FleetPolicy:
         w = "fleet"
-        d = FleetConfig()
+        d = FleetPolicy()
         self.unknown_keys(t, KEYS[_section(w)], w)
         fraction = self.get(t, w, "freeze_fraction", float, d.freeze_fraction)
         if fraction is not None and not 0 < fraction <= 1:
             self.problem("fleet.freeze_fraction", f"must be in (0, 1], not {fraction}")
-        return FleetConfig(
+        connect_timeout_s = ssh.connect_timeout_s if ssh is not None else 0.0
+        return FleetPolicy(
+            pointer_file=None if pointer_file is None else str(pointer_file),
+            startup_timeout_s=connect_timeout_s + STARTUP_SLACK_S,
+            shutdown_timeout_s=health.stop_grace_s + SHUTDOWN_SLACK_S,
             freeze_fraction=fraction if fraction is not None else d.freeze_fraction,
             freeze_window_s=self.seconds(t, w, "freeze_window_s", d.freeze_window_s),
             max_concurrent_launches=self.positive_int(
@@ -856,13 +974,19 @@ class _Validator:
             max_launches_per_minute=self.positive_int(
                 t, w, "max_launches_per_minute", d.max_launches_per_minute
             ),
+            crash_signature_hosts=self.positive_int(
+                t, w, "crash_signature_hosts", d.crash_signature_hosts, minimum=0
+            ),
+            crash_signature_window_s=self.seconds(
+                t, w, "crash_signature_window_s", d.crash_signature_window_s
+            ),
         )
 
     def metrics(self, t: Mapping[str, Any]) -> MetricsConfig:
         self.unknown_keys(t, KEYS["metrics"], "metrics")
         listen = self.get(t, "metrics", "listen", str, None)
         if listen is not None and _split_host_port(listen) is None:
-            self.problem("metrics.listen", f"must be HOST:PORT, not {listen!r}")
+            self.problem("metrics.listen", f"must be HOST:PORT or PORT, not {listen!r}")
         return MetricsConfig(listen=listen)
 
     def hosts(self, raw: Mapping[str, Any]) -> tuple[HostConfig, ...] | None:
@@ -994,14 +1118,16 @@ def is_valid_address(address: str) -> bool:
 
 
 def _split_host_port(text: str) -> tuple[str, int] | None:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    host, _, port = text.rpartition(":")
+    # isdigit() also takes non-ASCII digits ("٩"), which int() accepts and no one means.
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
-    return host.strip("[]"), int(port)
+    return host.strip("[]") or METRICS_DEFAULT_HOST, int(port)
 
 
 def split_host_port(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` of an already validated ``metrics.listen``."""
+    """``HOST:PORT`` of an already validated ``metrics.listen``; a bare ``PORT`` (or
+    ``:PORT``) is on ``METRICS_DEFAULT_HOST``."""
     parsed = _split_host_port(text)
     if parsed is None:
         raise ValueError(f"not HOST:PORT: {text!r}")

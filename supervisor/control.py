@@ -23,7 +23,7 @@ from typing import Any, Final, Protocol, Self
 
 import structlog
 
-from supervisor.errors import ControlError
+from supervisor.errors import ControlError, DaemonNotRunning
 
 log = structlog.get_logger()
 
@@ -783,7 +783,11 @@ def _error(message: str) -> dict[str, Any]:
 
 def _encode(message: Mapping[str, Any]) -> bytes:
     # NaN and Infinity are not JSON; other readers of the socket (jq) would choke on them.
-    return (json.dumps(message, allow_nan=False, ensure_ascii=False) + "\n").encode()
+    text = json.dumps(message, allow_nan=False, ensure_ascii=False) + "\n"
+    # A lone surrogate (a request's or a host's "\ud800") cannot be UTF-8; as the escape it
+    # came in as it stays valid JSON (surrogates only ever occur inside JSON strings), where
+    # a strict encode would fail the whole reply.
+    return text.encode("utf-8", "backslashreplace")
 
 
 def _show(value: object, limit: int = 60) -> str:
@@ -808,8 +812,9 @@ def _json_type(value: object) -> str:
 async def request(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> dict[str, Any]:
     """Send one command to the daemon at ``path``; return its reply without the ``ok`` key.
 
-    Raises ControlError naming the socket and the reason: no socket, a stale socket, a socket
-    we may not use, no reply within ``timeout_s``, or the daemon's own error message.
+    Raises DaemonNotRunning (no socket, or a stale one), or ControlError naming the socket and
+    the reason: a socket we may not use, no reply within ``timeout_s``, or the daemon's own
+    error message.
     """
     try:
         async with asyncio.timeout(timeout_s):
@@ -873,7 +878,7 @@ async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ControlError(no_socket) from None
+        raise DaemonNotRunning(no_socket) from None
     except PermissionError:
         raise ControlError(
             f"permission denied: cannot reach {path}; the socket is not ours"
@@ -893,9 +898,9 @@ async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
     try:
         return await asyncio.open_unix_connection(path, limit=MAX_REPLY_BYTES)
     except FileNotFoundError:
-        raise ControlError(no_socket) from None
+        raise DaemonNotRunning(no_socket) from None
     except ConnectionRefusedError:
-        raise ControlError(f"daemon not running (stale socket {path})") from None
+        raise DaemonNotRunning(f"daemon not running (stale socket {path})") from None
     except PermissionError:
         raise ControlError(
             f"permission denied connecting to {path}; the socket is not ours"

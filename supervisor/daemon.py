@@ -1,20 +1,25 @@
-"""The I/O shell: turns files, SSH, timers, signals and operators into events for health.step.
+"""The I/O shell: turns files, SSH, timers, signals and operators into events for the fleet
+core, and performs the actions it returns.
 
-It performs the actions the core returns and re-arms one timer per host. It decides nothing
-about health: every "should we" lives in ``health.py``.
+Everything goes through one queue (``_Inbox``): inputs and the results of actions alike. One
+task, the interpreter, takes what is queued as a batch, hands it to ``Fleet.step`` and
+performs the actions in order; an adapter never calls the core, it queues its result. So
+the core is entered by one caller, one batch at a time, and decides everything: this module
+has no ``if`` about health or the fleet (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import gc
+import itertools
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections import deque
+from collections.abc import Callable, Collection, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, assert_never
@@ -25,9 +30,9 @@ from supervisor import config as config_mod
 from supervisor import fleet, health, layout, view
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
-from supervisor.errors import ConfigError, ControlError, LaunchRefused, RemoteError
+from supervisor.errors import ConfigError, ControlError, RemoteError, RunLocked, ShardHeld
 from supervisor.layout import LaunchSpec
-from supervisor.metrics import Metrics, restart_reason, snapshot_on_loop
+from supervisor.metrics import Metrics, snapshot_on_loop
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.statusfiles import (
     ExitObserved,
@@ -48,17 +53,18 @@ __version__: Final = "0.1.0"
 # How often dirty restart history is written to ctl/: often enough that a SIGKILL loses at
 # most this much backoff state, rarely enough to cost nothing on NFS.
 PERSIST_INTERVAL_S: Final = 0.5
-# Extra time start-up waits beyond one connect timeout for probes and launches to answer
-# before READY=1 goes out anyway (a host that cannot be reached must not block the others).
-STARTUP_SLACK_S: Final = 10.0
-# Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
-SHUTDOWN_SLACK_S: Final = 15.0
 # STATUS= is for people; one summary per 0.1 s of changes is as current as anyone reads it.
 STATUS_COALESCE_S: Final = 0.1
 # A statvfs of a healthy mount answers in milliseconds; one this slow is a hung mount.
 FS_CHECK_TIMEOUT_S: Final = 5.0
 #: How often the whole heap is collected, on our schedule (``_collect_loop``).
 FULL_COLLECTION_INTERVAL_S: Final = 3600.0
+#: A connection task that failed (a bug, not a network fault: those it handles itself) is
+#: started again after this pause, so one host's fault never becomes a busy loop.
+MAINTAIN_RETRY_S: Final = 5.0
+#: A failed read of a joining host's files is tried again after this pause: the host must
+#: not join before its stop sentinel is known.
+SCAN_RETRY_S: Final = 1.0
 
 
 class RemoteLike(Protocol):
@@ -114,18 +120,48 @@ def default_watcher_factory(config: Config, hosts: Callable[[], Collection[str]]
     )
 
 
+class _Inbox:
+    """The one queue of events: every input and every action's result goes through it."""
+
+    def __init__(self) -> None:
+        self._items: deque[fleet.Event] = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, event: fleet.Event) -> None:
+        """Queue one event."""
+        self._items.append(event)
+        self._ready.set()
+
+    def put_all(self, events: Iterable[fleet.Event]) -> None:
+        """Queue events to be taken in this order, in one batch where possible."""
+        self._items.extend(events)
+        self._ready.set()
+
+    async def take(self) -> list[fleet.Event]:
+        """Everything queued so far (waits for at least one event)."""
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        batch = list(self._items)
+        self._items.clear()
+        return batch
+
+
 @dataclass
-class _Member:
-    """One host of the fleet as the shell holds it: config, core state, remote, tasks."""
+class _Link:
+    """One member's outside world: its config, connection, and the tasks acting for it."""
 
     cfg: HostConfig
-    host: health.Host
     remote: RemoteLike
     maintain: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
-    connect_attempted: bool = False
-    retiring: bool = False
     ops: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def cancel_tasks(self) -> None:
+        """Stop everything that acts for this host."""
+        if self.maintain is not None:
+            self.maintain.cancel()
+        for task in self.ops:
+            task.cancel()
 
 
 class Daemon:
@@ -142,21 +178,22 @@ class Daemon:
         self._config = config
         self._notifier: NotifierProtocol = notifier or Notifier()
         self._remote_factory = remote_factory
-        self._members: dict[str, _Member] = {}
-        # The watcher asks for the names on every batch; the same object until the fleet
-        # changes tells it that nothing was added or removed without comparing N names.
-        self._names: frozenset[str] = frozenset()
-        self._waiting: dict[str, HostConfig] = {}  # hosts waiting for their shard to be free
-        self._watcher = watcher_factory(config, self._member_names)
+        self._fleet = fleet.Fleet(config_mod.members(config), config.health, config.fleet)
+        self._links: dict[str, _Link] = {}
+        # Every host of every config loaded: a host joins (Connect) with the settings of
+        # the config the core admitted it under, even while a newer one is being applied.
+        self._host_configs: dict[str, HostConfig] = {h.name: h for h in config.hosts}
+        self._watcher = watcher_factory(config, self._watched_names)
         self._handshakes = asyncio.Semaphore(config.ssh.max_concurrent_handshakes)
+        self._inbox = _Inbox()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tokens = itertools.count(1)
+        self._replies: dict[int, asyncio.Future[fleet.Reply]] = {}
         self._events = EventHub()
-        self._stop = asyncio.Event()
+        self._stop_requested = False
         self._reload_wanted = asyncio.Event()
         self._reload_lock = asyncio.Lock()
-        self._settled = asyncio.Event()
-        self._unsettled: set[str] = set()  # hosts whose start-up is not done yet
         self._publish_pending = False
-        self._change = asyncio.Event()
         self._history_dirty = asyncio.Event()  # set when restart history needs saving
         self._summary = ""
         self._started_wall = time.time()
@@ -165,15 +202,12 @@ class Daemon:
         self._reloads = 0
         self._last_reload_error: list[str] = []
         self._tg: asyncio.TaskGroup | None = None
-        self._run_lock: int | None = None
-        self._freeze = fleet.Freeze()
-        self._budget = fleet.Budget()
-        self._fleet_timer: asyncio.TimerHandle | None = None
-        self._freeze_finding: str | None = None  # what the run filesystem said at the freeze
-        self._diagnosis: asyncio.Task[None] | None = None
-        self._state_changes = 0  # host state transitions so far (tells batches that matter)
         self._tearing_down = False
+        self._run_lock: int | None = None
+        self._diagnosis: asyncio.Task[None] | None = None
+        self._collector: asyncio.Task[None] | None = None
         self._metrics: Metrics | None = None
+        self._pointer_written_wall: float | None = None
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -190,9 +224,11 @@ class Daemon:
             hosts=len(self._config.hosts),
             pid=os.getpid(),
         )
+        for event, fields in config_mod.privilege_warnings(self._config, os.geteuid()):
+            log.warning(event, **fields)
         try:
             await asyncio.to_thread(self._prepare_run_directory)
-        except (OSError, ControlError) as exc:
+        except (OSError, RunLocked) as exc:
             log.error("daemon.cannot_start", reason=str(exc))
             return 1
         control = ControlServer(self._config.control.socket, self)
@@ -217,39 +253,30 @@ class Daemon:
         return 0
 
     async def _serve(self) -> None:
-        history = await asyncio.to_thread(self._load_history)
-        initial = await asyncio.to_thread(self._watcher.scan_all)
-        sentinels = {o.host for o in initial if isinstance(o, SentinelObserved) and o.present}
-        for cfg in self._config.hosts:
-            self._add_member(cfg, history.get(cfg.name), cfg.name in sentinels)
+        histories = await asyncio.to_thread(self._load_history)
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            self._on_observations(initial)  # baselines: every file read once before SSH
-            for member in self._members.values():
-                self._start_member(member)
+            self._inbox.put(fleet.Booted(histories=histories))
             background = [
                 tg.create_task(self._watcher.run(self._on_observations), name="watcher"),
                 tg.create_task(self._watchdog_loop(), name="watchdog"),
                 tg.create_task(self._persist_loop(), name="persist"),
                 tg.create_task(self._reload_loop(), name="reload"),
             ]
-            await self._wait_for_startup()
-            self._ready = True
-            self._notifier.ready()
-            self._publish_status()
-            log.info("daemon.ready", summary=self._summary, watch_mode=self._watcher.mode)
-            background.append(tg.create_task(self._collect_loop(), name="gc"))
-            await self._stop.wait()
-            await self._shut_down()
-            self._tearing_down = True  # from here on nothing new may start in the group
-            for task in background:
-                task.cancel()
-            if self._fleet_timer is not None:
-                self._fleet_timer.cancel()
-            if self._diagnosis is not None:
-                self._diagnosis.cancel()
-            for member in self._members.values():
-                self._stop_member_tasks(member)
+            try:
+                await self._interpret()
+            finally:
+                self._tearing_down = True  # from here on nothing new may start in the group
+                for task in (*background, self._diagnosis, self._collector):
+                    if task is not None:
+                        task.cancel()
+                if self._timer is not None:
+                    self._timer.cancel()
+                for link in self._links.values():
+                    link.cancel_tasks()
+                for future in self._replies.values():
+                    if not future.done():
+                        future.set_exception(ControlError("the daemon is stopping"))
         self._tg = None
         await self._close_remotes()
         snapshot = self._history_snapshot(time.time() - asyncio.get_running_loop().time())
@@ -257,6 +284,15 @@ class Daemon:
             await asyncio.to_thread(self._write_history, snapshot)
         except OSError as exc:
             log.error("history.not_saved", reason=str(exc))
+
+    async def _interpret(self) -> None:
+        """Feed what is queued to the core, a batch at a time, and perform what it says."""
+        loop = asyncio.get_running_loop()
+        while not self._fleet.finished:
+            batch = await self._inbox.take()
+            for action in self._fleet.step(batch, loop.time()):
+                self._perform(action)
+            self._arm_timer()
 
     def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
         listen = self._config.metrics.listen
@@ -282,60 +318,6 @@ class Daemon:
             os.close(self._run_lock)
             self._run_lock = None
 
-    async def _wait_for_startup(self) -> None:
-        timeout = self._config.ssh.connect_timeout_s + STARTUP_SLACK_S
-        self._check_settled()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await asyncio.wait(
-                    [
-                        asyncio.ensure_future(self._settled.wait()),
-                        asyncio.ensure_future(self._stop.wait()),
-                    ],
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-        if not self._settled.is_set():
-            slow = [m.cfg.name for m in self._members.values() if not _settled(m)]
-            log.warning("daemon.ready_without", hosts=slow, waited_s=timeout)
-
-    async def _shut_down(self) -> None:
-        self._notifier.stopping()
-        on_exit = self._config.run.on_exit
-        log.info("daemon.stopping", on_exit=on_exit)
-        if on_exit == "detach":
-            return  # workers keep running; the next daemon adopts them
-        for name in list(self._members):
-            self._feed(name, health.StopRequested(reason="daemon shutdown", cause="shutdown"))
-        deadline = self._config.health.stop_grace_s + SHUTDOWN_SLACK_S
-        try:
-            async with asyncio.timeout(deadline):
-                while not all(_stop_done(m) for m in self._members.values()):
-                    await self._changed()
-        except TimeoutError:
-            left = [m.cfg.name for m in self._members.values() if not _stop_done(m)]
-            log.error("daemon.stop_incomplete", hosts=left, waited_s=deadline)
-            return
-        # A host we cannot reach cannot be stopped: say so, or on_exit = "stop" would read as
-        # a promise kept for workers that may well run on.
-        unreachable = [
-            m.cfg.name
-            for m in self._members.values()
-            if m.host.state is not health.HostState.STOPPED
-        ]
-        if unreachable:
-            log.error(
-                "daemon.stop_incomplete",
-                hosts=unreachable,
-                reason=(
-                    "unreachable over SSH: their workers may still run; the next daemon adopts them"
-                ),
-            )
-
-    async def _changed(self) -> None:
-        """Wait until some host changes (an op finishes, SSH moves)."""
-        self._change.clear()
-        await self._change.wait()
-
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
         loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
@@ -347,30 +329,189 @@ class Daemon:
 
     def request_stop(self, why: str = "request") -> None:
         """Begin a graceful stop (SIGTERM, SIGINT, ``stop`` command)."""
-        if not self._stop.is_set():
+        if not self._stop_requested:
+            self._stop_requested = True
             log.info("daemon.stop_requested", by=why)
-            self._stop.set()
+            detach = self._config.run.on_exit == "detach"
+            self._inbox.put(fleet.ShutdownRequested(detach=detach))
 
     def request_reload(self) -> None:
         """Re-read the config soon (SIGHUP); repeated requests converge to the last file."""
         self._reload_wanted.set()
 
     # ------------------------------------------------------------------------------------
-    # Members
+    # Inputs: everything becomes an event in the inbox.
+
+    def _watched_names(self) -> Collection[str]:
+        return self._fleet.names
+
+    def _on_observations(self, observations: list[Observation]) -> None:
+        self._inbox.put_all(_events_of(observations))
+
+    def _on_connection(self, name: str, up: bool, reason: str) -> None:
+        log.info("ssh.up" if up else "ssh.down", host=name, reason=reason)
+        event = health.SshRestored() if up else health.SshLost(reason=reason)
+        self._inbox.put(fleet.HostObserved(name, event))
+
+    def _arm_timer(self) -> None:
+        """One timer for the whole fleet, at the core's next deadline."""
+        when = self._fleet.deadline_at
+        if self._timer is not None:
+            # A timer due no later than the deadline is kept: an early wake-up only makes
+            # the core say when to come back.
+            if when is not None and self._timer.when() <= when:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if when is not None:
+            self._timer = asyncio.get_running_loop().call_at(when, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._inbox.put(fleet.DeadlinePassed())
+
+    async def _ask(self, make: Callable[[int], fleet.Event]) -> fleet.Reply:
+        """Queue an operator command and wait for the core's answer to it."""
+        if self._fleet.finished or self._tg is None:
+            raise ControlError("the daemon is not serving commands (starting or stopping)")
+        token = next(self._tokens)
+        future: asyncio.Future[fleet.Reply] = asyncio.get_running_loop().create_future()
+        self._replies[token] = future
+        try:
+            self._inbox.put(make(token))
+            reply = await future
+        finally:
+            self._replies.pop(token, None)
+        if reply.refusal is not None:
+            raise ControlError(reply.message)
+        return reply
+
+    # ------------------------------------------------------------------------------------
+    # Actions out: each adapter does I/O and queues the result; none decides.
+
+    def _perform(self, action: fleet.Action) -> None:
+        match action:
+            case fleet.HostStateChanged():
+                self._log_state_change(action)
+            case fleet.HistoryChanged():
+                self._history_dirty.set()
+            case fleet.WritePointer():
+                self._spawn(self._write_pointer(action.path), "pointer")
+            case fleet.PointerNotWritten():
+                log.error(
+                    "pointer.not_written",
+                    path=action.path,
+                    reason=action.reason,
+                    attempt=action.attempt,
+                    retry_in_s=round(action.retry_at - asyncio.get_running_loop().time(), 3),
+                )
+            case fleet.Probe():
+                self._spawn_op(action.host, self._probe(action), "probe")
+            case fleet.LaunchAsked():
+                self._launch_asked(action)
+            case fleet.Launch():
+                log.info("host.launch_begin", host=action.host)
+                self._spawn_op(action.host, self._launch(action.host), "launch")
+            case fleet.Terminate():
+                log.info("host.terminate", host=action.host, pid=action.pid, grace_s=action.grace_s)
+                self._spawn_op(action.host, self._terminate(action), "terminate")
+            case fleet.LaunchesWaiting():
+                log.info("fleet.launches_queued", waiting=action.waiting)
+            case fleet.ScanFiles():
+                self._spawn(self._scan(action.hosts), "scan")
+            case fleet.Connect():
+                self._connect(action)
+            case fleet.Disconnect():
+                self._disconnect(action.host)
+            case fleet.Reconnect():
+                self._reconnect(action.host)
+            case fleet.WriteStopSentinel():
+                self._spawn(self._write_sentinel(action), f"stop-host:{action.host}")
+            case fleet.DeleteStopSentinel():
+                self._spawn(self._delete_sentinel(action), f"start-host:{action.host}")
+            case fleet.Reply():
+                future = self._replies.get(action.token)
+                if future is not None and not future.done():
+                    future.set_result(action)
+            case fleet.FreezeChanged():
+                self._freeze_changed(action)
+            case fleet.DiagnoseFilesystem():
+                if self._diagnosis is not None:
+                    self._diagnosis.cancel()
+                self._diagnosis = self._spawn(self._diagnose(), "freeze-diagnosis")
+            case fleet.FreezeExplained():
+                log.error(
+                    "fleet.freeze_finding", finding=action.finding, free_bytes=action.free_bytes
+                )
+                self._publish_event("fleet.freeze_finding", reason=action.finding)
+                self._publish_status(force=True)
+            case fleet.CrashSignatureFound():
+                log.error(
+                    "fleet.crash_signature",
+                    signature=action.signature,
+                    hosts=list(action.hosts),
+                    canary=action.canary,
+                    log_tail=action.log_tail,
+                )
+                self._publish_event("fleet.crash_signature", reason=action.signature)
+                self._publish_status(force=True)
+            case fleet.CrashSignatureCleared():
+                log.warning(
+                    "fleet.crash_signature_cleared",
+                    signature=action.signature,
+                    reason=action.reason,
+                    released=list(action.released),
+                )
+                self._publish_event("fleet.crash_signature_cleared", reason=action.reason)
+                self._publish_status(force=True)
+            case fleet.Settled():
+                self._settled(action)
+            case fleet.ShutdownBegan():
+                self._notifier.stopping()
+                log.info("daemon.stopping", on_exit=self._config.run.on_exit)
+            case fleet.ShutdownDone():
+                self._shutdown_done(action)
+            case _:
+                assert_never(action)
 
     def _group(self) -> asyncio.TaskGroup:
         if self._tg is None or self._tearing_down:
             raise RuntimeError("hosts act only while the daemon's task group runs")
         return self._tg
 
-    def _member_names(self) -> Collection[str]:
-        return self._names
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return self._group().create_task(coro, name=name)
 
-    def _add_member(
-        self, cfg: HostConfig, history: health.History | None, sentinel: bool
-    ) -> _Member:
-        now = asyncio.get_running_loop().time()
-        name = cfg.name
+    def _spawn_op(self, name: str, coro: Coroutine[Any, Any, None], what: str) -> None:
+        link = self._links[name]
+        task = self._spawn(coro, f"{what}:{name}")
+        link.ops.add(task)
+        task.add_done_callback(link.ops.discard)
+
+    def _log_state_change(self, change: fleet.HostStateChanged) -> None:
+        fields = {
+            "host": change.host,
+            "from": change.from_.value,
+            "to": change.to.value,
+            "reason": change.reason,
+            "pid": change.pid,
+        }
+        if change.cause is not None:
+            fields["cause"] = change.cause.value
+        level = "warning" if change.to in health.UNHEALTHY_STATES else "info"
+        getattr(log, level)("host.state", **fields)
+        self._events.publish({"event": "host.state", "timestamp": _utc_now(), **fields})
+        self._publish_status_soon()
+
+    def _launch_asked(self, action: fleet.LaunchAsked) -> None:
+        log.info("host.launch", host=action.host, reason=action.reason, restart=action.is_restart)
+        if action.is_restart and self._metrics is not None:
+            reason = action.cause.value if action.cause is not None else "other"
+            self._metrics.restarts.labels(host=action.host, reason=reason).inc()
+
+    def _connect(self, action: fleet.Connect) -> None:
+        name = action.host
+        cfg = self._host_configs[name]
         remote = self._remote_factory(
             cfg,
             self._config.ssh,
@@ -378,297 +519,64 @@ class Daemon:
             self._handshakes,
             lambda up, reason: self._on_connection(name, up, reason),
         )
-        host = health.new_host(name, now, stop_sentinel=sentinel, history=history)
-        if self._freeze.frozen:
-            host, _ = health.step(
-                host, health.FleetFrozen(reason=self._freeze.reason), now, self._config.health
-            )
-        member = _Member(cfg=cfg, host=host, remote=remote)
-        self._members[name] = member
-        self._names = frozenset(self._members)
-        if not self._ready and not _settled(member):
-            self._unsettled.add(name)
-        return member
+        link = _Link(cfg=cfg, remote=remote)
+        self._links[name] = link
+        link.maintain = self._spawn(self._maintain(name, remote), f"ssh:{name}")
+        if action.added:
+            log.info("host.added", host=name, shard=action.shard)
 
-    def _start_member(self, member: _Member) -> None:
-        member.maintain = self._group().create_task(
-            member.remote.maintain(), name=f"ssh:{member.cfg.name}"
-        )
+    async def _maintain(self, name: str, remote: RemoteLike) -> None:
+        """The host's connection for as long as it is a member; its faults stay its own."""
+        while True:
+            try:
+                await remote.maintain()
+            except Exception:  # task root: a fault of one host's link must not end the daemon
+                log.exception("ssh.maintain_failed", host=name, retry_in_s=MAINTAIN_RETRY_S)
+                await asyncio.sleep(MAINTAIN_RETRY_S)
+            else:
+                return
 
-    def _stop_member_tasks(self, member: _Member) -> None:
-        if member.maintain is not None:
-            member.maintain.cancel()
-        for task in member.ops:
-            task.cancel()
-        if member.timer is not None:
-            member.timer.cancel()
-            member.timer = None
+    def _disconnect(self, name: str) -> None:
+        link = self._links.pop(name)
+        link.cancel_tasks()
+        self._spawn(_aclose_quietly(link.remote, name), f"close:{name}")
+        log.info("host.removed", host=name)
+
+    def _reconnect(self, name: str) -> None:
+        link = self._links[name]
+        cfg = self._config.host(name)
+        link.cfg = cfg or link.cfg
+        link.remote.update(link.cfg, self._config.ssh, self._config.worker.python)
 
     async def _close_remotes(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            for member in self._members.values():
-                tg.create_task(_aclose_quietly(member.remote, member.cfg.name))
+            for name, link in self._links.items():
+                tg.create_task(_aclose_quietly(link.remote, name))
 
-    # ------------------------------------------------------------------------------------
-    # Events in
-
-    def _feed(self, name: str, event: health.Event) -> None:
-        member = self._members.get(name)
-        if member is None:
-            return
-        loop = asyncio.get_running_loop()
-        before = member.host
-        host, actions = health.step(before, event, loop.time(), self._config.health)
-        member.host = host
-        for action in actions:
-            self._perform(member, action)
-        self._arm_timer(member, host.deadline_at)
-        if health.history_changed(before, host):
-            self._history_dirty.set()
-        if host.state is not before.state:
-            self._state_changes += 1
-        if host.state is not before.state or host.ssh_up != before.ssh_up or host.op != before.op:
-            self._after_change(member)
-
-    def _after_change(self, member: _Member) -> None:
-        if member.host.state is not health.HostState.STARTING:
-            self._cancel_queued_launch(member)
-        self._publish_status_soon()
-        self._change.set()
-        if member.retiring and member.host.state is health.HostState.STOPPED:
-            self._drop_member(member)
-        if not self._ready:
-            self._check_settled(member)
-
-    def _check_settled(self, member: _Member | None = None) -> None:
-        """Start-up is over once no host is unsettled; ``member`` is the host that changed."""
-        # Tracked host by host as each changes: re-checking all N hosts on every change made
-        # start-up quadratic (seconds of CPU at 1000 hosts, docs/BENCHMARKS.md).
-        if member is not None and self._members.get(member.cfg.name) is member:
-            if _settled(member):
-                self._unsettled.discard(member.cfg.name)
+    async def _scan(self, hosts: tuple[str, ...]) -> None:
+        """Read joining hosts' files; the core hears the sentinels first, then the rest."""
+        while True:
+            try:
+                observations = await self._watcher.scan(hosts)
+            except Exception:  # task root: a host must not join before its sentinel is known
+                log.exception("watch.scan_failed", hosts=len(hosts), retry_in_s=SCAN_RETRY_S)
+                await asyncio.sleep(SCAN_RETRY_S)
             else:
-                self._unsettled.add(member.cfg.name)
-        if not self._unsettled:
-            self._settled.set()
-
-    def _on_observations(self, observations: list[Observation]) -> None:
-        changes = self._state_changes
-        for obs in observations:
-            event = _event_of(obs)
-            if event is not None:
-                self._feed(obs.host, event)
-        # The fleet is assessed on its own timer as silences grow. A batch matters to it only
-        # if the fleet is frozen (heartbeats thaw it) or a host changed state (the count of
-        # hosts that should run sets the threshold): heartbeats alone only shorten silences,
-        # so they cannot freeze it. Assessing all N hosts after every batch of heartbeats
-        # cost ~5% of a core at 1000 hosts (docs/BENCHMARKS.md).
-        if self._freeze.frozen or self._state_changes != changes:
-            self._assess_fleet()
-
-    # ------------------------------------------------------------------------------------
-    # Fleet: common-mode freeze and launch budget (decided in fleet.py)
-
-    def _fleet_policy(self) -> fleet.FleetPolicy:
-        f = self._config.fleet
-        return fleet.FleetPolicy(
-            freeze_fraction=f.freeze_fraction,
-            freeze_window_s=f.freeze_window_s,
-            heartbeat_stale_s=self._config.health.heartbeat_stale_s,
-            max_concurrent_launches=f.max_concurrent_launches,
-            max_launches_per_minute=f.max_launches_per_minute,
+                break
+        sentinels = frozenset(
+            o.host for o in observations if isinstance(o, SentinelObserved) and o.present
         )
+        scanned = fleet.FilesScanned(hosts=frozenset(hosts), sentinels=sentinels)
+        self._inbox.put_all([scanned, *_events_of(observations)])
 
-    def _assess_fleet(self) -> None:
-        now = asyncio.get_running_loop().time()
-        hosts = [m.host for m in self._members.values()]
-        self._freeze, change = fleet.assess(self._freeze, hosts, now, self._fleet_policy())
-        if change is not None:
-            self._apply_freeze(change)
-        self._arm_fleet_timer()
-
-    def _apply_freeze(self, change: fleet.FreezeChanged) -> None:
-        self._freeze_finding = None
-        if change.frozen:
-            log.error("fleet.frozen", reason=change.reason, hosts=sorted(self._freeze.hosts))
-            if self._tg is not None and not self._tearing_down:
-                if self._diagnosis is not None:
-                    self._diagnosis.cancel()
-                self._diagnosis = self._tg.create_task(
-                    self._diagnose_freeze(), name="freeze-diagnosis"
-                )
-        else:
-            log.warning("fleet.thawed", reason=change.reason)
-        self._events.publish(
-            {
-                "event": "fleet.frozen" if change.frozen else "fleet.thawed",
-                "timestamp": _utc_now(),
-                "reason": change.reason,
-            }
-        )
-        event: health.Event = (
-            health.FleetFrozen(reason=change.reason) if change.frozen else health.FleetThawed()
-        )
-        for name in list(self._members):
-            self._feed(name, event)
-        self._summary = ""  # force a fresh STATUS= line
-        self._publish_status()
-
-    async def _diagnose_freeze(self) -> None:
-        """Tell the operator whether the run root itself is hung or full, the two causes this
-        node can check, instead of only "suspect the shared filesystem"."""
-        check = await check_filesystem(self._config.run.root, FS_CHECK_TIMEOUT_S)
-        if not self._freeze.frozen:
-            return  # thawed meanwhile: old news
-        self._freeze_finding = check.finding
-        log.error("fleet.freeze_finding", finding=check.finding, free_bytes=check.free_bytes)
-        self._events.publish(
-            {"event": "fleet.freeze_finding", "timestamp": _utc_now(), "reason": check.finding}
-        )
-        self._summary = ""
-        self._publish_status()
-
-    def _arm_fleet_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        hosts = [m.host for m in self._members.values()]
-        policy = self._fleet_policy()
-        now = loop.time()
-        times = [
-            t
-            for t in (
-                fleet.next_assessment_at(self._freeze, hosts, now, policy),
-                fleet.next_grant_at(self._budget, policy),
-            )
-            if t is not None
-        ]
-        when = min(times) if times else None
-        if self._fleet_timer is not None:
-            if when is not None and self._fleet_timer.when() == when:
-                return
-            self._fleet_timer.cancel()
-            self._fleet_timer = None
-        if when is not None:
-            self._fleet_timer = loop.call_at(when, self._fleet_timer_fired)
-
-    def _fleet_timer_fired(self) -> None:
-        self._fleet_timer = None
-        if self._tg is None or self._tearing_down:
-            return
-        self._grant_launches()
-        self._assess_fleet()
-
-    def _on_connection(self, name: str, up: bool, reason: str) -> None:
-        member = self._members.get(name)
-        if member is not None:
-            member.connect_attempted = True
-        log.info("ssh.up" if up else "ssh.down", host=name, reason=reason)
-        self._feed(name, health.SshRestored() if up else health.SshLost(reason=reason))
-        if member is not None and not self._ready:
-            self._check_settled(member)
-
-    def _arm_timer(self, member: _Member, deadline_at: float | None) -> None:
-        if member.timer is not None:
-            # A timer due no later than the deadline is kept: every heartbeat moves a ready
-            # host's deadline, and an early wake-up only makes the core say when to come back.
-            if deadline_at is not None and member.timer.when() <= deadline_at:
-                return
-            member.timer.cancel()
-            member.timer = None
-        if deadline_at is not None:
-            loop = asyncio.get_running_loop()
-            name = member.cfg.name
-            member.timer = loop.call_at(deadline_at, self._deadline_fired, name)
-
-    def _deadline_fired(self, name: str) -> None:
-        member = self._members.get(name)
-        if member is not None:
-            member.timer = None
-            self._feed(name, health.DeadlinePassed())
-
-    # ------------------------------------------------------------------------------------
-    # Actions out
-
-    def _perform(self, member: _Member, action: health.Action) -> None:
-        name = member.cfg.name
-        match action:
-            case health.StateChanged():
-                self._log_state_change(member, action)
-            case health.Launch():
-                log.info("host.launch", host=name, reason=action.reason, restart=action.is_restart)
-                if action.is_restart and self._metrics is not None:
-                    reason = restart_reason(action.reason)
-                    self._metrics.restarts.labels(host=name, reason=reason).inc()
-                now = asyncio.get_running_loop().time()
-                self._budget = fleet.want_launch(self._budget, name, now)
-                self._grant_launches()
-            case health.Terminate():
-                log.info("host.terminate", host=name, pid=action.pid, grace_s=action.grace_s)
-                self._spawn(member, self._terminate(member, action), "terminate")
-            case health.Probe():
-                self._spawn(member, self._probe(member, action), "probe")
-
-    def _spawn(self, member: _Member, coro: Any, what: str) -> None:
-        task = self._group().create_task(coro, name=f"{what}:{member.cfg.name}")
-        member.ops.add(task)
-        task.add_done_callback(member.ops.discard)
-
-    def _log_state_change(self, member: _Member, change: health.StateChanged) -> None:
-        host = member.host
-        fields = {
-            "host": member.cfg.name,
-            "from": change.from_.value,
-            "to": change.to.value,
-            "reason": change.reason,
-            "pid": host.pid if host.pid is not None else host.last_pid,
-        }
-        level = "warning" if change.to in health.UNHEALTHY_STATES else "info"
-        getattr(log, level)("host.state", **fields)
-        self._events.publish({"event": "host.state", "timestamp": _utc_now(), **fields})
-
-    def _grant_launches(self) -> None:
-        """Start the queued launches the fleet budget allows now (longest waiting first)."""
-        now = asyncio.get_running_loop().time()
-        self._budget, granted = fleet.grant(self._budget, now, self._fleet_policy())
-        for name in granted:
-            member = self._members.get(name)
-            if member is None:
-                self._budget = fleet.launch_done(self._budget, name)
-                continue
-            log.info("host.launch_begin", host=name)
-            self._feed(name, health.LaunchBegan())
-            self._spawn(member, self._launch(member), "launch")
-        if self._budget.waiting:
-            log.info("fleet.launches_queued", waiting=len(self._budget.waiting))
-        self._arm_fleet_timer()
-
-    def _cancel_queued_launch(self, member: _Member) -> None:
-        """A host that left ``starting`` while its launch waited in the queue gives it up."""
-        name = member.cfg.name
-        if not any(n == name for n, _ in self._budget.waiting):
-            return
-        self._budget = fleet.launch_done(self._budget, name)
-        self._feed(name, health.LaunchFailed(reason="cancelled before it began"))
-
-    async def _launch(self, member: _Member) -> None:
-        try:
-            event = await self._launch_now(member)
-        finally:
-            self._budget = fleet.launch_done(self._budget, member.cfg.name)
-            if self._tg is not None and not self._tearing_down:
-                self._grant_launches()
-        # Only now, with the slot given back: a relaunch the core asks for at once (the first
-        # failure after a healthy spell) would otherwise find this launch still in flight,
-        # count as a duplicate request, and be dropped, leaving the host waiting forever.
-        self._feed(member.cfg.name, event)
-
-    async def _launch_now(self, member: _Member) -> health.Event:
-        """Run one launch; the event that answers it (fed by the caller)."""
-        name, spec = member.cfg.name, self._spec(member)
+    async def _launch(self, name: str) -> None:
+        link = self._links[name]
+        spec = self._spec(link)
         started = time.monotonic()
         event: health.Event
         try:
-            result = await member.remote.launch(spec)
-        except LaunchRefused as exc:
+            result = await link.remote.launch(spec)
+        except ShardHeld as exc:
             log.warning(
                 "host.launch_refused", host=name, holder_pid=exc.holder_pid, reason=exc.reason
             )
@@ -688,15 +596,16 @@ class Daemon:
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.launched", host=name, pid=result.pid, elapsed_ms=elapsed_ms)
             event = health.Launched(pid=result.pid)
-        return event
+        self._inbox.put(fleet.HostObserved(name, event))
 
-    async def _terminate(self, member: _Member, action: health.Terminate) -> None:
-        name, spec = member.cfg.name, self._spec(member)
+    async def _terminate(self, action: fleet.Terminate) -> None:
+        name = action.host
+        link = self._links[name]
         started = time.monotonic()
         event: health.Event
         try:
-            await member.remote.terminate(
-                spec, action.pid, grace_s=action.grace_s, kill=action.kill
+            await link.remote.terminate(
+                self._spec(link), action.pid, grace_s=action.grace_s, kill=action.kill
             )
         except RemoteError as exc:
             log.error("host.terminate_failed", host=name, pid=action.pid, reason=exc.reason)
@@ -711,13 +620,14 @@ class Daemon:
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.terminated", host=name, pid=action.pid, elapsed_ms=elapsed_ms)
             event = health.TerminateConfirmed(pid=action.pid)
-        self._feed(name, event)
+        self._inbox.put(fleet.HostObserved(name, event))
 
-    async def _probe(self, member: _Member, action: health.Probe) -> None:
-        name, spec = member.cfg.name, self._spec(member)
+    async def _probe(self, action: fleet.Probe) -> None:
+        name = action.host
+        link = self._links[name]
         event: health.Event
         try:
-            pid = await member.remote.probe(spec, action.pid)
+            pid = await link.remote.probe(self._spec(link), action.pid)
         except RemoteError as exc:
             log.warning("host.probe_failed", host=name, reason=exc.reason)
             event = health.ProbeFailed(reason=exc.reason)
@@ -727,125 +637,91 @@ class Daemon:
         else:
             log.info("host.probe", host=name, found_pid=pid)
             event = health.ProbeResult(pid=pid)
-        self._feed(name, event)
+        self._inbox.put(fleet.HostObserved(name, event))
 
-    def _spec(self, member: _Member) -> LaunchSpec:
-        return layout.launch_spec(self._config, member.cfg)
+    def _spec(self, link: _Link) -> LaunchSpec:
+        return layout.launch_spec(self._config, link.cfg)
 
-    # ------------------------------------------------------------------------------------
-    # Reload
-
-    async def _reload_loop(self) -> None:
-        while True:
-            await self._reload_wanted.wait()
-            self._reload_wanted.clear()
-            await self.reload()
-
-    async def reload(self) -> dict[str, Any]:
-        """Re-read and validate the config; apply it, or keep the old one and say why.
-
-        Request ``{"cmd": "reload"}``; response ``{"reloaded": bool, "errors": [...],
-        "added": [...], "removed": [...], "restarted": [...]}``.
-        """
-        async with self._reload_lock:
-            self._notifier.reloading()
-            try:
-                new = await asyncio.to_thread(config_mod.load, self._config.source)
-            except ConfigError as exc:
-                errors = [str(p) for p in exc.problems]
-                self._last_reload_error = errors
-                log.error("config.reload_failed", errors=errors, kept=str(self._config.source))
-                if self._metrics is not None:
-                    self._metrics.reloads.labels(result="error").inc()
-                self._notifier.ready()
-                return {"reloaded": False, "errors": errors}
-            result = await self._apply(new)
-            self._reloads += 1
-            if self._metrics is not None:
-                self._metrics.reloads.labels(result="ok").inc()
-            self._last_reload_error = []
-            self._notifier.ready()
-            log.info("config.reloaded", **result)
-            return {"reloaded": True, "errors": [], **result}
-
-    async def _apply(self, new: Config) -> dict[str, list[str]]:
-        old = self._config
-        plan = config_mod.plan_reload(old, new)
-        self._config = new
+    async def _write_sentinel(self, action: fleet.WriteStopSentinel) -> None:
+        path = layout.layout_of(self._config).stop_sentinel(action.host)
+        error: str | None = None
         try:
-            await asyncio.to_thread(layout.write_run_files, new)
+            await asyncio.to_thread(_touch, path)
         except OSError as exc:
-            log.error("run.files_not_written", reason=str(exc))
-        for name in plan.removed:
-            # A host still waiting for its shard or name never started: forget it, or it
-            # would start later although no config has it any more.
-            self._waiting.pop(name, None)
-            self._retire(name, "removed from config by reload")
-        for name in plan.updated:
-            cfg = new.host(name)
-            if name in self._waiting and cfg is not None:
-                # Not started yet; a member of that name is its retiring predecessor, which
-                # must not be touched. It will start with these settings.
-                self._waiting[name] = cfg
-                continue
-            member = self._members[name]
-            member.cfg = cfg or member.cfg
-            member.remote.update(member.cfg, new.ssh, new.worker.python)
-        for name in plan.restarted:
-            if name not in self._waiting:
-                reason = "launch parameters changed by reload"
-                self._feed(name, health.RestartRequested(reason=reason))
-        for name in plan.added:
-            cfg = new.host(name)
-            if cfg is not None:
-                self._waiting[name] = cfg
-        self._admit_waiting()
-        for name in list(self._members):
-            self._feed(name, health.DeadlinePassed())  # new timings: recompute every deadline
-        return {
-            "added": list(plan.added),
-            "removed": list(plan.removed),
-            "restarted": list(plan.restarted),
-            "updated": list(plan.updated),
-        }
+            error = str(exc)
+        self._inbox.put(
+            fleet.StopSentinelWritten(host=action.host, token=action.token, error=error)
+        )
 
-    def _retire(self, name: str, reason: str) -> None:
-        member = self._members.get(name)
-        if member is None:
-            return
-        member.retiring = True
-        self._feed(name, health.StopRequested(reason=reason, cause="removed"))
-        if member.host.state is health.HostState.STOPPED and name in self._members:
-            self._drop_member(member)
+    async def _delete_sentinel(self, action: fleet.DeleteStopSentinel) -> None:
+        path = layout.layout_of(self._config).stop_sentinel(action.host)
+        error: str | None = None
+        try:
+            await asyncio.to_thread(_unlink_missing_ok, path)
+        except OSError as exc:
+            error = str(exc)
+        self._inbox.put(
+            fleet.StopSentinelDeleted(host=action.host, token=action.token, error=error)
+        )
 
-    def _drop_member(self, member: _Member) -> None:
-        name = member.cfg.name
-        if self._members.get(name) is not member:
-            return
-        del self._members[name]
-        self._names = frozenset(self._members)
-        self._unsettled.discard(name)
-        self._stop_member_tasks(member)
-        if self._tg is not None:
-            self._tg.create_task(_aclose_quietly(member.remote, name), name=f"close:{name}")
-        log.info("host.removed", host=name)
-        self._admit_waiting()
+    async def _write_pointer(self, path: str) -> None:
+        error: str | None = None
+        try:
+            await asyncio.to_thread(
+                layout.write_pointer, Path(path), layout.launch_meta(self._config)
+            )
+        except Exception as exc:  # task root: a pointer must never end the daemon
+            error = str(exc) or type(exc).__name__
+            if not isinstance(exc, OSError):
+                log.exception("pointer.write_failed", path=path)
+        else:
+            self._pointer_written_wall = time.time()
+            log.info("pointer.written", path=path)
+        self._inbox.put(fleet.PointerWritten(path=path, error=error))
 
-    def _admit_waiting(self) -> None:
-        """Add hosts whose shard no retiring host still holds (one worker per shard), and whose
-        name no retiring host still holds (a host re-added while its old self is stopping
-        waits for it: replacing the member would orphan its tasks and connection)."""
-        busy = {m.cfg.shard for m in self._members.values()}
-        for name, cfg in list(self._waiting.items()):
-            if cfg.shard in busy or name in self._members:
-                continue
-            del self._waiting[name]
-            sentinel = layout.layout_of(self._config).stop_sentinel(name).exists()
-            member = self._add_member(cfg, None, sentinel)
-            busy.add(cfg.shard)
-            if self._tg is not None:
-                self._start_member(member)
-            log.info("host.added", host=name, shard=cfg.shard)
+    def _freeze_changed(self, change: fleet.FreezeChanged) -> None:
+        if change.frozen:
+            log.error("fleet.frozen", reason=change.reason, hosts=list(change.hosts))
+        else:
+            log.warning("fleet.thawed", reason=change.reason)
+            if self._diagnosis is not None:
+                self._diagnosis.cancel()
+        self._publish_event("fleet.frozen" if change.frozen else "fleet.thawed", change.reason)
+        self._publish_status(force=True)
+
+    async def _diagnose(self) -> None:
+        """Tell the operator whether the run root itself is hung or full, the two causes this
+        node can check, instead of only "suspect the shared filesystem"."""
+        check = await check_filesystem(self._config.run.root, FS_CHECK_TIMEOUT_S)
+        self._inbox.put(
+            fleet.FilesystemDiagnosed(finding=check.finding, free_bytes=check.free_bytes)
+        )
+
+    def _settled(self, action: fleet.Settled) -> None:
+        if action.slow:
+            waited = self._config.fleet.startup_timeout_s
+            log.warning("daemon.ready_without", hosts=list(action.slow), waited_s=waited)
+        self._ready = True
+        self._notifier.ready()
+        self._publish_status()
+        log.info("daemon.ready", summary=self._summary, watch_mode=self._watcher.mode)
+        self._collector = self._spawn(self._collect_loop(), "gc")
+
+    def _shutdown_done(self, done: fleet.ShutdownDone) -> None:
+        if done.incomplete:
+            log.error(
+                "daemon.stop_incomplete",
+                hosts=list(done.incomplete),
+                waited_s=self._config.fleet.shutdown_timeout_s,
+            )
+        elif done.unreachable:
+            log.error(
+                "daemon.stop_incomplete",
+                hosts=list(done.unreachable),
+                reason=(
+                    "unreachable over SSH: their workers may still run; the next daemon adopts them"
+                ),
+            )
 
     # ------------------------------------------------------------------------------------
     # Background loops
@@ -907,8 +783,7 @@ class Daemon:
     def _history_snapshot(self, wall_minus_mono: float) -> dict[str, Any]:
         """Every host's restart history with instants converted to wall-clock time."""
         hosts: dict[str, Any] = {}
-        for name, member in self._members.items():
-            hist = health.history_of(member.host)
+        for name, hist in self._fleet.histories().items():
             nxt = hist.next_restart_at
             hosts[name] = {
                 "failures": hist.failures,
@@ -916,6 +791,7 @@ class Daemon:
                 "restart_times": [t + wall_minus_mono for t in hist.restart_times_at],
                 "next_restart_at": None if nxt is None else nxt + wall_minus_mono,
                 "cause": hist.cause,
+                "cause_code": None if hist.cause_code is None else hist.cause_code.value,
                 "failed": hist.failed,
             }
         return {
@@ -950,16 +826,26 @@ class Daemon:
             self._publish_pending = True
             asyncio.get_running_loop().call_later(STATUS_COALESCE_S, self._publish_status)
 
-    def _publish_status(self) -> None:
+    def _publish_status(self, *, force: bool = False) -> None:
         self._publish_pending = False
-        text = view.summary(m.host.state.value for m in self._members.values())
-        if self._freeze.frozen:
-            finding = f"{self._freeze_finding}; " if self._freeze_finding else ""
-            text = f"FROZEN ({finding}restarts held: {self._freeze.reason}); {text}"
-        if text != self._summary:
+        text = view.summary(h.state.value for h in self._fleet.hosts.values())
+        freeze = self._fleet.freeze
+        if freeze.frozen:
+            finding = f"{self._fleet.finding}; " if self._fleet.finding else ""
+            text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
+        for signature in self._fleet.signatures.values():
+            held = sum(1 for s in self._fleet.held.values() if s == signature.signature)
+            text = (
+                f"CRASH SIGNATURE ({signature.signature}): restarts held on {held} hosts,"
+                f" canary {signature.canary}; {text}"
+            )
+        if text != self._summary or force:
             self._summary = text
             if self._ready:
                 self._notifier.status(text)
+
+    def _publish_event(self, event: str, reason: str) -> None:
+        self._events.publish({"event": event, "timestamp": _utc_now(), "reason": reason})
 
     # ------------------------------------------------------------------------------------
     # Commands (control socket)
@@ -968,12 +854,19 @@ class Daemon:
         """Request ``{"cmd": "status"}``; response ``{"daemon": {...}, "hosts": {...}}``."""
         self._publish_status()  # the summary as of now, not as of the last coalesced update
         now = asyncio.get_running_loop().time()
+        core = self._fleet
+        policy = core.health_policy
         hosts = {
-            name: view.host_row(m.host, m.cfg, now, self._config.health)
-            for name, m in self._members.items()
+            name: view.host_row(host, self._links[name].cfg, now, policy)
+            for name, host in core.hosts.items()
+            if name in self._links
         }
-        for name, cfg in self._waiting.items():
-            hosts[name] = {"state": "waiting", "shard": cfg.shard, "last_reason": "shard busy"}
+        for name in core.joining:
+            # Its files are being read: shown as the host it is about to become.
+            joining = health.new_host(name, now, history=core.history(name))
+            hosts[name] = view.host_row(joining, self._host_configs[name], now, policy)
+        for name, member in core.waiting.items():
+            hosts[name] = {"state": "waiting", "shard": member.shard, "last_reason": "shard busy"}
         return {
             "daemon": {
                 "running": True,
@@ -984,48 +877,49 @@ class Daemon:
                 "uptime_s": round(now - self._started_at, 3),
                 "started_at": self._started_wall,
                 "ready": self._ready,
-                "stopping": self._stop.is_set(),
+                "stopping": self._stop_requested,
                 "summary": self._summary,
                 "watch_mode": self._watcher.mode,
                 "on_exit": self._config.run.on_exit,
                 "stop_grace_s": self._config.health.stop_grace_s,
                 "reloads": self._reloads,
                 "last_reload_errors": self._last_reload_error,
-                "frozen": self._freeze.frozen,
-                "frozen_reason": self._freeze.reason or None,
-                "freeze_finding": self._freeze_finding,
-                "launches_waiting": len(self._budget.waiting),
-                "launches_in_flight": len(self._budget.in_flight),
+                "frozen": core.freeze.frozen,
+                "frozen_reason": core.freeze.reason or None,
+                "freeze_finding": core.finding,
+                "crash_signatures": [
+                    {
+                        "signature": sig.signature,
+                        "since_s": round(now - sig.since_at, 3),
+                        "hosts": sorted(sig.hosts),
+                        "canary": sig.canary,
+                        "held": sorted(n for n, s in core.held.items() if s == sig.signature),
+                    }
+                    for sig in core.signatures.values()
+                ],
+                "launches_waiting": len(core.budget.waiting),
+                "launches_in_flight": len(core.budget.in_flight),
                 "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
+                "pointer": view.pointer_row(
+                    self._config.run.pointer_file, core.pointer, self._pointer_written_wall, now
+                ),
             },
             "hosts": hosts,
         }
 
     async def restart_host(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "restart-host", "host": H}``; response the host's new row."""
-        member = self._member(host)
-        if member.host.stop_sentinel:
-            raise ControlError(
-                f"host {host!r} is held stopped by its stop sentinel; use start-host"
-            )
-        self._feed(host, health.RestartRequested(reason="operator restart"))
+        await self._ask(lambda token: fleet.RestartHostRequested(host=host, token=token))
         return self._row(host)
 
     async def stop_host(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "stop-host", "host": H}``: writes ``ctl/H.stop``, so it stays so."""
-        self._member(host)
-        path = layout.layout_of(self._config).stop_sentinel(host)
-        await asyncio.to_thread(_touch, path)
-        self._feed(host, health.StopSentinelAppeared())
+        await self._ask(lambda token: fleet.StopHostRequested(host=host, token=token))
         return self._row(host)
 
     async def start_host(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "start-host", "host": H}``: removes the sentinel, clears ``failed``."""
-        self._member(host)
-        path = layout.layout_of(self._config).stop_sentinel(host)
-        await asyncio.to_thread(_unlink_missing_ok, path)
-        self._feed(host, health.StopSentinelRemoved())
-        self._feed(host, health.StartRequested(reason="operator start"))
+        await self._ask(lambda token: fleet.StartHostRequested(host=host, token=token))
         return self._row(host)
 
     async def stop(self) -> dict[str, Any]:
@@ -1035,31 +929,84 @@ class Daemon:
 
     async def unfreeze(self) -> dict[str, Any]:
         """Request ``{"cmd": "unfreeze"}``; response ``{"frozen": false, "was_frozen": bool}``."""
-        was = self._freeze.frozen
-        now = asyncio.get_running_loop().time()
-        self._freeze, change = fleet.unfreeze(self._freeze, now)
-        if change is not None:
-            self._apply_freeze(change)
-        return {"frozen": False, "was_frozen": was}
+        reply = await self._ask(lambda token: fleet.UnfreezeRequested(token=token))
+        return dict(reply.result or {})
 
     def subscribe(self) -> EventSubscription:
         """A live stream of ``host.state`` events for ``reward-supervisor events``."""
         return self._events.subscribe()
 
-    def _member(self, host: str) -> _Member:
-        member = self._members.get(host)
-        if member is None or member.retiring:
-            known = ", ".join(sorted(self._members)) or "none"
-            raise ControlError(f"unknown host {host!r} (known: {known})")
-        return member
-
     def _row(self, host: str) -> dict[str, Any]:
-        member = self._members[host]
         now = asyncio.get_running_loop().time()
-        return {"host": host, **view.host_row(member.host, member.cfg, now, self._config.health)}
+        core = self._fleet
+        row = view.host_row(core.hosts[host], self._links[host].cfg, now, core.health_policy)
+        return {"host": host, **row}
+
+    # ------------------------------------------------------------------------------------
+    # Reload
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await self._reload_wanted.wait()
+            self._reload_wanted.clear()
+            try:
+                await self.reload()
+            except ControlError as exc:
+                log.warning("config.reload_skipped", reason=str(exc))
+
+    async def reload(self) -> dict[str, Any]:
+        """Re-read and validate the config; apply it, or keep the old one and say why.
+
+        Request ``{"cmd": "reload"}``; response ``{"reloaded": bool, "errors": [...],
+        "added": [...], "removed": [...], "restarted": [...], "updated": [...]}``.
+        """
+        async with self._reload_lock:
+            self._notifier.reloading()
+            try:
+                new = await asyncio.to_thread(config_mod.load, self._config.source)
+            except ConfigError as exc:
+                errors = [str(p) for p in exc.problems]
+                self._last_reload_error = errors
+                log.error("config.reload_failed", errors=errors, kept=str(self._config.source))
+                if self._metrics is not None:
+                    self._metrics.reloads.labels(result="error").inc()
+                self._notifier.ready()
+                return {"reloaded": False, "errors": errors}
+            self._config = new
+            self._host_configs.update((h.name, h) for h in new.hosts)
+            try:
+                await asyncio.to_thread(layout.write_run_files, new)
+            except OSError as exc:
+                log.error("run.files_not_written", reason=str(exc))
+            members = config_mod.members(new)
+            try:
+                reply = await self._ask(
+                    lambda token: fleet.Reconfigured(
+                        members=members, health=new.health, policy=new.fleet, token=token
+                    )
+                )
+            finally:
+                self._notifier.ready()
+            result = dict(reply.result or {})
+            self._reloads += 1
+            if self._metrics is not None:
+                self._metrics.reloads.labels(result="ok").inc()
+            self._last_reload_error = []
+            log.info("config.reloaded", **result)
+            return {"reloaded": True, "errors": [], **result}
 
 
 # ----------------------------------------------------------------------------------------
+
+
+def _events_of(observations: Iterable[Observation]) -> list[fleet.Event]:
+    """The events that observations stand for, each about its host."""
+    out: list[fleet.Event] = []
+    for obs in observations:
+        event = _event_of(obs)
+        if event is not None:
+            out.append(fleet.HostObserved(obs.host, event))
+    return out
 
 
 def _event_of(obs: Observation) -> health.Event | None:
@@ -1073,30 +1020,19 @@ def _event_of(obs: Observation) -> health.Event | None:
                 ready=record.ready,
                 remote_heartbeat_at=record.heartbeat_at,
                 remote_seq=record.seq,
+                processed=record.processed,
+                in_flight=record.in_flight,
             )
         case ExitObserved(record=ExitRecord() as r):
-            return health.WorkerExited(pid=r.pid, exit_code=r.exit_code, signal=r.signal)
+            return health.WorkerExited(
+                pid=r.pid, exit_code=r.exit_code, signal=r.signal, log_tail=r.log_tail
+            )
         case ExitObserved():
             return None  # the record went away: nothing died
         case SentinelObserved(present=present):
             return health.StopSentinelAppeared() if present else health.StopSentinelRemoved()
         case _:
             assert_never(obs)
-
-
-def _settled(member: _Member) -> bool:
-    """Start-up is done for this host: it answered (adopted, launched) or cannot be reached."""
-    host = member.host
-    if not member.connect_attempted:
-        return False
-    if not host.ssh_up:
-        return True
-    return not host.needs_probe and host.op not in ("probe", "launch")
-
-
-def _stop_done(member: _Member) -> bool:
-    host = member.host
-    return host.state is health.HostState.STOPPED or (not host.ssh_up and host.op is None)
 
 
 def history_from_json(raw: Any, offset: float) -> dict[str, health.History]:
@@ -1134,7 +1070,7 @@ def _lock_run(path: Path) -> int:
         holder = _read_text(fd)
         os.close(fd)
         who = holder or "unknown"
-        raise ControlError(
+        raise RunLocked(
             f"another reward-supervisor already runs this run ({path} is locked by {who})"
         ) from None
     os.ftruncate(fd, 0)

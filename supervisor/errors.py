@@ -40,8 +40,9 @@ class RemoteError(SupervisorError):
         super().__init__(f"{host}: {reason}")
 
 
-class LaunchRefused(RemoteError):
-    """The remote launch refused because a live worker already holds the shard."""
+class ShardHeld(RemoteError):
+    """The remote launch refused because a live worker already holds the shard (the core
+    hears it as the event ``health.LaunchRefused``)."""
 
     def __init__(self, host: str, reason: str, *, holder_pid: int | None) -> None:
         self.holder_pid = holder_pid
@@ -50,3 +51,11 @@ class LaunchRefused(RemoteError):
 
 class ControlError(SupervisorError):
     """A control-socket request that could not be served, or a daemon that cannot be reached."""
+
+
+class DaemonNotRunning(ControlError):
+    """No daemon answers for this config: no socket, or a socket nobody listens on."""
+
+
+class RunLocked(SupervisorError):
+    """Another reward-supervisor holds this run's lock (``ctl/supervisor.lock``)."""

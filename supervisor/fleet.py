@@ -1,53 +1,1252 @@
-"""Fleet-wide decisions, pure like health.py: the common-mode freeze and the launch budget.
+"""The fleet: every host's ``health.step`` and the rules that span hosts. Pure, like health.py.
 
-Rules (DESIGN §4, "common-mode failures are not worker failures"):
+Rules (DESIGN §4); everything that decides across hosts lives in this file:
 
-1. When at least ``freeze_fraction`` of the hosts that should be running (and at least 2)
-   fall silent together, the likely cause is the shared filesystem, the network or this
-   node's mount, not the workers. The fleet freezes: health.py then holds every restart
-   that silence alone would cause, while exits are still acted on.
-2. Silence is judged at half the stale threshold, so the freeze lands before any host
-   reaches its own restart deadline: nothing is restarted on the way into a freeze.
-   "Together" means their last heartbeats fall within ``freeze_window_s`` of each other.
-3. The fleet thaws when heartbeats return (fewer than the threshold still without a fresh
-   heartbeat among the hosts that froze it or fell silent while it was frozen; a host
-   whose worker died and was replaced counts as silent until the new worker beats), or
-   when an operator says so; after an operator's thaw, silences that began before it no
-   longer count (else it would freeze again at once). health.py then gives every host
-   still silent a full stale threshold from the thaw before judging it.
-4. Launches pass a budget: at most ``max_concurrent_launches`` in flight and
-   ``max_launches_per_minute`` started, granted longest-waiting first, so a mass failure
-   restarts in waves instead of stampeding the shared filesystem with model loads.
+1. Membership. A host joins only when no other member holds its name or its shard (one
+   worker per shard: a host a reload added waits while a retiring host of that shard is
+   still stopping). A joining host's files are read before it is connected, so a stop
+   sentinel is known before anything could launch. A removed host is stopped, then dropped.
+2. Common-mode failures are not worker failures. When at least ``freeze_fraction`` of the
+   hosts that should run (and at least 2) fall silent together, the likely cause is the
+   shared filesystem, the network or this node's mount: the fleet freezes, and health.py
+   holds every restart that silence alone would cause (exits are still acted on). Silence
+   is judged at half the stale threshold, so the freeze lands before any host reaches its
+   own restart deadline; "together" means last heartbeats within ``freeze_window_s``.
+3. Thaw. The fleet thaws when heartbeats return (fewer than the threshold still without a
+   fresh heartbeat among the hosts that froze it or fell silent while it was frozen; a
+   host whose worker died and was replaced counts as silent until the new worker beats),
+   or when an operator says so; after an operator's thaw, silences that began before it no
+   longer count (else it would freeze again at once).
+4. Launch budget. Launches pass a budget: at most ``max_concurrent_launches`` in flight and
+   ``max_launches_per_minute`` begun, longest-waiting first, so a mass failure restarts in
+   waves instead of stampeding the shared filesystem with model loads. A launch that has
+   not begun is given up when its host leaves ``starting``; a finished launch gives its
+   slot back before its result is applied, so a relaunch asked for at once can have it.
+5. Start-up settles when every host has answered (its probe and any launch it led to) or
+   could not be reached, or at the start-up deadline, whichever is first.
+6. Shutdown completes when every host is stopped, or unreachable with nothing in flight,
+   or at the shutdown deadline; the hosts left unstopped are named.
+7. The pointer file (``run.pointer_file``, the seed's "this run's workers are up" marker) is
+   written once, when the fleet is first all ready; a failed write is retried with a
+   doubling delay whatever the fleet does meanwhile, and never stops anything.
+8. Crash signatures. When ``crash_signature_hosts`` hosts exit the same way (the exit code
+   or a crash signal, and the last line of the log with its numbers blurred) within
+   ``crash_signature_window_s``, the cause is common to them (a bad deploy), not theirs:
+   restarting every host into it only hides it. The fleet holds their restarts, except on
+   one canary host at a time, which restarts under its own backoff. The hold ends when the
+   canary runs again (ready), when a reload changes what the workers run, or when an
+   operator unfreezes. Signals someone sends (SIGKILL, SIGTERM, SIGINT, SIGHUP: the OOM
+   killer, an operator) are never a signature: a random ``kill -9`` is restarted as before.
+9. Operator commands. An unknown or retiring host is refused by name; a restart of a host
+   held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
+   written before the host is stopped and start-host has it removed before the host starts,
+   so the file, which outlives the daemon, always agrees with what was done.
 
-Time is an argument (monotonic seconds); nothing here sleeps, logs or does I/O.
+Theory of operation. ``Fleet`` is a sans-I/O state machine in the manner of h11's
+connection: the shell feeds batches of events with ``now`` (a monotonic reading) and
+performs the actions returned; the result of every action comes back later as an event.
+Hosts are immutable ``health.Host`` values; the fleet object holds them and changes only in
+``step``. ``deadline_at`` is the one instant at which time alone could change something (a
+host's deadline, a freeze assessment, a budget slot, start-up or shutdown); early, late or
+repeated ``DeadlinePassed`` events are harmless. Nothing here sleeps, logs or does I/O.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+import re
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Final, assert_never
 
+from supervisor import health
 from supervisor.health import WANT_RUNNING_STATES, Host, HostState
 
+S = HostState
+
 #: The budget counts launches over this sliding window (the per-minute limit).
-BUDGET_WINDOW_S = 60.0
+BUDGET_WINDOW_S: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FleetPolicy:
-    """``[fleet]`` settings plus the heartbeat threshold they are judged against."""
+    """``[fleet]`` settings and the fleet's own deadlines; ``config.py`` builds it."""
 
     freeze_fraction: float = 0.5
     freeze_window_s: float = 30.0
-    heartbeat_stale_s: float = 60.0
     max_concurrent_launches: int = 16
     max_launches_per_minute: int = 120
+    #: Start-up waits this long for every host to answer before READY=1 goes out anyway
+    #: (a host that cannot be reached must not hold the others back).
+    startup_timeout_s: float = 30.0
+    #: Shutdown gives up on hosts still stopping after this long.
+    shutdown_timeout_s: float = 75.0
+    #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
+    pointer_file: str | None = None
+    #: This many hosts crashing the same way within the window hold restarts (0: never).
+    crash_signature_hosts: int = 3
+    crash_signature_window_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """A configured host as the fleet sees it: its name, shard and what shapes its worker."""
+
+    name: str
+    shard: int
+    #: Everything that shapes the worker (argv, env, python, address...): a reload that
+    #: changes it restarts the host.
+    launch_key: Hashable = ()
+
+
+# --------------------------------------------------------------------------------------
+# Events: past-tense facts the shell observed or results of actions it performed.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Booted:
+    """The daemon holds the run: its members may join, with the restart history a previous
+    daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
+
+    histories: Mapping[str, health.History] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HostObserved:
+    """Something about one host: a file, SSH, or the answer to a remote operation."""
+
+    host: str
+    event: health.Event
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilesScanned:
+    """The files of joining ``hosts`` were read; ``sentinels`` have ``ctl/<host>.stop``."""
+
+    hosts: frozenset[str]
+    sentinels: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadlinePassed:
+    """The shell's timer for ``Fleet.deadline_at`` fired (maybe early, late or twice)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reconfigured:
+    """A reload validated a new config: its members and rules replace the old ones."""
+
+    members: tuple[Member, ...]
+    health: health.Policy
+    policy: FleetPolicy
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartHostRequested:
+    """An operator asked for a fresh worker on ``host``."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopHostRequested:
+    """An operator asked for ``host`` to stop and stay stopped."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartHostRequested:
+    """An operator asked for ``host`` to run again (clears its sentinel and ``failed``)."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnfreezeRequested:
+    """An operator lifted the freeze."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownRequested:
+    """The daemon is to stop: stop every worker first, or leave them running (``detach``)."""
+
+    detach: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopSentinelWritten:
+    """The shell wrote ``ctl/<host>.stop`` for a stop-host (``error`` if it could not)."""
+
+    host: str
+    token: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopSentinelDeleted:
+    """The shell removed ``ctl/<host>.stop`` for a start-host (``error`` if it could not)."""
+
+    host: str
+    token: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PointerWritten:
+    """The shell wrote the pointer file at ``path`` (``error`` if it could not)."""
+
+    path: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilesystemDiagnosed:
+    """What the shell found when it checked the run root during a freeze."""
+
+    finding: str
+    free_bytes: int | None = None
+
+
+FleetEvent = (
+    Booted
+    | FilesScanned
+    | DeadlinePassed
+    | Reconfigured
+    | RestartHostRequested
+    | StopHostRequested
+    | StartHostRequested
+    | UnfreezeRequested
+    | ShutdownRequested
+    | StopSentinelWritten
+    | StopSentinelDeleted
+    | PointerWritten
+    | FilesystemDiagnosed
+)
+Event = HostObserved | FleetEvent
+
+# --------------------------------------------------------------------------------------
+# Actions: what the shell must do. Remote operations and file writes answer with events.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanFiles:
+    """Read the status, exit and sentinel files of joining hosts; answer FilesScanned, then
+    their observations."""
+
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Connect:
+    """``host`` joined: open and keep its SSH connection (SSH news comes back as events)."""
+
+    host: str
+    shard: int
+    #: False for the members present at start-up (the shell logs joins after it only).
+    added: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disconnect:
+    """``host`` left the fleet: cancel its operations and close its connection."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reconnect:
+    """A reload changed ``host``'s settings: apply them to its connection."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchAsked:
+    """``host`` needs a worker: its launch waits for the budget (logged as ``host.launch``)."""
+
+    host: str
+    reason: str
+    is_restart: bool
+    #: Why the worker is replaced (automatic restarts only).
+    cause: health.Cause | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """Start ``host``'s worker now (the budget let it begin); answer with a launch result."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Terminate:
+    """Stop ``pid`` on ``host``; answer TerminateConfirmed or TerminateFailed."""
+
+    host: str
+    pid: int
+    grace_s: float
+    kill: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """Find ``host``'s live worker; answer ProbeResult or ProbeFailed."""
+
+    host: str
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostStateChanged:
+    """``host`` moved between states; logged as ``event="host.state"``."""
+
+    host: str
+    from_: HostState
+    to: HostState
+    reason: str
+    pid: int | None
+    cause: health.Cause | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchesWaiting:
+    """Launches wait for the budget: ``waiting`` of them."""
+
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteStopSentinel:
+    """Write ``ctl/<host>.stop``; answer StopSentinelWritten."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteStopSentinel:
+    """Remove ``ctl/<host>.stop``; answer StopSentinelDeleted."""
+
+    host: str
+    token: int
+
+
+class Refusal(StrEnum):
+    """Why an operator command was refused (a code beside the message)."""
+
+    UNKNOWN_HOST = "unknown_host"
+    SENTINEL_HELD = "sentinel_held"
+    FILE_ERROR = "file_error"
+    SHUTTING_DOWN = "shutting_down"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """Answer the operator command ``token``: done (with ``result``), or refused."""
+
+    token: int
+    result: Mapping[str, object] | None = None
+    refusal: Refusal | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FreezeChanged:
+    """The fleet froze (``frozen``) or thawed; tell the operator."""
+
+    frozen: bool
+    reason: str
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnoseFilesystem:
+    """Check whether the run root is hung or full; answer FilesystemDiagnosed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FreezeExplained:
+    """The frozen fleet's filesystem check found ``finding``; tell the operator."""
+
+    finding: str
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settled:
+    """Start-up is over (READY=1); ``slow`` hosts had not answered by the deadline."""
+
+    slow: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownBegan:
+    """Shutdown has begun (STOPPING=1)."""
+
+    detach: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownDone:
+    """Shutdown is over: ``incomplete`` were still stopping at the deadline, ``unreachable``
+    could not be stopped over SSH (their workers may still run)."""
+
+    incomplete: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritePointer:
+    """Write the pointer file at ``path`` atomically; answer PointerWritten."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PointerNotWritten:
+    """The pointer write failed (``attempt`` so far); it is tried again at ``retry_at``."""
+
+    path: str
+    reason: str
+    attempt: int
+    retry_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignatureFound:
+    """Hosts crashed the same way: restarts on it are held but for the ``canary``."""
+
+    signature: str
+    hosts: tuple[str, ...]
+    canary: str
+    log_tail: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignatureCleared:
+    """A crash signature no longer holds restarts (``reason`` says why)."""
+
+    signature: str
+    reason: str
+    released: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryChanged:
+    """Restart history changed: persist ``Fleet.histories()`` soon."""
+
+
+Action = (
+    ScanFiles
+    | Connect
+    | Disconnect
+    | Reconnect
+    | LaunchAsked
+    | Launch
+    | Terminate
+    | Probe
+    | HostStateChanged
+    | LaunchesWaiting
+    | WriteStopSentinel
+    | DeleteStopSentinel
+    | Reply
+    | FreezeChanged
+    | DiagnoseFilesystem
+    | FreezeExplained
+    | Settled
+    | ShutdownBegan
+    | ShutdownDone
+    | WritePointer
+    | PointerNotWritten
+    | CrashSignatureFound
+    | CrashSignatureCleared
+    | HistoryChanged
+)
+
+_HISTORY_CHANGED: Final = HistoryChanged()
+_RESULTS_OF_LAUNCH: Final = (health.Launched, health.LaunchFailed, health.LaunchRefused)
+
+# --------------------------------------------------------------------------------------
+# The fleet.
+
+
+class Fleet:
+    """Every member, its health, and the fleet-wide rules. Change it only through ``step``."""
+
+    def __init__(
+        self,
+        members: Iterable[Member],
+        health_policy: health.Policy,
+        policy: FleetPolicy,
+    ) -> None:
+        self._health = health_policy
+        self._policy = policy
+        self._histories: dict[str, health.History] = {}
+        #: Configured members, joined or not, in config order.
+        self._configured: dict[str, Member] = {m.name: m for m in members}
+        #: Members that joined: their files are read and their connection is kept.
+        self._hosts: dict[str, Host] = {}
+        self._members: dict[str, Member] = {}
+        #: Joining: files being read.
+        self._joining: dict[str, Member] = {}
+        self._retiring: set[str] = set()
+        self._booted = False
+        #: Joining as the daemon starts (not "added" by a reload).
+        self._at_boot: set[str] = set()
+        self.freeze = Freeze()
+        #: What the filesystem check said about the current freeze.
+        self.finding: str | None = None
+        self.budget = Budget()
+        # Start-up.
+        self._settled = False
+        self._connect_seen: set[str] = set()
+        self._unsettled: set[str] = set()
+        self._startup_deadline_at: float | None = None
+        # Shutdown.
+        self._shutting_down = False
+        self._finished = False
+        self._stop_pending: set[str] = set()
+        self._shutdown_deadline_at: float | None = None
+        # Per-host deadlines: a heap of (when, host); ``_armed[host]`` is the live entry.
+        self._timers: list[tuple[float, str]] = []
+        self._armed: dict[str, float] = {}
+        self._assess_at: float | None = None
+        self._assess_due = False
+        #: The pointer file's progress (written at most once per path).
+        self.pointer = Pointer()
+        self._pointer_due = False
+        #: Recent crashes by signature: (when, host), oldest first.
+        self._crashes: dict[str, list[tuple[float, str]]] = {}
+        #: Signatures that hold restarts now.
+        self.signatures: dict[str, CrashSignature] = {}
+        #: Hosts whose restarts are held, and by which signature.
+        self.held: dict[str, str] = {}
+        #: The names of joined and joining hosts; a new object whenever they change.
+        self.names: frozenset[str] = frozenset()
+
+    # --- queries -----------------------------------------------------------------------
 
     @property
-    def silent_after_s(self) -> float:
-        """A ready host is 'silent' once its heartbeat is this old: half the stale limit."""
-        return self.heartbeat_stale_s / 2
+    def hosts(self) -> Mapping[str, Host]:
+        """Every joined host's health, by name."""
+        return self._hosts
+
+    @property
+    def members(self) -> Mapping[str, Member]:
+        """Every joined host's membership, by name."""
+        return self._members
+
+    @property
+    def joining(self) -> Mapping[str, Member]:
+        """Hosts whose files are being read before they join."""
+        return self._joining
+
+    @property
+    def waiting(self) -> Mapping[str, Member]:
+        """Configured hosts that wait for their shard or name to be free."""
+        return {
+            name: m
+            for name, m in self._configured.items()
+            if name not in self._joining and (name not in self._members or name in self._retiring)
+        }
+
+    def history(self, name: str) -> health.History | None:
+        """The restart history a previous daemon left for ``name``, if it has not joined."""
+        return self._histories.get(name)
+
+    @property
+    def health_policy(self) -> health.Policy:
+        """The per-host rules in force."""
+        return self._health
+
+    @property
+    def settled(self) -> bool:
+        """Start-up is over."""
+        return self._settled
+
+    @property
+    def finished(self) -> bool:
+        """Shutdown is over: nothing more will happen."""
+        return self._finished
+
+    def is_retiring(self, name: str) -> bool:
+        """``name`` was removed from the config and is being stopped."""
+        return name in self._retiring
+
+    def histories(self) -> dict[str, health.History]:
+        """What of every host must survive a restart of the daemon."""
+        out = dict(self._histories)
+        out.update((name, health.history_of(host)) for name, host in self._hosts.items())
+        return out
+
+    @property
+    def deadline_at(self) -> float | None:
+        """The next instant at which time alone could change something."""
+        candidates = [
+            t
+            for t in (
+                self._timers[0][0] if self._timers else None,
+                self._assess_at,
+                next_grant_at(self.budget, self._policy),
+                None if self._settled else self._startup_deadline_at,
+                self._shutdown_deadline_at if not self._finished else None,
+                self.pointer.retry_at,
+            )
+            if t is not None
+        ]
+        return min(candidates) if candidates else None
+
+    # --- step --------------------------------------------------------------------------
+
+    def step(self, events: Iterable[Event], now: float) -> list[Action]:
+        """Apply a batch of events seen at monotonic ``now``; return what to do, in order."""
+        out: list[Action] = []
+        for event in events:
+            if self._finished:
+                return out  # nothing happens after shutdown
+            if isinstance(event, HostObserved):
+                self._observed(event.host, event.event, now, out)
+            else:
+                self._fleet_event(event, now, out)
+        # A batch matters to the freeze only if the fleet is frozen (heartbeats thaw it) or
+        # a host changed state (the count of hosts that should run sets the threshold):
+        # heartbeats alone only shorten silences, so they cannot freeze it.
+        if self._assess_due or self.freeze.frozen:
+            self._assess(now, out)
+        if self._pointer_due:
+            self._write_pointer_if_due(now, out)
+        return out
+
+    def _fleet_event(self, event: FleetEvent, now: float, out: list[Action]) -> None:
+        match event:
+            case Booted():
+                self._boot(event, now, out)
+            case FilesScanned():
+                self._files_scanned(event, now, out)
+            case DeadlinePassed():
+                self._deadline_passed(now, out)
+            case Reconfigured():
+                self._reconfigure(event, now, out)
+            case RestartHostRequested():
+                self._restart_host(event, now, out)
+            case StopHostRequested():
+                if self._refuse_unknown(event.host, event.token, out):
+                    return
+                out.append(WriteStopSentinel(host=event.host, token=event.token))
+            case StartHostRequested():
+                if self._refuse_unknown(event.host, event.token, out):
+                    return
+                out.append(DeleteStopSentinel(host=event.host, token=event.token))
+            case StopSentinelWritten():
+                self._sentinel_written(event, now, out)
+            case StopSentinelDeleted():
+                self._sentinel_deleted(event, now, out)
+            case UnfreezeRequested():
+                self._clear_signatures("operator unfreeze", now, out)
+                was = self.freeze.frozen
+                self.freeze, change = unfreeze(self.freeze, now)
+                if change is not None:
+                    self._apply_freeze(change, now, out)
+                out.append(Reply(token=event.token, result={"frozen": False, "was_frozen": was}))
+            case ShutdownRequested():
+                self._shutdown(event.detach, now, out)
+            case PointerWritten():
+                self._pointer_written(event, now, out)
+            case FilesystemDiagnosed():
+                if self.freeze.frozen:  # thawed meanwhile: old news
+                    self.finding = event.finding
+                    out.append(FreezeExplained(finding=event.finding, free_bytes=event.free_bytes))
+            case _:
+                assert_never(event)
+
+    # --- one host ------------------------------------------------------------------------
+
+    def _observed(self, name: str, event: health.Event, now: float, out: list[Action]) -> None:
+        if name not in self._hosts:
+            return  # a host that left (or has not joined): its news is moot
+        if type(event) is health.WorkerExited:
+            # Decided before the exit is applied: a held host must not restart at once.
+            self._crashed(name, event, now, out)
+        if type(event) in _RESULTS_OF_LAUNCH and name in self.budget.in_flight:
+            # The slot goes back before the result is applied: a relaunch the core asks for
+            # at once (the first failure after a healthy spell) must find it free.
+            self.budget = launch_done(self.budget, name)
+            self._feed(name, event, now, out)
+            self._grant(now, out)
+            return
+        self._feed(name, event, now, out)
+        if (type(event) is health.SshRestored or type(event) is health.SshLost) and (
+            name in self._hosts
+        ):
+            # The first outcome of connecting settles an unreachable host even when it
+            # changes nothing else (a host that was never up and still is not).
+            self._connect_seen.add(name)
+            self._track(name, out)
+
+    def _feed(self, name: str, event: health.Event, now: float, out: list[Action]) -> None:
+        """Step one host and act on what it says."""
+        before = self._hosts[name]
+        host, actions = health.step(before, event, now, self._health)
+        self._hosts[name] = host
+        for action in actions:
+            self._host_action(name, host, action, now, out)
+        self._arm(name, host.deadline_at)
+        if health.history_changed(before, host):
+            out.append(_HISTORY_CHANGED)
+        if host.state is not before.state or host.ssh_up != before.ssh_up or host.op != before.op:
+            self._after_change(name, before, now, out)
+
+    def _host_action(
+        self, name: str, host: Host, action: health.Action, now: float, out: list[Action]
+    ) -> None:
+        match action:
+            case health.StateChanged():
+                pid = host.pid if host.pid is not None else host.last_pid
+                cause = host.cause_code if action.to in health.UNHEALTHY_STATES else None
+                out.append(
+                    HostStateChanged(
+                        host=name,
+                        from_=action.from_,
+                        to=action.to,
+                        reason=action.reason,
+                        pid=pid,
+                        cause=cause,
+                    )
+                )
+            case health.Launch():
+                out.append(
+                    LaunchAsked(
+                        host=name,
+                        reason=action.reason,
+                        is_restart=action.is_restart,
+                        cause=action.cause,
+                    )
+                )
+                self.budget = want_launch(self.budget, name, now)
+                self._grant(now, out)
+            case health.Terminate():
+                out.append(
+                    Terminate(host=name, pid=action.pid, grace_s=action.grace_s, kill=action.kill)
+                )
+            case health.Probe():
+                out.append(Probe(host=name, pid=action.pid))
+            case _:
+                assert_never(action)
+
+    def _after_change(self, name: str, before: Host, now: float, out: list[Action]) -> None:
+        host = self._hosts[name]
+        if host.state is not before.state:
+            self._assess_due = True
+            self._pointer_due = True
+            if host.state is S.READY and self.signatures:
+                self._ran_again(name, now, out)
+        if host.state is not S.STARTING and is_waiting(self.budget, name):
+            # It left ``starting`` (stopped, restarted...) while its launch waited: the
+            # launch will never begin, and the core must hear that it did not happen.
+            self.budget = launch_done(self.budget, name)
+            self._feed(name, health.LaunchFailed(reason="cancelled before it began"), now, out)
+            return
+        if name in self._retiring and host.state is S.STOPPED:
+            self._drop(name, now, out)
+            return
+        self._track(name, out)
+
+    def _track(self, name: str, out: list[Action]) -> None:
+        """Re-check what start-up and shutdown wait for, for the host that changed."""
+        host = self._hosts[name]
+        if not self._settled:
+            if self._host_settled(name, host):
+                self._unsettled.discard(name)
+            else:
+                self._unsettled.add(name)
+            if not self._unsettled and self._booted and not self._joining:
+                self._settle((), out)
+        if self._shutting_down:
+            if _stop_done(host):
+                self._stop_pending.discard(name)
+            else:
+                self._stop_pending.add(name)
+            if not self._stop_pending:
+                self._finish(out)
+
+    def _host_settled(self, name: str, host: Host) -> bool:
+        """Start-up is done for this host: it answered, or it cannot be reached."""
+        if name not in self._connect_seen:
+            return False
+        if not host.ssh_up:
+            return True
+        return not host.needs_probe and host.op not in ("probe", "launch")
+
+    # --- membership ------------------------------------------------------------------------
+
+    def _boot(self, event: Booted, now: float, out: list[Action]) -> None:
+        if self._booted:
+            return
+        self._booted = True
+        self._histories = dict(event.histories)
+        self._admit(now, out)
+        self._at_boot = set(self._joining)
+        if not self._joining:
+            self._settle((), out)
+
+    def _admit(self, now: float, out: list[Action]) -> None:
+        """Let configured hosts join whose shard and name no member holds."""
+        if self._shutting_down:
+            return
+        busy_shards = {m.shard for m in self._members.values()}
+        busy_shards.update(m.shard for m in self._joining.values())
+        joining: list[str] = []
+        for name, member in self._configured.items():
+            if name in self._members or name in self._joining or member.shard in busy_shards:
+                continue
+            self._joining[name] = member
+            busy_shards.add(member.shard)
+            joining.append(name)
+        if joining:
+            self._names_changed()
+            out.append(ScanFiles(hosts=tuple(joining)))
+
+    def _files_scanned(self, event: FilesScanned, now: float, out: list[Action]) -> None:
+        if self._shutting_down:
+            return  # nobody joins a fleet that is stopping
+        if self._startup_deadline_at is None:
+            self._startup_deadline_at = now + self._policy.startup_timeout_s
+        # In the order they joined, which is the config's: hosts connect as listed.
+        for name in [n for n in self._joining if n in event.hosts]:
+            member = self._joining.pop(name)
+            if self._configured.get(name) != member:
+                continue  # a reload removed or changed it meanwhile: admitted afresh below
+            host = health.new_host(
+                name,
+                now,
+                stop_sentinel=name in event.sentinels,
+                history=self._histories.pop(name, None),
+            )
+            self._hosts[name] = host
+            self._members[name] = member
+            if not self._settled:
+                self._unsettled.add(name)
+            added = name not in self._at_boot
+            self._at_boot.discard(name)
+            out.append(Connect(host=name, shard=member.shard, added=added))
+            if self.freeze.frozen:
+                self._feed(name, health.FleetFrozen(reason=self.freeze.reason), now, out)
+            self._arm(name, self._hosts[name].deadline_at)
+        self._names_changed()
+        self._admit(now, out)
+        if not self._settled and not self._unsettled and not self._joining:
+            self._settle((), out)
+
+    def _drop(self, name: str, now: float, out: list[Action]) -> None:
+        """``name`` is stopped and no longer configured: it leaves, and others may join."""
+        del self._hosts[name]
+        del self._members[name]
+        self._retiring.discard(name)
+        self._armed.pop(name, None)
+        self._unsettled.discard(name)
+        self._stop_pending.discard(name)
+        self._connect_seen.discard(name)
+        self.held.pop(name, None)
+        self.budget = launch_done(self.budget, name)
+        self._names_changed()
+        out.append(Disconnect(host=name))
+        if not self._shutting_down:
+            self._admit(now, out)
+        if self._shutting_down and not self._stop_pending:
+            self._finish(out)
+
+    def _names_changed(self) -> None:
+        self.names = frozenset(self._members.keys() | self._joining.keys())
+
+    def _reconfigure(self, event: Reconfigured, now: float, out: list[Action]) -> None:
+        old = self._configured
+        new = {m.name: m for m in event.members}
+        self._configured = new
+        self._health = event.health
+        if event.policy.pointer_file != self._policy.pointer_file:
+            self.pointer = Pointer()  # another file: it has never been written
+            self._pointer_due = True
+        self._policy = event.policy
+        removed = [n for n in old if n not in new]
+        added = [n for n in new if n not in old]
+        both = [n for n in new if n in old]
+        restarted = [n for n in both if old[n].launch_key != new[n].launch_key]
+        # A host moved to another shard leaves and joins again: its new shard may still be
+        # held by a host that is stopping, and one worker per shard comes first.
+        for name in removed:
+            self._retire(name, "removed from config by reload", now, out)
+        for name in [n for n in both if old[n].shard != new[n].shard]:
+            self._retire(name, f"moved to shard {new[name].shard} by reload", now, out)
+        for name in both:
+            if name in self._members and name not in self._retiring:
+                self._members[name] = new[name]
+                out.append(Reconnect(host=name))
+        if restarted:
+            self._clear_signatures("a reload changed what the workers run", now, out)
+        for name in restarted:
+            if name in self._hosts and name not in self._retiring:
+                reason = "launch parameters changed by reload"
+                self._feed(name, health.RestartRequested(reason=reason), now, out)
+        self._admit(now, out)
+        for name in list(self._hosts):  # new timings: recompute every deadline
+            self._feed(name, health.DeadlinePassed(), now, out)
+        result = {"added": added, "removed": removed, "restarted": restarted, "updated": both}
+        out.append(Reply(token=event.token, result=result))
+
+    def _retire(self, name: str, reason: str, now: float, out: list[Action]) -> None:
+        if name in self._joining:
+            del self._joining[name]  # never connected: nothing to stop
+            self._names_changed()
+            return
+        if name not in self._hosts or name in self._retiring:
+            return
+        self._retiring.add(name)
+        stop = health.StopRequested(reason=reason, cause=health.StopCause.REMOVED)
+        self._feed(name, stop, now, out)
+        if name in self._hosts and self._hosts[name].state is S.STOPPED:
+            self._drop(name, now, out)
+
+    # --- operator commands -----------------------------------------------------------------
+
+    def _refuse_unknown(self, name: str, token: int, out: list[Action]) -> bool:
+        """Refuse a command for a host that is not a member (or is leaving)."""
+        if self._shutting_down:
+            out.append(
+                Reply(token=token, refusal=Refusal.SHUTTING_DOWN, message="the daemon is stopping")
+            )
+            return True
+        if name in self._hosts and name not in self._retiring:
+            return False
+        known = ", ".join(sorted(n for n in self._hosts if n not in self._retiring)) or "none"
+        message = f"unknown host {name!r} (known: {known})"
+        out.append(Reply(token=token, refusal=Refusal.UNKNOWN_HOST, message=message))
+        return True
+
+    def _restart_host(self, event: RestartHostRequested, now: float, out: list[Action]) -> None:
+        if self._refuse_unknown(event.host, event.token, out):
+            return
+        refusal = health.restart_refusal(self._hosts[event.host])
+        if refusal is not None:
+            message = f"host {event.host!r} is {refusal}"
+            out.append(Reply(token=event.token, refusal=Refusal.SENTINEL_HELD, message=message))
+            return
+        self._feed(event.host, health.RestartRequested(reason="operator restart"), now, out)
+        out.append(Reply(token=event.token))
+
+    def _sentinel_written(self, event: StopSentinelWritten, now: float, out: list[Action]) -> None:
+        if event.error is not None:
+            message = f"cannot write the stop sentinel of {event.host!r}: {event.error}"
+            out.append(Reply(token=event.token, refusal=Refusal.FILE_ERROR, message=message))
+            return
+        if self._refuse_unknown(event.host, event.token, out):
+            return
+        self._feed(event.host, health.StopSentinelAppeared(), now, out)
+        out.append(Reply(token=event.token))
+
+    def _sentinel_deleted(self, event: StopSentinelDeleted, now: float, out: list[Action]) -> None:
+        if event.error is not None:
+            message = f"cannot remove the stop sentinel of {event.host!r}: {event.error}"
+            out.append(Reply(token=event.token, refusal=Refusal.FILE_ERROR, message=message))
+            return
+        if self._refuse_unknown(event.host, event.token, out):
+            return
+        self._feed(event.host, health.StopSentinelRemoved(), now, out)
+        self._feed(event.host, health.StartRequested(reason="operator start"), now, out)
+        out.append(Reply(token=event.token))
+
+    # --- start-up and shutdown ---------------------------------------------------------------
+
+    def _settle(self, slow: tuple[str, ...], out: list[Action]) -> None:
+        self._settled = True
+        self._unsettled.clear()
+        out.append(Settled(slow=slow))
+
+    def _shutdown(self, detach: bool, now: float, out: list[Action]) -> None:
+        if self._shutting_down:
+            return
+        if not self._settled:
+            self._settle(tuple(sorted(self._unsettled | self._joining.keys())), out)
+        self._shutting_down = True
+        out.append(ShutdownBegan(detach=detach))
+        if detach:
+            self._finish(out, detached=True)  # workers keep running; the next daemon adopts them
+            return
+        self._shutdown_deadline_at = now + self._policy.shutdown_timeout_s
+        self._stop_pending = set(self._hosts)
+        for name in list(self._hosts):
+            # Feeding one host can only drop that host (a removed one, now stopped).
+            self._feed(name, _SHUTDOWN_STOP, now, out)
+            self._track_stop(name)
+        if not self._stop_pending:
+            self._finish(out)
+
+    def _track_stop(self, name: str) -> None:
+        host = self._hosts.get(name)
+        if host is not None and _stop_done(host):
+            self._stop_pending.discard(name)
+
+    def _finish(self, out: list[Action], *, detached: bool = False) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._joining.clear()
+        if detached:
+            out.append(ShutdownDone())
+        elif self._stop_pending:
+            out.append(ShutdownDone(incomplete=tuple(sorted(self._stop_pending))))
+        else:
+            # A host we cannot reach cannot be stopped: say so, or a stop would read as a
+            # promise kept for workers that may well run on.
+            unreachable = tuple(n for n, h in self._hosts.items() if h.state is not S.STOPPED)
+            out.append(ShutdownDone(unreachable=unreachable))
+
+    # --- crash signatures ------------------------------------------------------------------------
+
+    def _crashed(
+        self, name: str, event: health.WorkerExited, now: float, out: list[Action]
+    ) -> None:
+        """Count a crash of ``name`` by its signature; hold its restart if others crashed
+        the same way (unless it is the canary)."""
+        if self._policy.crash_signature_hosts <= 0 or not health.exit_applies(
+            self._hosts[name], event
+        ):
+            return
+        signature = crash_signature(event)
+        if signature is None:
+            return
+        window = self._policy.crash_signature_window_s
+        recent = [(t, h) for t, h in self._crashes.get(signature, ()) if now - t < window]
+        recent.append((now, name))
+        self._crashes[signature] = recent
+        active = self.signatures.get(signature)
+        if active is None:
+            hosts = {h for _, h in recent}
+            if len(hosts) < self._policy.crash_signature_hosts:
+                return
+            active = CrashSignature(
+                signature=signature, since_at=now, hosts=frozenset(hosts), canary=name
+            )
+            self.signatures[signature] = active
+            out.append(
+                CrashSignatureFound(
+                    signature=signature,
+                    hosts=tuple(sorted(hosts)),
+                    canary=name,
+                    log_tail=event.log_tail,
+                )
+            )
+            for other in sorted(hosts - {name}):
+                if other in self._hosts and self._hosts[other].state is not S.READY:
+                    self._hold(other, signature, now, out)
+            return
+        active = replace(active, hosts=active.hosts | {name})
+        if active.canary not in self._hosts:
+            active = replace(active, canary=name)  # the canary left: this one tries next
+        self.signatures[signature] = active
+        if active.canary != name:
+            self._hold(name, signature, now, out)
+
+    def _hold(self, name: str, signature: str, now: float, out: list[Action]) -> None:
+        self.held[name] = signature
+        count = len(self.signatures[signature].hosts)
+        reason = f"{count} hosts crashed the same way ({signature})"
+        self._feed(name, health.RestartHeld(reason=reason), now, out)
+
+    def _ran_again(self, name: str, now: float, out: list[Action]) -> None:
+        """``name`` is ready again: it is held no more, and a canary that runs clears its
+        signature (whatever crashed it is gone)."""
+        self.held.pop(name, None)
+        for signature, active in list(self.signatures.items()):
+            if active.canary == name:
+                self._clear(signature, f"the canary {name} is ready", now, out)
+
+    def _clear_signatures(self, reason: str, now: float, out: list[Action]) -> None:
+        for signature in list(self.signatures):
+            self._clear(signature, reason, now, out)
+
+    def _clear(self, signature: str, reason: str, now: float, out: list[Action]) -> None:
+        del self.signatures[signature]
+        self._crashes.pop(signature, None)
+        released = sorted(n for n, s in self.held.items() if s == signature)
+        out.append(
+            CrashSignatureCleared(signature=signature, reason=reason, released=tuple(released))
+        )
+        for name in released:
+            del self.held[name]
+            self._feed(name, health.RestartReleased(), now, out)
+
+    # --- the pointer file ----------------------------------------------------------------------
+
+    def _write_pointer_if_due(self, now: float, out: list[Action]) -> None:
+        self._pointer_due = False
+        path = self._policy.pointer_file
+        if path is not None and pointer_due(self.pointer, self._hosts.values(), now):
+            self.pointer = pointer_started(self.pointer)
+            out.append(WritePointer(path=path))
+
+    def _pointer_written(self, event: PointerWritten, now: float, out: list[Action]) -> None:
+        if event.path != self._policy.pointer_file:
+            return  # a reload named another file meanwhile: this one is not wanted
+        if event.error is None:
+            self.pointer = pointer_written(self.pointer)
+            return
+        self.pointer = pointer_failed(self.pointer, now, event.error)
+        retry_at = self.pointer.retry_at if self.pointer.retry_at is not None else now
+        out.append(
+            PointerNotWritten(
+                path=event.path,
+                reason=event.error,
+                attempt=self.pointer.failures,
+                retry_at=retry_at,
+            )
+        )
+
+    # --- time ----------------------------------------------------------------------------------
+
+    def _arm(self, name: str, deadline_at: float | None) -> None:
+        """Keep one timer entry per host that is due no later than its deadline."""
+        armed = self._armed.get(name)
+        if armed is not None and deadline_at is not None and armed <= deadline_at:
+            # Every heartbeat moves a ready host's deadline later; an early wake-up only
+            # makes the core say when to come back.
+            return
+        if deadline_at is None:
+            self._armed.pop(name, None)
+            return
+        # The entry this one supersedes stays in the heap until its time, then is skipped:
+        # only a deadline that moves earlier (a state change, never a heartbeat) adds one,
+        # so the heap holds the hosts plus the changes of one deadline horizon at most.
+        self._armed[name] = deadline_at
+        heapq.heappush(self._timers, (deadline_at, name))
+
+    def _deadline_passed(self, now: float, out: list[Action]) -> None:
+        if self._assess_at is not None and now >= self._assess_at:
+            # Before the hosts' own deadlines: a timer that fires late (a stalled loop, a
+            # suspended VM) must still freeze the fleet before silence restarts anyone.
+            self._assess(now, out)
+        due: list[str] = []
+        while self._timers and self._timers[0][0] <= now:
+            when, name = heapq.heappop(self._timers)
+            if self._armed.get(name) == when:
+                del self._armed[name]
+                due.append(name)
+        for name in due:  # a host that left was disarmed (_drop): every one is a member
+            self._feed(name, health.DeadlinePassed(), now, out)
+        grant_at = next_grant_at(self.budget, self._policy)
+        if grant_at is not None and now >= grant_at:
+            self._grant(now, out)
+        if self.pointer.retry_at is not None and now >= self.pointer.retry_at:
+            self._pointer_due = True
+        deadline = self._startup_deadline_at
+        if not self._settled and deadline is not None and now >= deadline:
+            self._settle(tuple(sorted(self._unsettled | self._joining.keys())), out)
+        if self._shutdown_deadline_at is not None and now >= self._shutdown_deadline_at:
+            self._finish(out)
+
+    # --- freeze and budget ----------------------------------------------------------------------
+
+    def _assess(self, now: float, out: list[Action]) -> None:
+        self._assess_due = False
+        hosts = self._hosts.values()
+        silent_after_s = self._health.heartbeat_stale_s / 2
+        self.freeze, change = assess(self.freeze, hosts, now, self._policy, silent_after_s)
+        if change is not None:
+            self._apply_freeze(change, now, out)
+        self._assess_at = next_assessment_at(self.freeze, self._hosts.values(), now, silent_after_s)
+
+    def _apply_freeze(self, change: FreezeChange, now: float, out: list[Action]) -> None:
+        self.finding = None
+        out.append(
+            FreezeChanged(
+                frozen=change.frozen, reason=change.reason, hosts=tuple(sorted(self.freeze.hosts))
+            )
+        )
+        if change.frozen:
+            out.append(DiagnoseFilesystem())
+        event: health.Event = (
+            health.FleetFrozen(reason=change.reason) if change.frozen else health.FleetThawed()
+        )
+        for name in list(self._hosts):
+            self._feed(name, event, now, out)
+
+    def _grant(self, now: float, out: list[Action]) -> None:
+        """Begin the queued launches the budget allows now (longest waiting first)."""
+        self.budget, granted = grant(self.budget, now, self._policy)
+        for name in granted:  # a host that left gave up its place (_drop): every one is a member
+            self._feed(name, health.LaunchBegan(), now, out)
+            out.append(Launch(host=name))
+        if self.budget.waiting:
+            out.append(LaunchesWaiting(waiting=len(self.budget.waiting)))
+
+
+_SHUTDOWN_STOP: Final = health.StopRequested(
+    reason="daemon shutdown", cause=health.StopCause.SHUTDOWN
+)
+
+
+def _stop_done(host: Host) -> bool:
+    """Shutdown is done with this host: stopped, or unreachable with nothing in flight."""
+    return host.state is S.STOPPED or (not host.ssh_up and host.op is None)
+
+
+# --------------------------------------------------------------------------------------
+# Crash signatures
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignature:
+    """A way of crashing that several hosts share, holding their restarts."""
+
+    signature: str
+    since_at: float
+    hosts: frozenset[str]
+    #: The one host that keeps restarting (under its own backoff) to find out if it is over.
+    canary: str
+
+
+#: SIGHUP, SIGINT, SIGKILL, SIGTERM: sent to a worker by someone (the OOM killer, an operator,
+#: a scheduler), so they say nothing about what the worker runs.
+_SENT_SIGNALS: Final = frozenset({1, 2, 9, 15})
+#: How much of the log's last line a signature keeps.
+_SIGNATURE_LINE: Final = 160
+_NUMBERS: Final = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_SPACE: Final = re.compile(r"\s+")
+
+
+def _blur(number: re.Match[str]) -> str:
+    return "0x?" if number.group().startswith("0x") else "N"
+
+
+def crash_signature(event: health.WorkerExited) -> str | None:
+    """How the worker crashed, alike for alike crashes on different hosts; None for an exit
+    that says nothing about what the worker runs (a signal someone sent)."""
+    if event.signal is not None:
+        if event.signal in _SENT_SIGNALS:
+            return None
+        head = f"signal {event.signal}"
+    elif event.exit_code is not None:
+        head = f"exit {event.exit_code}"
+    else:
+        return None
+    line = health.last_log_line(event.log_tail)
+    if not line:
+        return head
+    # Pids, addresses, times and counts differ from host to host; the words do not.
+    blurred = _SPACE.sub(" ", _NUMBERS.sub(_blur, line)).strip()
+    return f"{head}: {blurred[:_SIGNATURE_LINE]}"
+
+
+# --------------------------------------------------------------------------------------
+# Common-mode freeze
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,8 +1263,8 @@ class Freeze:
 
 
 @dataclass(frozen=True, slots=True)
-class FreezeChanged:
-    """The fleet froze (``frozen=True``) or thawed; tell every host and the operator."""
+class FreezeChange:
+    """The fleet froze (``frozen=True``) or thawed."""
 
     frozen: bool
     reason: str
@@ -77,7 +1276,7 @@ def threshold(expected: int, policy: FleetPolicy) -> int:
 
 
 def silent_hosts(
-    hosts: Iterable[Host], now: float, policy: FleetPolicy, freeze: Freeze
+    hosts: Iterable[Host], now: float, silent_after_s: float, freeze: Freeze
 ) -> list[Host]:
     """Ready hosts whose heartbeat is older than ``silent_after_s``, newest silence first."""
     silent = [
@@ -86,31 +1285,35 @@ def silent_hosts(
         if h.state is HostState.READY
         and h.alive_at is not None
         and h.alive_at >= freeze.ignore_before_at
-        and now - h.alive_at >= policy.silent_after_s
+        and now - h.alive_at >= silent_after_s
     ]
     return sorted(silent, key=lambda h: h.alive_at or 0.0, reverse=True)
 
 
 def assess(
-    freeze: Freeze, hosts: Iterable[Host], now: float, policy: FleetPolicy
-) -> tuple[Freeze, FreezeChanged | None]:
-    """Freeze, thaw, or leave the fleet as it is, given every host at ``now``."""
+    freeze: Freeze, hosts: Iterable[Host], now: float, policy: FleetPolicy, silent_after_s: float
+) -> tuple[Freeze, FreezeChange | None]:
+    """Freeze, thaw, or leave the fleet as it is, given every host at ``now``.
+
+    A ready host is "silent" once its heartbeat is ``silent_after_s`` old (half the stale
+    threshold, so the freeze lands before any host's own restart deadline).
+    """
     hosts = list(hosts)
     expected = sum(1 for h in hosts if h.state in WANT_RUNNING_STATES)
     needed = threshold(expected, policy)
-    silent = silent_hosts(hosts, now, policy, freeze)
+    silent = silent_hosts(hosts, now, silent_after_s, freeze)
     if not freeze.frozen:
         together = _largest_group(silent, policy.freeze_window_s)
         if expected < 2 or len(together) < needed:
             return freeze, None
         reason = (
             f"{len(together)}/{expected} hosts fell silent together (no heartbeat for"
-            f" {policy.silent_after_s:g}s): suspect the shared filesystem, the network or"
+            f" {silent_after_s:g}s): suspect the shared filesystem, the network or"
             " this node's mount, not the workers; restarts for silence are frozen"
         )
         names = frozenset(h.name for h in together)
         return replace(freeze, frozen=True, reason=reason, since_at=now, hosts=names), (
-            FreezeChanged(frozen=True, reason=reason)
+            FreezeChange(frozen=True, reason=reason)
         )
     # Hosts that fall silent while frozen are part of the same stall: the thaw waits for them.
     joined = freeze.hosts | {h.name for h in silent}
@@ -125,39 +1328,39 @@ def assess(
         for h in hosts
         if h.name in freeze.hosts
         and h.state in WANT_RUNNING_STATES
-        and not _beating(h, now, policy)
+        and not _beating(h, now, silent_after_s)
     ]
     if len(still_silent) >= needed:
         return freeze, None
-    back = sum(1 for h in hosts if h.name in freeze.hosts and _beating(h, now, policy))
+    back = sum(1 for h in hosts if h.name in freeze.hosts and _beating(h, now, silent_after_s))
     reason = f"heartbeats returned ({back} of {len(freeze.hosts)} stalled hosts beating again)"
-    return _thawed(freeze), FreezeChanged(frozen=False, reason=reason)
+    return _thawed(freeze), FreezeChange(frozen=False, reason=reason)
 
 
-def _beating(host: Host, now: float, policy: FleetPolicy) -> bool:
+def _beating(host: Host, now: float, silent_after_s: float) -> bool:
     """The host's current worker has beaten within ``silent_after_s``."""
-    return host.alive_at is not None and now - host.alive_at < policy.silent_after_s
+    return host.alive_at is not None and now - host.alive_at < silent_after_s
 
 
-def unfreeze(freeze: Freeze, now: float) -> tuple[Freeze, FreezeChanged | None]:
+def unfreeze(freeze: Freeze, now: float) -> tuple[Freeze, FreezeChange | None]:
     """An operator lifts the freeze; silences older than now stop counting."""
     thawed = replace(_thawed(freeze), ignore_before_at=now)
     if not freeze.frozen:
         return thawed, None
-    return thawed, FreezeChanged(frozen=False, reason="operator unfreeze")
+    return thawed, FreezeChange(frozen=False, reason="operator unfreeze")
 
 
 def next_assessment_at(
-    freeze: Freeze, hosts: Iterable[Host], now: float, policy: FleetPolicy
+    freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: float
 ) -> float | None:
     """When a ready host will cross the silence threshold, if nothing else happens first."""
     crossings = [
-        h.alive_at + policy.silent_after_s
+        h.alive_at + silent_after_s
         for h in hosts
         if h.state is HostState.READY
         and h.alive_at is not None
         and h.alive_at >= freeze.ignore_before_at
-        and h.alive_at + policy.silent_after_s > now
+        and h.alive_at + silent_after_s > now
     ]
     return min(crossings) if crossings else None
 
@@ -193,15 +1396,22 @@ class Budget:
     started_at: tuple[float, ...] = ()
 
 
+def is_waiting(budget: Budget, name: str) -> bool:
+    """``name``'s launch waits for a slot."""
+    return any(n == name for n, _ in budget.waiting)
+
+
 def want_launch(budget: Budget, name: str, now: float) -> Budget:
     """``name`` asks to launch (idempotent: asking twice keeps its place)."""
-    if name in budget.in_flight or any(n == name for n, _ in budget.waiting):
+    if name in budget.in_flight or is_waiting(budget, name):
         return budget
     return replace(budget, waiting=(*budget.waiting, (name, now)))
 
 
 def grant(budget: Budget, now: float, policy: FleetPolicy) -> tuple[Budget, list[str]]:
-    """Start as many waiting launches as the budget allows, longest-waiting first."""
+    """Begin as many waiting launches as the budget allows, longest-waiting first."""
+    if not budget.waiting:
+        return budget, []
     recent = tuple(t for t in budget.started_at if now - t < BUDGET_WINDOW_S)
     waiting = list(budget.waiting)
     in_flight = set(budget.in_flight)
@@ -221,10 +1431,12 @@ def grant(budget: Budget, now: float, policy: FleetPolicy) -> tuple[Budget, list
 
 def launch_done(budget: Budget, name: str) -> Budget:
     """``name``'s launch finished (either way), or it is no longer wanted."""
+    if name not in budget.in_flight and not is_waiting(budget, name):
+        return budget
     return replace(
         budget,
         in_flight=budget.in_flight - {name},
-        waiting=tuple((n, t) for n, t in budget.waiting if n != name),
+        waiting=tuple(w for w in budget.waiting if w[0] != name),
     )
 
 
@@ -235,3 +1447,76 @@ def next_grant_at(budget: Budget, policy: FleetPolicy) -> float | None:
     if len(budget.started_at) < policy.max_launches_per_minute:
         return None
     return min(budget.started_at) + BUDGET_WINDOW_S
+
+
+# --------------------------------------------------------------------------------------
+# The pointer file (``run.pointer_file``): the seed's "this run's workers are up" marker
+
+#: A failed pointer write is retried after this long, doubling up to POINTER_RETRY_MAX_S: a
+#: missing directory or a read-only mount is fixed by a person, in minutes, not milliseconds.
+POINTER_RETRY_MIN_S = 1.0
+POINTER_RETRY_MAX_S = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pointer:
+    """The pointer file's progress: written once, when the fleet is first all ready.
+
+    The seed wrote it at the end of a successful ``start`` (every worker ready), so a reader
+    of the file may take it to mean the run's reward workers are up. Once the fleet has been
+    all ready, a failed write is retried with backoff until it succeeds, whatever the fleet
+    does meanwhile: the moment it stands for has happened.
+    """
+
+    written: bool = False
+    #: A write is in flight (the shell performs it off the event loop).
+    writing: bool = False
+    #: Failed writes so far; more than 0 also means the fleet has been all ready.
+    failures: int = 0
+    retry_at: float | None = None
+    last_error: str | None = None
+
+
+def fleet_all_ready(hosts: Iterable[Host]) -> bool:
+    """Every host not stopped on purpose is ``ready``, and there is at least one.
+
+    A host an operator stopped (``stop-host``, a ``.stop`` sentinel) is not expected to run;
+    a ``failed`` one is, so it holds the pointer back like any host not yet ready.
+    """
+    ready = False
+    for h in hosts:
+        if h.state is HostState.READY:
+            ready = True
+        elif h.state not in (HostState.STOPPING, HostState.STOPPED):
+            return False
+    return ready
+
+
+def pointer_due(pointer: Pointer, hosts: Iterable[Host], now: float) -> bool:
+    """Write the pointer now: never written, no write in flight or waiting out its retry
+    delay, and the fleet is all ready (or was, when an earlier write failed)."""
+    if pointer.written or pointer.writing:
+        return False
+    if pointer.retry_at is not None and now < pointer.retry_at:
+        return False
+    return pointer.failures > 0 or fleet_all_ready(hosts)
+
+
+def pointer_started(pointer: Pointer) -> Pointer:
+    """A write has begun."""
+    return replace(pointer, writing=True)
+
+
+def pointer_written(pointer: Pointer) -> Pointer:
+    """The write succeeded: the pointer is never written again (until the path changes)."""
+    return replace(pointer, written=True, writing=False, retry_at=None, last_error=None)
+
+
+def pointer_failed(pointer: Pointer, now: float, error: str) -> Pointer:
+    """The write failed with ``error``: retry after a delay that doubles with each failure."""
+    failures = pointer.failures + 1
+    # The exponent is capped so that days of failures cannot overflow a float.
+    delay = min(POINTER_RETRY_MAX_S, POINTER_RETRY_MIN_S * 2 ** min(failures - 1, 32))
+    return replace(
+        pointer, writing=False, failures=failures, retry_at=now + delay, last_error=error
+    )

@@ -27,7 +27,19 @@ Rules (DESIGN §4); everything that decides a host's health lives in this file:
    ``ready_timeout_s``) from the thaw: after a shared-filesystem outage, clients resume
    one by one, and judging the slower ones against their pre-outage heartbeat would end
    the outage in the restart storm the freeze was there to prevent.
-7. Odd input is an observation, not an error: an event that does not apply in a state is
+7. Progress. A ``ready`` worker that reports tasks in flight and whose count of finished
+   tasks does not change for ``progress_stale_s`` is stuck: unhealthy like a stale one,
+   under the same backoff and freeze. Like heartbeats, progress is timed on our clock from
+   when we saw the count change; a worker with nothing in flight is never stuck, and one
+   that reports neither field is judged by its heartbeat alone. A stuck worker heartbeating
+   in ``cooling_down`` is not "recovered" until it finishes a task.
+8. Permanent exits. A worker that exits with one of ``permanent_exit_codes`` (a broken
+   install, a reward function that cannot be imported) is ``failed`` at once: restarting
+   it cannot help.
+9. Held restarts. While the fleet holds a host's restarts (``RestartHeld``: many hosts
+   crashed the same way, decided by ``fleet.py``), a failure waits in ``cooling_down`` with
+   no restart time until ``RestartReleased`` or an operator acts.
+10. Odd input is an observation, not an error: an event that does not apply in a state is
    recorded (stamps, pids, SSH) and otherwise ignored. Only impossible input raises.
 
 Theory of operation. The shell feeds every observation as an event with ``now`` (a
@@ -77,7 +89,41 @@ UNHEALTHY_STATES: Final = frozenset({S.STALE, S.COOLING_DOWN, S.FAILED})
 STOP_STATES: Final = frozenset({S.STOPPING, S.STOPPED})
 
 Op = Literal["launch", "terminate", "probe"]
-StopCause = Literal["operator", "sentinel", "shutdown", "removed"]
+
+
+class StopCause(StrEnum):
+    """Who wanted the host stopped: decides what starts it again."""
+
+    #: ``stop-host`` (written as a sentinel, so it outlives the daemon).
+    OPERATOR = "operator"
+    #: ``ctl/<host>.stop`` appeared: removing it starts the host again.
+    SENTINEL = "sentinel"
+    #: The daemon is stopping.
+    SHUTDOWN = "shutdown"
+    #: A reload removed the host from the config.
+    REMOVED = "removed"
+
+
+class Cause(StrEnum):
+    """Why a worker was found unhealthy, as a code beside the human reason (metrics labels,
+    alerting and tests read the code, never the sentence)."""
+
+    #: It exited with a code (its exit record or the agent said so).
+    EXITED = "exited"
+    #: It was killed by a signal.
+    KILLED = "killed"
+    #: Its heartbeat stopped changing for ``heartbeat_stale_s``.
+    HEARTBEAT_STALE = "heartbeat_stale"
+    #: It did not report ready in time, or reported ``ready: false`` for too long.
+    NOT_READY = "not_ready"
+    #: The launch did not start a worker.
+    LAUNCH_FAILED = "launch_failed"
+    #: A probe found no live worker where one should run.
+    NO_WORKER = "no_worker"
+    #: A terminate confirmed the worker dead while it should have been running.
+    GONE = "gone"
+    #: Tasks were in flight and none finished for ``progress_stale_s``.
+    STUCK = "stuck"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +141,11 @@ class Policy:
     kill_after_grace: bool = False
     #: False: an unhealthy worker is never replaced automatically (the seed's --no-respawn).
     auto_restart: bool = True
+    #: A ready worker with tasks in flight and no task finished for this long is stuck
+    #: (0: progress is not judged).
+    progress_stale_s: float = 300.0
+    #: Exit codes after which a restart cannot help: the host goes ``failed`` at once.
+    permanent_exit_codes: frozenset[int] = frozenset()
 
 
 # --------------------------------------------------------------------------------------
@@ -109,6 +160,9 @@ class HeartbeatSeen:
     ready: bool
     remote_heartbeat_at: float  # worker's clock: only ever compared with its own previous value
     remote_seq: int | None = None
+    #: Tasks finished so far (only grows) and tasks started and not finished, if reported.
+    processed: int | None = None
+    in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +179,8 @@ class WorkerExited:
     pid: int
     exit_code: int | None = None
     signal: int | None = None
+    #: The last lines of the worker's log, as its shepherd saw them at the exit (bounded).
+    log_tail: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,7 +264,7 @@ class StopRequested:
     """Someone asked for the host's worker to stop."""
 
     reason: str
-    cause: StopCause = "operator"
+    cause: StopCause = StopCause.OPERATOR
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,6 +301,18 @@ class LaunchBegan:
     """The fleet's launch budget let our queued launch start: readiness is timed from now."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartHeld:
+    """The fleet holds this host's automatic restarts (``reason`` says why)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartReleased:
+    """The fleet no longer holds this host's restarts."""
+
+
 Event = (
     HeartbeatSeen
     | StatusMissing
@@ -267,6 +335,8 @@ Event = (
     | FleetFrozen
     | FleetThawed
     | LaunchBegan
+    | RestartHeld
+    | RestartReleased
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -280,6 +350,8 @@ class Launch:
 
     reason: str
     is_restart: bool
+    #: Why the worker is replaced (automatic restarts only).
+    cause: Cause | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,6 +361,9 @@ class Terminate:
     pid: int
     grace_s: float
     kill: bool
+    #: A live but unhealthy worker (stuck, stale, never ready): capture its stacks and log
+    #: tail before it dies, to tell why.
+    collect_evidence: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,14 +429,27 @@ class Host:
     not_ready_since_at: float | None = None
     #: When the current launch was issued or the running worker found (``starting`` only).
     launched_at: float | None = None
+    #: The current worker's reported progress (None: it reports none).
+    processed: int | None = None
+    in_flight: int | None = None
+    #: When we last saw ``processed`` change, or nothing in flight: stuck-ness counts from here.
+    progress_at: float | None = None
+    #: (when, processed) marks at least a minute apart, for a rate of tasks per minute.
+    rate_mark: tuple[float, int] | None = None
+    rate_base: tuple[float, int] | None = None
+    #: The last lines of the log the last exit record carried.
+    last_log_tail: str | None = None
+    #: Why the fleet holds this host's restarts, if it does.
+    held: str | None = None
     # Restart budget.
     failures: int = 0
     healthy_since_at: float | None = None
     restart_times_at: tuple[float, ...] = ()
     restarts: int = 0
     next_restart_at: float | None = None
-    #: Why the worker was last found unhealthy.
+    #: Why the worker was last found unhealthy, in words and as a code.
     cause: str | None = None
+    cause_code: Cause | None = None
     #: Whether leaving ``stale`` with a Launch counts as an automatic restart.
     restart_is_automatic: bool = True
     stop_sentinel: bool = False
@@ -383,6 +471,7 @@ class History:
     restart_times_at: tuple[float, ...] = ()
     next_restart_at: float | None = None
     cause: str | None = None
+    cause_code: Cause | None = None
     #: Why the host was ``failed`` when the previous daemon stopped; None if it was not.
     failed: str | None = None
 
@@ -395,6 +484,7 @@ def history_of(host: Host) -> History:
         restart_times_at=host.restart_times_at,
         next_restart_at=host.next_restart_at,
         cause=host.cause,
+        cause_code=host.cause_code,
         failed=host.reason if host.state is S.FAILED else None,
     )
 
@@ -410,6 +500,7 @@ def history_changed(before: Host, after: Host) -> bool:
         or before.restart_times_at != after.restart_times_at
         or before.next_restart_at != after.next_restart_at
         or before.cause != after.cause
+        or before.cause_code is not after.cause_code
     )
 
 
@@ -432,6 +523,7 @@ def new_host(
         restart_times_at=history.restart_times_at,
         next_restart_at=history.next_restart_at,
         cause=history.cause,
+        cause_code=history.cause_code,
     )
     if stop_sentinel:
         return replace(
@@ -439,7 +531,7 @@ def new_host(
             state=S.STOPPING,
             reason="stop sentinel present",
             stop_sentinel=True,
-            stop_cause="sentinel",
+            stop_cause=StopCause.SENTINEL,
         )
     if history.failed is not None:
         return replace(host, state=S.FAILED, reason=history.failed)
@@ -463,6 +555,12 @@ def heartbeat_age_s(host: Host, now: float) -> float | None:
 def restarts_in_window(host: Host, now: float, policy: Policy) -> int:
     """Automatic restarts within the last ``restart_window_s``."""
     return sum(1 for t in host.restart_times_at if now - t < policy.restart_window_s)
+
+
+def exit_applies(host: Host, event: WorkerExited) -> bool:
+    """Whether an exit record reports the end of this host's current worker while it should
+    run (and so counts as a failure), rather than old news or a stop we asked for."""
+    return event.pid == host.pid and (host.state, WorkerExited) in TRANSITIONS
 
 
 def describe_exit(event: WorkerExited) -> str:
@@ -545,7 +643,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
         case WorkerExited():
             if event.pid != host.pid:
                 return host, False  # an older worker's record; that pid was settled already
-            return replace(host, pid=None, last_exit=describe_exit(event)), True
+            tail = event.log_tail if event.log_tail is not None else host.last_log_tail
+            return replace(host, pid=None, last_exit=describe_exit(event), last_log_tail=tail), True
         # The shell answers each remote action with exactly one result, so a result for an
         # operation that is not in flight cannot happen; it is ignored rather than trusted.
         case Launched() | LaunchFailed() | LaunchRefused() if host.op != "launch":
@@ -603,6 +702,10 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if host.op != "launch" or host.state is not S.STARTING:
                 return host, False
             return replace(host, launched_at=now), True
+        case RestartHeld():
+            return replace(host, held=event.reason), True
+        case RestartReleased():
+            return replace(host, held=None), host.held is not None
         case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
             return host, True
         case _:
@@ -637,6 +740,7 @@ def _routine_beat(host: Host, beat: HeartbeatSeen, now: float, policy: Policy) -
         beat_changed_at=now,
         status_problem=None,
         alive_at=now,
+        **_progress(host, beat, now),
     )
     # Still under construction (no one else holds it): completed in place, not copied again.
     object.__setattr__(beaten, "deadline_at", _deadline(beaten, policy))
@@ -650,7 +754,7 @@ def _early_deadline(host: Host, now: float, policy: Policy) -> Host | None:
     The shell keeps a timer that is due no later than the deadline rather than re-arm it on
     every heartbeat, so each ready host wakes once per stale period for nothing.
     """
-    if not (_steady(host) and not host.frozen and now < _stale_at(host, policy)):
+    if not (_steady(host) and not host.frozen and now < _judged_at(host, policy)):
         return None
     deadline = _deadline(host, policy)
     return host if deadline == host.deadline_at else _evolve(host, deadline_at=deadline)
@@ -723,7 +827,42 @@ def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, boo
         not_ready_since_at = now
     else:
         not_ready_since_at = host.not_ready_since_at
-    return replace(host, **seen, alive_at=now, not_ready_since_at=not_ready_since_at), True
+    progress = _progress(host, beat, now)
+    return replace(
+        host, **seen, **progress, alive_at=now, not_ready_since_at=not_ready_since_at
+    ), True
+
+
+def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
+    """What the current worker's heartbeat at ``now`` says about its progress."""
+    if beat.processed is None and beat.in_flight is None:
+        return _NO_PROGRESS
+    # Timed on our clock from the moment the count changed, like heartbeats; nothing in
+    # flight means nothing is owed, so the clock starts again.
+    advanced = host.progress_at is None or beat.processed != host.processed
+    at = now if advanced or not beat.in_flight else host.progress_at
+    out: dict[str, Any] = {
+        "processed": beat.processed,
+        "in_flight": beat.in_flight,
+        "progress_at": at,
+    }
+    if beat.processed is not None and (
+        host.rate_mark is None or now - host.rate_mark[0] >= RATE_MARK_S
+    ):
+        out["rate_base"] = host.rate_mark
+        out["rate_mark"] = (now, beat.processed)
+    return out
+
+
+#: A rate of tasks per minute is taken over at least this long.
+RATE_MARK_S: Final = 60.0
+_NO_PROGRESS: Final[Mapping[str, Any]] = {
+    "processed": None,
+    "in_flight": None,
+    "progress_at": None,
+    "rate_mark": None,
+    "rate_base": None,
+}
 
 
 def _assign_pid(host: Host, pid: int, *, found_running: bool) -> Host:
@@ -735,6 +874,8 @@ def _assign_pid(host: Host, pid: int, *, found_running: bool) -> Host:
     if host.beat_pid == pid and host.beat_changed_at is not None and seen_since_launch:
         # The new worker's first heartbeat can overtake the launch's answer.
         alive_at = host.beat_changed_at if alive_at is None else max(alive_at, host.beat_changed_at)
+    if pid != host.pid:  # another worker: its progress starts from its own first report
+        host = replace(host, **_NO_PROGRESS)
     return replace(host, pid=pid, last_pid=pid, alive_at=alive_at, found_running=found_running)
 
 
@@ -771,12 +912,43 @@ def _enter(host: Host, state: HostState, reason: str, now: float) -> Host:
     )
 
 
-def _fail(host: Host, reason: str, now: float, policy: Policy) -> Host:
+def _permanent(why: str, event: WorkerExited) -> str:
+    """The reason of a permanent exit: the code, and the log's last line that says why."""
+    last = last_log_line(event.log_tail)
+    return f"{why}: permanent (health.permanent_exit_codes)" + (f"; log: {last}" if last else "")
+
+
+def last_log_line(tail: str | None) -> str | None:
+    """The last non-blank line of a log tail, shortened for a one-line reason."""
+    if not tail:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:MAX_REASON_LINE] if lines else None
+
+
+#: A log line quoted in a state's reason is cut here: reasons are one line for humans.
+MAX_REASON_LINE: Final = 200
+
+
+def _give_up(host: Host, code: Cause, reason: str, now: float) -> Host:
+    """The worker failed in a way no restart can mend: ``failed`` now."""
+    host = replace(
+        host, failures=host.failures + 1, restart_is_automatic=True, cause=reason, cause_code=code
+    )
+    return _enter(host, S.FAILED, reason, now)
+
+
+def _fail(host: Host, code: Cause, reason: str, now: float, policy: Policy) -> Host:
     """The worker is unhealthy: restart now, after a cooldown, or give up."""
     failures = host.failures + 1
     window = tuple(t for t in host.restart_times_at if now - t < policy.restart_window_s)
     host = replace(
-        host, failures=failures, restart_times_at=window, restart_is_automatic=True, cause=reason
+        host,
+        failures=failures,
+        restart_times_at=window,
+        restart_is_automatic=True,
+        cause=reason,
+        cause_code=code,
     )
     if not policy.auto_restart:
         return _enter(host, S.FAILED, f"{reason} (auto_restart is off)", now)
@@ -787,6 +959,10 @@ def _fail(host: Host, reason: str, now: float, policy: Policy) -> Host:
         )
         return _enter(host, S.FAILED, why, now)
     delay = backoff_delay_s(failures, policy)
+    if host.held is not None:
+        # Waits with its backoff time kept, to be honoured when the hold is released.
+        host = replace(host, next_restart_at=now + delay)
+        return _enter(host, S.COOLING_DOWN, f"{reason}; restart held: {host.held}", now)
     if delay <= 0:
         return _enter(host, S.STALE, reason, now)
     host = replace(host, next_restart_at=now + delay)
@@ -801,8 +977,11 @@ def _maybe_ready(host: Host, event: Event, now: float, policy: Policy) -> Host:
 
 
 def _recover(host: Host, event: Event, now: float, policy: Policy) -> Host:
-    # A worker that heartbeats again before we touched it was slow, not dead.
-    if host.op is None and _fresh_ready(host, now, policy):
+    # A worker that heartbeats again before we touched it was slow, not dead; a stuck one
+    # heartbeats all along, and has recovered only once it finishes a task.
+    stuck_at = _stuck_at(host, policy)
+    stuck = stuck_at is not None and now >= stuck_at
+    if host.op is None and _fresh_ready(host, now, policy) and not stuck:
         return _enter(host, S.READY, "recovered: heartbeat advancing again", now)
     return host
 
@@ -810,8 +989,15 @@ def _recover(host: Host, event: Event, now: float, policy: Policy) -> Host:
 def _worker_gone(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.pid is not None:
         return host  # a probe found a different live pid; its heartbeat decides
-    why = host.last_exit if isinstance(event, WorkerExited | TerminateConfirmed) else None
-    return _fail(host, why or "probe found no live worker", now, policy)
+    if isinstance(event, WorkerExited):
+        code = Cause.EXITED if event.signal is None else Cause.KILLED
+        why = host.last_exit or describe_exit(event)
+        if event.signal is None and event.exit_code in policy.permanent_exit_codes:
+            return _give_up(host, code, _permanent(why, event), now)
+        return _fail(host, code, why, now, policy)
+    if isinstance(event, TerminateConfirmed):
+        return _fail(host, Cause.GONE, host.last_exit or "confirmed dead", now, policy)
+    return _fail(host, Cause.NO_WORKER, "probe found no live worker", now, policy)
 
 
 def _launch_failed(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -819,7 +1005,7 @@ def _launch_failed(host: Host, event: Event, now: float, policy: Policy) -> Host
         # The worker may well be running: find out (the probe) rather than count a failure.
         # The ready deadline of this launch still bounds the wait.
         return replace(host, reason=f"launch outcome unknown ({event.reason}); probing")
-    return _fail(host, host.last_error or "launch failed", now, policy)
+    return _fail(host, Cause.LAUNCH_FAILED, host.last_error or "launch failed", now, policy)
 
 
 def _launch_refused(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -847,20 +1033,43 @@ def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) 
     if host.frozen:
         return host  # a worker cannot report ready through a stalled filesystem
     if host.launched_at is not None and now >= _ready_by(host, policy):
-        return _fail(
-            host, f"not ready within ready_timeout_s={policy.ready_timeout_s:g}", now, policy
-        )
+        why = f"not ready within ready_timeout_s={policy.ready_timeout_s:g}"
+        return _fail(host, Cause.NOT_READY, why, now, policy)
     return host
 
 
 def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if now >= _stale_at(host, policy) and not host.frozen:
         base = host.alive_at if host.alive_at is not None else host.since_at
-        return _fail(host, f"heartbeat stale for {now - base:.1f}s", now, policy)
+        why = f"heartbeat stale for {now - base:.1f}s"
+        return _fail(host, Cause.HEARTBEAT_STALE, why, now, policy)
+    stuck_at = _stuck_at(host, policy)
+    if stuck_at is not None and now >= stuck_at and not host.frozen:
+        idle_s = now - stuck_at + policy.progress_stale_s
+        why = f"stuck: no task finished in {idle_s:.0f} s with {host.in_flight} in flight"
+        return _fail(host, Cause.STUCK, why, now, policy)
     since = host.not_ready_since_at
     if since is not None and now >= since + policy.ready_timeout_s:
-        return _fail(host, f"not ready for {now - since:.1f}s", now, policy)
+        return _fail(host, Cause.NOT_READY, f"not ready for {now - since:.1f}s", now, policy)
     return host
+
+
+def _stuck_at(host: Host, policy: Policy) -> float | None:
+    """When a ready host with work in flight and no progress becomes stuck (None: never)."""
+    if policy.progress_stale_s <= 0 or not host.in_flight or host.progress_at is None:
+        return None
+    base = host.progress_at
+    if host.thawed_at is not None:
+        base = max(base, host.thawed_at)
+    return base + policy.progress_stale_s
+
+
+def _judged_at(host: Host, policy: Policy) -> float:
+    """When a ready host's silence or lack of progress makes it unhealthy, if nothing
+    changes first."""
+    stuck_at = _stuck_at(host, policy)
+    stale_at = _stale_at(host, policy)
+    return stale_at if stuck_at is None else min(stale_at, stuck_at)
 
 
 def _stale_at(host: Host, policy: Policy) -> float:
@@ -881,6 +1090,8 @@ def _ready_by(host: Host, policy: Policy) -> float:
 
 
 def _cooldown_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if host.held is not None:
+        return host
     if host.next_restart_at is not None and now >= host.next_restart_at:
         return _enter(host, S.STALE, f"{host.cause}; cooldown over", now)
     return host
@@ -890,12 +1101,12 @@ def _start(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if host.stop_sentinel:
         return host  # the sentinel wins: removing it is how a sentinel-stopped host starts
     if isinstance(event, StopSentinelRemoved):
-        if host.stop_cause != "sentinel":
+        if host.stop_cause is not StopCause.SENTINEL:
             return host
         reason = "stop sentinel removed"
     else:
         reason = event.reason if isinstance(event, StartRequested) else "start"
-    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False)
+    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False, held=None)
     if host.state is S.COOLING_DOWN or host.op == "terminate":
         return _enter(host, S.STALE, reason, now)  # finish the terminate, then launch
     if host.state in WANT_RUNNING_STATES:
@@ -907,11 +1118,18 @@ def _start(host: Host, event: Event, now: float, policy: Policy) -> Host:
     return _maybe_ready(_enter(host, S.STARTING, reason, now), event, now, policy)
 
 
-def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
+def restart_refusal(host: Host) -> str | None:
+    """Why an operator's restart of ``host`` does nothing, or None if it would act."""
     if host.stop_sentinel:
+        return "held stopped by its stop sentinel; use start-host"
+    return None
+
+
+def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    if restart_refusal(host) is not None:
         return host
     reason = event.reason if isinstance(event, RestartRequested) else "restart"
-    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False)
+    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False, held=None)
     if host.state is S.STARTING and host.pid is None and host.op is None:
         return replace(host, reason=reason)  # nothing runs: the coming launch is the restart
     return _enter(host, S.STALE, reason, now)
@@ -921,7 +1139,7 @@ def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if isinstance(event, StopRequested):
         reason, cause = event.reason, event.cause
     else:
-        reason, cause = "stop sentinel present", "sentinel"
+        reason, cause = "stop sentinel present", StopCause.SENTINEL
     host = replace(host, stop_cause=cause)
     if host.state is S.STOPPED:
         return replace(host, reason=reason)
@@ -931,7 +1149,9 @@ def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
 def _sentinel_takes_over(host: Host, event: Event, now: float, policy: Policy) -> Host:
     # An operator stop becomes a sentinel stop, so removing the file starts the host again;
     # a shutdown or removal stays what it is.
-    return replace(host, stop_cause="sentinel") if host.stop_cause == "operator" else host
+    if host.stop_cause is StopCause.OPERATOR:
+        return replace(host, stop_cause=StopCause.SENTINEL)
+    return host
 
 
 def _each(
@@ -958,6 +1178,7 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     (S.STARTING, DeadlinePassed): _ready_timeout_passed,
     (S.READY, DeadlinePassed): _heartbeat_deadline_passed,
     (S.COOLING_DOWN, DeadlinePassed): _cooldown_passed,
+    (S.COOLING_DOWN, RestartReleased): _cooldown_passed,
     # Thawing re-checks what the freeze held back; silence and readiness are timed anew from
     # the thaw (_stale_at, _ready_by), a ready worker's own ready: false report is not.
     (S.STARTING, FleetThawed): _ready_timeout_passed,
@@ -987,7 +1208,12 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
     held = host.frozen and host.state is S.STALE and host.restart_is_automatic
     if host.state in (S.STALE, S.STOPPING) and host.pid is not None and not held:
         terminate = Terminate(
-            pid=host.pid, grace_s=policy.stop_grace_s, kill=policy.kill_after_grace
+            pid=host.pid,
+            grace_s=policy.stop_grace_s,
+            kill=policy.kill_after_grace,
+            collect_evidence=host.state is S.STALE
+            and host.restart_is_automatic
+            and host.cause_code in _LIVE_BUT_UNHEALTHY,
         )
         return replace(host, op="terminate"), [terminate]
     if host.state in (S.STALE, S.STARTING) and host.pid is None:
@@ -1012,7 +1238,12 @@ def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
         found_running=False,
         restart_is_automatic=True,
     )
-    return host, [Launch(reason=reason, is_restart=automatic)]
+    cause = host.cause_code if automatic else None
+    return host, [Launch(reason=reason, is_restart=automatic, cause=cause)]
+
+
+#: Causes that leave the worker alive: what it is doing is worth capturing before it dies.
+_LIVE_BUT_UNHEALTHY: Final = frozenset({Cause.STUCK, Cause.HEARTBEAT_STALE, Cause.NOT_READY})
 
 
 def _deadline(host: Host, policy: Policy) -> float | None:
@@ -1026,10 +1257,10 @@ def _deadline(host: Host, policy: Policy) -> float | None:
             candidates.append(_ready_by(host, policy))
         case S.READY:
             if not host.frozen:
-                candidates.append(_stale_at(host, policy))
+                candidates.append(_judged_at(host, policy))
             if host.not_ready_since_at is not None:
                 candidates.append(host.not_ready_since_at + policy.ready_timeout_s)
-        case S.COOLING_DOWN if host.next_restart_at is not None:
+        case S.COOLING_DOWN if host.next_restart_at is not None and host.held is None:
             candidates.append(host.next_restart_at)
         case _:
             pass

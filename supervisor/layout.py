@@ -191,15 +191,22 @@ def launch_meta(config: Config) -> dict[str, Any]:
 
 
 def write_run_files(config: Config) -> None:
-    """Create the run directories and write the manifest, launch meta and pointer file."""
+    """Create the run directories and write the manifest and launch meta.
+
+    Not the pointer file: that means "the workers are up" and waits for the fleet to be
+    all ready (``write_pointer``).
+    """
     ensure_run_dirs(config)
     layout = layout_of(config)
     write_json_atomic(layout.manifest, manifest(config))
-    meta = launch_meta(config)
-    write_json_atomic(layout.launch_meta, meta)
-    if config.run.pointer_file is not None:
-        config.run.pointer_file.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(config.run.pointer_file, meta)
+    write_json_atomic(layout.launch_meta, launch_meta(config))
+
+
+def write_pointer(path: Path, meta: Mapping[str, Any]) -> None:
+    """Write the pointer file (``run.pointer_file``: a copy of ``ctl/launch_meta.json``, as
+    the seed wrote it), creating its directory. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, meta)
 
 
 def write_json_atomic(path: Path, data: object, *, mode: int = 0o644) -> None:

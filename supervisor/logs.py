@@ -31,6 +31,8 @@ import structlog
 from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from supervisor.terminal import terminal_text
+
 LogFormat = Literal["json", "console", "auto"]
 
 REDACTED: Final = "[redacted]"
@@ -160,10 +162,16 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
+def _escape_for_terminal(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    # Console lines go to a person's terminal, and ConsoleRenderer prints strings raw: a
+    # host's stderr line or error text could otherwise clear the screen or rewrite lines.
+    return {k: terminal_text(v) if isinstance(v, str) else v for k, v in event_dict.items()}
+
+
 def _renderers(fmt: Literal["json", "console"], colors: bool) -> list[Processor]:
     if fmt == "console":
         # ConsoleRenderer formats exc_info itself (a readable traceback, no locals).
-        return [structlog.dev.ConsoleRenderer(colors=colors)]
+        return [_escape_for_terminal, structlog.dev.ConsoleRenderer(colors=colors)]
     return [
         # Locals in tracebacks would put secrets and huge objects into the logs.
         structlog.processors.ExceptionRenderer(

@@ -1,20 +1,28 @@
-"""Prometheus metrics: the only importer of prometheus_client.
+"""Prometheus metrics and their HTTP endpoint: the only importer of prometheus_client.
 
-Counters and histograms are updated by the daemon as things happen; per-host gauges are
-computed at scrape time from a snapshot taken on the event loop's thread, because the HTTP
-server answers from its own thread and must not read the daemon's state under its feet.
+Counters and histograms are updated by the daemon as things happen; per-host gauges come from
+a snapshot of the daemon's status, built on the event loop's thread at most once a second
+however often anyone scrapes. The endpoint runs in its own thread with its own small event
+loop, so a scrape's rendering never runs on the daemon's loop, and it is bounded: a cap on
+connections (the oldest one still sending its request makes room for a new one), a deadline
+for the whole request, a size cap on it, and a deadline for writing the reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import gzip
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from supervisor.health import HostState
@@ -24,6 +32,20 @@ log = structlog.get_logger("supervisor.metrics")
 # A scrape waits this long for the event loop to hand over a snapshot; a loop blocked for
 # longer is itself worth a failed scrape.
 SNAPSHOT_TIMEOUT_S: Final = 5.0
+# Building the snapshot walks every host on the daemon's loop; scrapes within this long of
+# the last build share it, so any scrape rate costs the loop at most one walk a second.
+SNAPSHOT_MAX_AGE_S: Final = 1.0
+# Prometheus holds one connection per target, a person a few more; past this the oldest
+# connection still sending its request is dropped to make room (a slow-loris cannot starve a
+# real scraper, whose request arrives at once).
+MAX_CONNECTIONS: Final = 32
+# A request is a request line and a few headers; the whole of it must arrive within this.
+MAX_REQUEST_BYTES: Final = 8 * 1024
+READ_TIMEOUT_S: Final = 5.0
+# A reply is at most a few MB at 1000 hosts; a client that takes longer to read it is dropped.
+WRITE_TIMEOUT_S: Final = 10.0
+# A closing connection may take this long to flush before it is aborted.
+CLOSE_TIMEOUT_S: Final = 2.0
 # Launches are dominated by the agent round trip and a fork; terminates by the grace period.
 LAUNCH_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TERMINATE_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -78,41 +100,251 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_SnapshotCollector(snapshot))
-        self._server: Any = None
-        self._thread: Any = None
+        self._endpoint: Endpoint | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The port the endpoint listens on (the bound one when asked for port 0)."""
+        return None if self._endpoint is None else self._endpoint.port
 
     def start(self, host: str, port: int) -> None:
-        """Serve ``/metrics`` on ``host:port`` from a background thread."""
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        log.info("metrics.listening", address=f"{host}:{port}")
+        """Serve the metrics on ``host:port`` from a background thread; raises OSError when
+        the address cannot be bound."""
+        endpoint = Endpoint(self.render, host, port)
+        endpoint.start()
+        self._endpoint = endpoint
+        log.info("metrics.listening", address=f"{host}:{endpoint.port}")
+
+    def render(self, accept: str, accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
+        """The exposition for a request with these headers: the body and its headers."""
+        encoder, content_type = choose_encoder(accept)
+        body = encoder(self.registry)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(accept_encoding):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        return body, headers
 
     def stop(self) -> None:
-        """Stop the endpoint (idempotent)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = self._thread = None
+        """Stop the endpoint (idempotent); blocks until its thread has ended."""
+        if self._endpoint is not None:
+            self._endpoint.stop()
+            self._endpoint = None
 
 
 def snapshot_on_loop(
-    loop: asyncio.AbstractEventLoop, build: Callable[[], Snapshot]
+    loop: asyncio.AbstractEventLoop,
+    build: Callable[[], Snapshot],
+    *,
+    max_age_s: float = SNAPSHOT_MAX_AGE_S,
 ) -> Callable[[], Snapshot]:
-    """A thread-safe snapshot function: ``build`` runs on ``loop``'s thread."""
+    """A thread-safe snapshot function: ``build`` runs on ``loop``'s thread, at most once per
+    ``max_age_s``; calls in between get the last snapshot."""
+    lock = threading.Lock()
+    last: list[tuple[float, Snapshot]] = []
 
     def take() -> Snapshot:
-        future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+        with lock:  # one build in flight; whoever waited behind it reuses the result
+            if last and time.monotonic() - last[0][0] < max_age_s:
+                return last[0][1]
+            future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
 
-        def run() -> None:
-            try:
-                future.set_result(build())
-            except Exception as exc:  # noqa: BLE001 - re-raised in the scraping thread
-                future.set_exception(exc)
+            def run() -> None:
+                try:
+                    future.set_result(build())
+                except Exception as exc:  # noqa: BLE001 - re-raised in the scraping thread
+                    future.set_exception(exc)
 
-        loop.call_soon_threadsafe(run)
-        return future.result(timeout=SNAPSHOT_TIMEOUT_S)
+            loop.call_soon_threadsafe(run)
+            snapshot = future.result(timeout=SNAPSHOT_TIMEOUT_S)
+            last[:] = [(time.monotonic(), snapshot)]
+            return snapshot
 
     return take
+
+
+Render = Callable[[str, str], tuple[bytes, list[tuple[str, str]]]]
+
+
+class Endpoint:
+    """A bounded HTTP/1.1 server for ``GET /metrics`` on its own thread and event loop.
+
+    One request per connection (``Connection: close``). At most ``max_connections`` at once:
+    a new one closes the oldest still reading its request, or is itself closed when every
+    slot is writing a reply. The request (line and headers, at most ``max_request_bytes``)
+    must arrive within ``read_timeout_s``; the reply must be taken within ``write_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        render: Render,
+        host: str,
+        port: int,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+    ) -> None:
+        self._render = render
+        self._host = host
+        self.port = port
+        self.max_connections = max_connections
+        self._read_timeout_s = read_timeout_s
+        self._write_timeout_s = write_timeout_s
+        self._max_request_bytes = max_request_bytes
+        # Connection -> "reading" or "writing"; dicts keep insertion order: oldest first.
+        self._connections: dict[asyncio.Task[None], str] = {}
+        self._transports: dict[asyncio.Task[None], asyncio.WriteTransport] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._bound = threading.Event()
+        self._error: OSError | None = None
+
+    @property
+    def connection_count(self) -> int:
+        """Connections open right now (read from another thread: a snapshot, not a promise)."""
+        return len(self._connections)
+
+    def start(self) -> None:
+        """Bind and start serving; returns once bound, raises OSError if binding fails."""
+        self._thread = threading.Thread(target=self._run, name="metrics-http", daemon=True)
+        self._thread.start()
+        self._bound.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    def stop(self) -> None:
+        """Close the listener and every connection; blocks until the thread has ended."""
+        loop, stopping, thread = self._loop, self._stopping, self._thread
+        if loop is not None and stopping is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already ended
+                loop.call_soon_threadsafe(stopping.set)
+        if thread is not None:
+            thread.join(timeout=CLOSE_TIMEOUT_S + 5)
+        self._thread = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except Exception:  # thread root: the endpoint is lost, supervision goes on
+            log.exception("metrics.endpoint_failed")
+        finally:
+            self._bound.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        try:
+            server = await asyncio.start_server(
+                self._on_connect, self._host, self.port, limit=self._max_request_bytes
+            )
+        except OSError as exc:
+            self._error = exc
+            return
+        self.port = int(server.sockets[0].getsockname()[1])
+        self._bound.set()
+        async with server:
+            await self._stopping.wait()
+            server.close()
+            tasks = list(self._connections)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= self.max_connections:
+            oldest = next((t for t, s in self._connections.items() if s == "reading"), None)
+            if oldest is None:
+                writer.transport.abort()  # every slot is busy answering: no room
+                return
+            self._transports[oldest].abort()
+            oldest.cancel()
+            self._forget(oldest)
+        task = asyncio.get_running_loop().create_task(self._serve_connection(reader, writer))
+        self._connections[task] = "reading"
+        self._transports[task] = writer.transport
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._connections.pop(task, None)
+        self._transports.pop(task, None)
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Task root of one connection: read one request, answer it, close."""
+        try:
+            status, headers, body, send_body = await self._answer(reader)
+            task = asyncio.current_task()
+            if task in self._connections:
+                self._connections[task] = "writing"
+            head = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers)]
+            head += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+            writer.write("\r\n".join(head).encode("latin-1") + (body if send_body else b""))
+            async with asyncio.timeout(self._write_timeout_s):
+                await writer.drain()
+                writer.close()
+                await writer.wait_closed()
+        except (TimeoutError, ConnectionError):
+            pass  # a client too slow or gone: nothing to tell it
+        except Exception:  # task root: one bad request must not end the endpoint
+            log.exception("metrics.request_failed")
+        finally:
+            writer.transport.abort()
+
+    async def _answer(
+        self, reader: asyncio.StreamReader
+    ) -> tuple[str, list[tuple[str, str]], bytes, bool]:
+        """Read the request; the reply's status line, headers, body, and whether to send the
+        body (not for HEAD)."""
+        text = [("Content-Type", "text/plain; charset=utf-8")]
+        try:
+            async with asyncio.timeout(self._read_timeout_s):
+                raw = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            return "408 Request Timeout", text, b"request not received in time\n", True
+        except asyncio.LimitOverrunError:
+            return "431 Request Header Fields Too Large", text, b"request too large\n", True
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionResetError("client hung up mid-request") from exc
+        request = _parse_request(raw)
+        if request is None:
+            return "400 Bad Request", text, b"bad request\n", True
+        method, path, fields = request
+        if method not in ("GET", "HEAD"):
+            allow = [*text, ("Allow", "GET, HEAD")]
+            return "405 Method Not Allowed", allow, b"GET or HEAD only\n", True
+        if path not in ("/metrics", "/"):
+            return "404 Not Found", text, b"the metrics are at /metrics\n", True
+        try:
+            body, headers = self._render(
+                fields.get("accept", ""), fields.get("accept-encoding", "")
+            )
+        except Exception:  # a collector's bug: this scrape fails, the endpoint stays
+            log.exception("metrics.render_failed")
+            return "500 Internal Server Error", text, b"rendering failed\n", True
+        return "200 OK", headers, body, method == "GET"
+
+
+def _parse_request(raw: bytes) -> tuple[str, str, dict[str, str]] | None:
+    """Method, path and lower-cased header fields of a request head; None if malformed."""
+    try:
+        text = raw.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        return None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+    return parts[0], parts[1].split("?", 1)[0], fields
 
 
 class _SnapshotCollector(Collector):

@@ -28,6 +28,7 @@ from supervisor import layout
 from supervisor.config import Config, HostConfig, render_argv
 from supervisor.errors import RemoteError
 from supervisor.remote import RemoteHost
+from supervisor.terminal import terminal_text
 
 HOSTCHECK_PATH: Final = Path(__file__).with_name("hostcheck.py")
 #: The agent (and so the daemon) needs this on the worker hosts (agent.py's docstring).
@@ -466,20 +467,23 @@ def failures(report: Report) -> list[str]:
 
 
 def render(report: Report, options: Options) -> str:
-    """The table, the details of every failure, the notes and a verdict line."""
+    """The table, the details of every failure, the notes and a verdict line, for a
+    terminal: what a host said (a version, an error) is escaped (``terminal_text``), so it
+    cannot drive the screen."""
     names = list(CheckName)
     header = ("HOST", "ADDRESS", *(TITLES[n] for n in names))
     rows = [header]
     for h in report.hosts:
         cells = {c.name: c.cell for c in h.checks}
-        rows.append((h.host, h.address, *(cells.get(n, "-") for n in names)))
+        raw = (h.host, h.address, *(cells.get(n, "-") for n in names))
+        rows.append(tuple(terminal_text(cell) for cell in raw))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     problems = [(h.host, c) for h in report.hosts for c in h.checks if c.status is Status.FAIL]
     if problems:
         lines += ["", "failing checks:"]
-        lines += [f"  {host}: {c.name.value}: {c.detail}" for host, c in problems]
-    lines += ["", *_notes(report, options)]
+        lines += [terminal_text(f"  {host}: {c.name.value}: {c.detail}") for host, c in problems]
+    lines += ["", *(terminal_text(note) for note in _notes(report, options))]
     bad = [h for h in report.hosts if h.failed]
     took = f"{report.elapsed_s:.1f}s"
     if not bad:

@@ -7,7 +7,7 @@ channel instead of a handshake or a new channel (and the remote user's rc files)
 
 One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
 ``fcntl.lockf(LOCK_EX | LOCK_NB)`` on ``ctl/shard-N.lock`` and holds it for the worker's
-whole life; a second launch finds it held and is refused with ``LaunchRefused``. Why lockf:
+whole life; a second launch finds it held and is refused with ``ShardHeld``. Why lockf:
 
 - On Linux NFS clients, ``lockf``/``fcntl`` byte-range locks go to the server (NLM for
   NFSv3, the protocol's own locks for NFSv4), so they exclude across every host mounting
@@ -32,10 +32,11 @@ import itertools
 import json
 import os
 import random
+import re
 import shlex
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from functools import cache
@@ -46,7 +47,7 @@ import asyncssh
 import structlog
 
 from supervisor.config import HostConfig, SshConfig
-from supervisor.errors import LaunchRefused, RemoteError
+from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
 
 log = structlog.get_logger()
@@ -73,11 +74,26 @@ OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 #: longer than this is not a reply, and is dropped unparsed. asyncssh's readline already
 #: cuts a line at the channel's receive window (2 MiB), so this bounds the parse, not the read.
 MAX_REPLY_CHARS: Final = 64 * 1024
+#: The largest pid Linux can hand out (PID_MAX_LIMIT on 64-bit); a host naming a bigger one
+#: is lying, and its number would travel on into logs, status and later requests.
+PID_MAX: Final = 4 * 1024 * 1024
+#: /proc/PID/stat's start time is an unsigned 64-bit count of clock ticks.
+START_TIME_MAX: Final = 2**64 - 1
 #: What of a line from the host is kept for logs and error messages.
 MAX_NOISE_CHARS: Final = 500
 #: ``run()`` keeps at most this much of a command's stdout (and of its stderr): the commands
 #: we send answer in a few kilobytes, and a host that sends more must not fill our memory.
 MAX_OUTPUT_CHARS: Final = 1 << 20
+#: What the agent printed is kept this far when it dies before its hello: the shell's or
+#: python's error is a few lines; the rest of a flood is not read.
+MAX_FAILED_START_CHARS: Final = 16 * 1024
+#: Lines a host prints that are not replies (its stderr, noise on stdout) are logged at most
+#: ``NOISE_BURST`` at once and one per ``NOISE_EVERY_S`` after that; the rest are counted and
+#: reported once per ``NOISE_REPORT_S``. A host cannot bury the daemon's own events, and a
+#: normal start (a warning or two from the user's rc files) is logged whole.
+NOISE_BURST: Final = 20
+NOISE_EVERY_S: Final = 3.0
+NOISE_REPORT_S: Final = 10.0
 #: asyncssh's defaults, AES-GCM first: asyncssh drives chacha20-poly1305 with several Python
 #: calls per packet (~20 us) where AES-GCM is one OpenSSL call (~3.5 us); at 1000 hosts the
 #: keepalives alone made that ~1% of a core (docs/BENCHMARKS.md). Either is an OpenSSH
@@ -88,6 +104,63 @@ ENCRYPTION_ALGS: Final = _GCM_FIRST + tuple(
     for alg in asyncssh.encryption.get_default_encryption_algs()
     if alg.decode("ascii") not in _GCM_FIRST
 )
+#: Signature algorithms that hash with SHA-1: RSA's ``ssh-rsa`` (off by default since OpenSSH
+#: 8.8: chosen-prefix collisions on SHA-1 are practical), its certificate form, and DSA.
+_SHA1_SIGNATURES: Final = frozenset(
+    {
+        "ssh-rsa",
+        "ssh-rsa-cert-v01@openssh.com",
+        "ssh-dss",
+        "ssh-dss-cert-v01@openssh.com",
+        "x509v3-ssh-rsa",
+        "x509v3-ssh-dss",
+    }
+)
+
+
+def is_weak_algorithm(name: str) -> bool:
+    """Never offered by default: SHA-1 in a key exchange (``diffie-hellman-group14-sha1``),
+    a MAC (``hmac-sha1``) or a signature (``ssh-rsa``); and GSS key exchange, never used."""
+    return "sha1" in name or name in _SHA1_SIGNATURES or name.startswith("gss-")
+
+
+def _modern(algs: Sequence[bytes]) -> tuple[str, ...]:
+    names = (alg.decode("ascii") for alg in algs)
+    return tuple(dict.fromkeys(name for name in names if not is_weak_algorithm(name)))
+
+
+_HOST_KEY_ALGS: Final = (
+    asyncssh.public_key.get_x509_certificate_algs()
+    + asyncssh.public_key.get_certificate_algs()
+    + asyncssh.public_key.get_public_key_algs()
+)
+#: The defaults of each ``[ssh]`` algorithm list: asyncssh's own, without the weak ones
+#: (OpenSSH 9.x offers the same modern set). The host key algorithms asyncssh derives per
+#: connection from the keys known_hosts holds for the host (an explicit list would ignore
+#: that, and pick a key type known_hosts lacks); from those, the weak ones are removed.
+DEFAULT_ALGS: Final[Mapping[str, tuple[str, ...]]] = {
+    "kex_algs": _modern(asyncssh.kex.get_default_kex_algs()),
+    "encryption_algs": ENCRYPTION_ALGS,
+    "mac_algs": _modern(asyncssh.mac.get_default_mac_algs()),
+    "signature_algs": _modern(
+        asyncssh.public_key.get_public_key_algs()
+        + asyncssh.public_key.get_default_public_key_algs()
+    ),
+}
+_WEAK_HOST_KEY_ALGS: Final = "-" + ",".join(
+    name for name in (alg.decode("ascii") for alg in _HOST_KEY_ALGS) if is_weak_algorithm(name)
+)
+#: What this asyncssh can negotiate, per ``[ssh]`` list (config validation names the key).
+SUPPORTED_ALGS: Final[Mapping[str, frozenset[str]]] = {
+    key: frozenset(alg.decode("ascii") for alg in algs)
+    for key, algs in (
+        ("kex_algs", asyncssh.kex.get_kex_algs()),
+        ("encryption_algs", asyncssh.encryption.get_encryption_algs()),
+        ("mac_algs", asyncssh.mac.get_mac_algs()),
+        ("signature_algs", asyncssh.public_key.get_public_key_algs()),
+        ("server_host_key_algs", _HOST_KEY_ALGS),
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +227,43 @@ def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
     return rid, reply
 
 
-def reply_int(host: str, op: str, result: dict[str, Any], key: str) -> int | None:
-    """``result[key]`` as an int (None when absent or null); RemoteError if it is not one."""
+_SURROGATES: Final = re.compile("[\ud800-\udfff]")
+
+
+def host_text(value: object, limit: int = MAX_NOISE_CHARS) -> str | None:
+    """A string a host sent, cut to ``limit`` and safe to encode: a lone surrogate (JSON allows
+    ``"\\ud800"``) becomes U+FFFD, or it would break every UTF-8 reply that carried it, such
+    as the whole fleet's ``status``. None when ``value`` is not a string."""
+    if not isinstance(value, str):
+        return None
+    return _SURROGATES.sub("\ufffd", value[:limit])
+
+
+def reply_int(
+    host: str,
+    op: str,
+    result: dict[str, Any],
+    key: str,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+) -> int | None:
+    """``result[key]`` as an int (None when absent or null); RemoteError if it is not one, or
+    not within ``low``..``high``."""
     value = result.get(key)
     if value is None:
         return None
     if type(value) is not int:
         raise RemoteError(host, f"{op}: the agent sent a {type(value).__name__} as {key!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        shown = str(value) if value.bit_length() < 64 else f"a {value.bit_length()}-bit int"
+        raise RemoteError(host, f"{op}: the agent sent {shown} as {key!r}, out of range")
     return value
+
+
+def is_pid(value: object) -> bool:
+    """``value`` could be a process id on Linux."""
+    return type(value) is int and 0 < value <= PID_MAX
 
 
 class Backoff:
@@ -186,6 +288,71 @@ class Backoff:
     def reset(self) -> None:
         """Start again from ``min_s`` (after a connection that stayed up)."""
         self._previous = self.min_s
+
+
+class TokenBucket:
+    """``burst`` tokens, one more every ``every_s`` seconds up to ``burst``; time passed in."""
+
+    def __init__(self, burst: int, every_s: float) -> None:
+        self.burst = burst
+        self.every_s = every_s
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def take(self, now: float) -> bool:
+        """Spend a token at monotonic ``now``; False (nothing spent) when there is none."""
+        if self._at is not None:
+            elapsed = max(0.0, now - self._at)
+            self._tokens = min(float(self.burst), self._tokens + elapsed / self.every_s)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+class NoiseLog:
+    """What one host prints that is not a reply (agent stderr, noise on stdout), logged within
+    a budget of ``NOISE_BURST`` lines and one per ``NOISE_EVERY_S``; lines over it are counted
+    and reported once per ``NOISE_REPORT_S`` as ``agent.lines_dropped``."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        burst: int = NOISE_BURST,
+        every_s: float = NOISE_EVERY_S,
+        report_s: float = NOISE_REPORT_S,
+    ) -> None:
+        self.host = host
+        self._bucket = TokenBucket(burst, every_s)
+        self._report_s = report_s
+        self._dropped: dict[str, int] = {}
+        self._report: asyncio.TimerHandle | None = None
+
+    def line(self, event: str, line: str) -> None:
+        """Log ``line`` as ``event`` if the budget allows, else count it. Call on the loop."""
+        if self._bucket.take(time.monotonic()):
+            log.warning(event, host=self.host, line=line)
+            return
+        self._dropped[event] = self._dropped.get(event, 0) + 1
+        if self._report is None:
+            self._report = asyncio.get_running_loop().call_later(self._report_s, self.flush)
+
+    def flush(self) -> None:
+        """Report the lines dropped since the last report, if any, and start counting anew."""
+        if self._report is not None:
+            self._report.cancel()
+            self._report = None
+        if self._dropped:
+            dropped, self._dropped = self._dropped, {}
+            log.warning(
+                "agent.lines_dropped",
+                host=self.host,
+                dropped=sum(dropped.values()),
+                by_event=dropped,
+                budget=f"{self._bucket.burst} lines, then 1 per {self._bucket.every_s:g}s",
+            )
 
 
 class RemoteHost:
@@ -215,6 +382,7 @@ class RemoteHost:
         self._handshakes = handshakes
         self._on_connection = on_connection
         self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
+        self._noise = NoiseLog(host.name)
         self._link: _Link | None = None
         self._reported: bool | None = None
         #: Why the latest connection attempt failed; None once connected.
@@ -305,7 +473,7 @@ class RemoteHost:
         """Hold the connection until it ends; its agent and channel tasks live in here."""
         try:
             async with asyncio.TaskGroup() as tasks:
-                link = _Link(self.name, conn, ended, tasks)
+                link = _Link(self.name, conn, ended, tasks, self._noise)
                 self._link = link
                 log.info(
                     "ssh.connected",
@@ -354,6 +522,10 @@ class RemoteHost:
                 ("known_hosts", old_ssh.known_hosts, ssh.known_hosts),
                 ("client_keys", old_ssh.client_keys, ssh.client_keys),
                 ("connect_timeout_s", old_ssh.connect_timeout_s, ssh.connect_timeout_s),
+                *(
+                    (key, getattr(old_ssh, key), getattr(ssh, key))
+                    for key in ("server_host_key_algs", *DEFAULT_ALGS)
+                ),
             )
             if old != new
         ]
@@ -376,6 +548,7 @@ class RemoteHost:
         """Close the connection (bounded wait); ``maintain()`` then returns. Idempotent."""
         self._closed.set()
         self._kick.set()
+        self._noise.flush()
         link = self._link
         if link is not None:
             link.ended.set("closed by the supervisor")
@@ -386,12 +559,14 @@ class RemoteHost:
     async def launch(self, spec: LaunchSpec) -> Started:
         """Start the worker under a detached shepherd; returns once it is forked.
 
-        Raises LaunchRefused when a live worker holds the shard, RemoteError otherwise.
+        Raises ShardHeld when a live worker holds the shard, RemoteError otherwise.
         """
         result = await self._call("launch", {"spec": _spec_json(spec)}, RPC_TIMEOUT_S)
-        pid = reply_int(self.name, "launch", result, "pid")
-        start_time = reply_int(self.name, "launch", result, "start_time")
-        if pid is None or pid <= 0 or start_time is None:
+        pid = reply_int(self.name, "launch", result, "pid", low=1, high=PID_MAX)
+        start_time = reply_int(
+            self.name, "launch", result, "start_time", low=0, high=START_TIME_MAX
+        )
+        if pid is None or start_time is None:
             raise RemoteError(self.name, "launch: the agent's reply has no valid pid")
         started = Started(pid=pid, start_time=start_time)
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
@@ -402,8 +577,7 @@ class RemoteHost:
         only once it is confirmed dead (or was not ours), raises RemoteError otherwise."""
         payload = {"spec": _spec_json(spec), "pid": pid, "grace_s": grace_s, "kill": kill}
         result = await self._call("terminate", payload, grace_s + TERMINATE_SLACK_S)
-        outcome = result.get("outcome")
-        outcome = outcome[:MAX_NOISE_CHARS] if isinstance(outcome, str) else None
+        outcome = host_text(result.get("outcome"))
         log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
@@ -411,11 +585,18 @@ class RemoteHost:
         any: alive, not a zombie, and ours by start time or command line."""
         payload = {"spec": _spec_json(spec), "pid": pid}
         result = await self._call("probe", payload, RPC_TIMEOUT_S)
-        found = reply_int(self.name, "probe", result, "pid")
-        if found is not None and found <= 0:
-            raise RemoteError(self.name, f"probe: the agent named pid {found}")
+        found = reply_int(self.name, "probe", result, "pid", low=1, high=PID_MAX)
         log.debug("remote.probed", host=self.name, pid=found)
         return found
+
+    async def disarm_seed(
+        self, spec: LaunchSpec, wrap_script: str, *, dry_run: bool
+    ) -> dict[str, Any]:
+        """End the old script's respawn wrappers of this host (``wrap_script``), leaving its
+        worker running; the agent's report (``agent.op_disarm_seed``), unchecked: the
+        caller validates what the host says."""
+        payload = {"spec": _spec_json(spec), "wrap_script": wrap_script, "dry_run": dry_run}
+        return await self._call("disarm_seed", payload, RPC_TIMEOUT_S)
 
     async def run(
         self, argv: Sequence[str], *, timeout_s: float, input: str | None = None
@@ -492,20 +673,17 @@ class RemoteHost:
         return link
 
     async def _call(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """One agent request; its result, or LaunchRefused / RemoteError."""
+        """One agent request; its result, or ShardHeld / RemoteError."""
         link = self._require_link(op)
         agent = await link.agent(self._python)
         reply = await agent.call(op, payload, timeout_s)
         if reply.get("ok"):
             result = reply.get("result")
             return result if isinstance(result, dict) else {}
-        error = reply.get("error")
-        error = error[:MAX_NOISE_CHARS] if isinstance(error, str) else "the agent gave no reason"
+        error = host_text(reply.get("error")) or "the agent gave no reason"
         if reply.get("kind") == "refused":
             holder = reply.get("holder_pid")
-            raise LaunchRefused(
-                self.name, error, holder_pid=holder if isinstance(holder, int) else None
-            )
+            raise ShardHeld(self.name, error, holder_pid=holder if is_pid(holder) else None)
         raise RemoteError(self.name, f"{op}: {error}")
 
 
@@ -565,10 +743,12 @@ class _Link:
         conn: asyncssh.SSHClientConnection,
         ended: _Ended,
         tasks: asyncio.TaskGroup,
+        noise: NoiseLog,
     ) -> None:
         self.host = host
         self.conn = conn
         self.ended = ended
+        self.noise = noise
         self._tasks = tasks
         self._running: set[asyncio.Task[None]] = set()
         self._agent: _Agent | None = None
@@ -657,8 +837,8 @@ class _Agent:
             "agent.started",
             host=link.host,
             python=python,
-            agent_pid=message.get("pid"),
-            python_version=message.get("python"),
+            agent_pid=message.get("pid") if type(message.get("pid")) is int else None,
+            python_version=host_text(message.get("python"), 100),
         )
         if not (link.spawn(agent._read_replies()) and link.spawn(agent._read_stderr())):
             agent.close(link.ended.reason)
@@ -682,7 +862,8 @@ class _Agent:
         self._process.close()
         try:
             async with asyncio.timeout(2.0):
-                self._stderr.extend((await self._process.stderr.read()).splitlines())
+                said = await self._process.stderr.read(MAX_FAILED_START_CHARS)
+                self._stderr.extend(line[:MAX_NOISE_CHARS] for line in said.splitlines())
                 await self._process.wait_closed()
         except (TimeoutError, asyncssh.Error, OSError):
             pass
@@ -757,7 +938,7 @@ class _Agent:
         """Resolve the request ``line`` answers; anything else is logged as noise."""
         parsed = parse_reply(line)
         if parsed is None:
-            log.warning("agent.noise", host=self._host, line=line[:MAX_NOISE_CHARS])
+            self._link.noise.line("agent.noise", line[:MAX_NOISE_CHARS])
             return
         rid, reply = parsed
         entry = self._pending.pop(rid, None)
@@ -770,7 +951,7 @@ class _Agent:
             while line := await self._process.stderr.readline():
                 line = line.rstrip()[:MAX_NOISE_CHARS]
                 self._stderr.append(line)
-                log.warning("agent.stderr", host=self._host, line=line)
+                self._link.noise.line("agent.stderr", line)
         except (asyncssh.Error, OSError):
             return  # the stdout reader reports why the channel ended
 
@@ -881,12 +1062,22 @@ def connect_options(host: HostConfig, ssh: SshConfig) -> dict[str, Any]:
         "agent_path": None,
         "x509_trusted_certs": None,
         "gss_host": None,
-        "encryption_algs": list(ENCRYPTION_ALGS),
+        **algorithm_options(ssh),
         "keepalive_interval": ssh.keepalive_interval_s,
         "keepalive_count_max": ssh.keepalive_count_max,
         "connect_timeout": ssh.connect_timeout_s,
         "login_timeout": ssh.connect_timeout_s,
     }
+
+
+def algorithm_options(ssh: SshConfig) -> dict[str, Any]:
+    """``asyncssh.connect``'s algorithm lists: the config's where set, else the defaults."""
+    options: dict[str, Any] = {
+        key: list(getattr(ssh, key) or default) for key, default in DEFAULT_ALGS.items()
+    }
+    # A string with a leading "-" removes from asyncssh's per-host default (OpenSSH's syntax).
+    options["server_host_key_algs"] = list(ssh.server_host_key_algs or ()) or _WEAK_HOST_KEY_ALGS
+    return options
 
 
 def _trusted_hosts(path: Path) -> asyncssh.SSHKnownHosts:

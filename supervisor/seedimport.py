@@ -1,15 +1,21 @@
 """``reward-supervisor import-seed``: a config file for a run started by reward_workers_ctl.py.
 
-Reads the seed's ``ctl/launch_meta.json`` (and ``manifest.json`` beside it) and the seed's
-environment (``SAO_REWARD_WORKER_HOSTS``, ``SAO_WS``, ``REWARD_ROOT``), and writes the TOML
-that makes ``reward-supervisor run`` manage the same workers the same way.
+Reads the seed's ``ctl/launch_meta.json`` (and ``manifest.json`` beside it), the respawn
+wrapper it wrote (``ctl/<host>.wrap.sh``: the interpreter and environment its workers really
+run with) and its environment (``SAO_REWARD_WORKER_HOSTS``, ``SAO_WS``, ``REWARD_ROOT``), and
+writes the TOML that makes ``reward-supervisor run`` manage the same workers the same way.
+Where it has to guess, it says so (``Imported.warnings``, also written into the file).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from supervisor import config as config_mod
@@ -18,10 +24,42 @@ from supervisor.errors import ConfigError
 # The seed's defaults (reward_workers_ctl.py), kept so an imported run behaves the same.
 SEED_WORKER_MODULE = "areal.reward.fs_worker"
 SEED_PYTHON_VERSION = "3.12"
+SEED_POINTER_NAME = "sao-reward-current.json"
+#: The seed keeps its scratch files in ``$SAO_WS/tmp``: a workspace directory, not /tmp.
+SEED_SCRATCH = "tmp"
+#: The seed's wrapper sets these; import-seed copies them into ``worker.env`` verbatim.
+WRAP_ENV_KEYS = ("PATH", "PYTHONPATH", "HOME", "TMPDIR")
+#: A wrapper script is ~1.5 KiB; reading more would only feed a hostile file.
+WRAP_READ_MAX = 64 * 1024
+_WRAP_LINE = re.compile(r'^(?:export )?(PY|PATH|PYTHONPATH|HOME|TMPDIR)="([^"$`\\]*)"$')
+
+# The sandbox of the shipped unit (systemd/reward-supervisor@.service), checked against the
+# file by the tests: where the daemon may write, and what it cannot see or share.
+UNIT_READ_WRITE_PATHS = ("/shared/reward",)
+UNIT_HIDDEN_PATHS = ("/home", "/root", "/run/user")  # ProtectHome=yes
+UNIT_PRIVATE_PATHS = ("/tmp", "/var/tmp")  # noqa: S108 - PrivateTmp=yes; names, not files we use
 
 
 class ImportProblem(Exception):
     """The seed run cannot be turned into a config; the message says what is missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """The config's TOML text, and what import-seed had to guess or cannot do for you."""
+
+    text: str
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runtime:
+    """How the seed's workers run: interpreter, environment, and its workspace (``$SAO_WS``)."""
+
+    python: str | None
+    env: dict[str, str]
+    ws: str | None
+    source: str
 
 
 def config_from_seed(
@@ -32,8 +70,17 @@ def config_from_seed(
     known_hosts: str,
     client_keys: Sequence[str] | None,
     username: str | None,
-) -> str:
-    """The TOML text of a config equivalent to the seed run."""
+    ws: str | None = None,
+    venv: str | None = None,
+    repo: str | None = None,
+    pointer_file: str | None = None,
+) -> Imported:
+    """The TOML text of a config equivalent to the seed run, and the warnings to show.
+
+    ``ws``, ``venv`` and ``repo`` are the seed's ``--ws``/``--venv``/``--repo``; without them
+    the interpreter and environment come from the run's respawn wrapper, else from
+    ``$SAO_WS``, else ``python3`` with no ``PYTHONPATH`` (and a warning).
+    """
     meta_path = Path(launch_meta) if launch_meta else None
     if meta_path is None and root:
         meta_path = Path(root) / "ctl" / "launch_meta.json"
@@ -47,14 +94,173 @@ def config_from_seed(
         raise ImportProblem(f"{meta_path} has no 'workers' list")
     run_root = str(meta.get("root") or root or "")
     manifest = _read_manifest(Path(run_root) / "manifest.json")
+    warnings: list[str] = []
+    runtime = seed_runtime(
+        ws=ws,
+        venv=venv,
+        repo=repo,
+        environ=environ,
+        wrappers=_wrapper_paths(Path(run_root), meta["workers"]),
+        warnings=warnings,
+    )
+    pointer = pointer_file or (_ws(runtime.ws, SEED_POINTER_NAME) if runtime.ws else None)
+    if pointer is None:
+        warnings.append(
+            f"no pointer file: the seed wrote $SAO_WS/tmp/{SEED_POINTER_NAME} once every"
+            " worker was ready; pass --ws or --pointer-file if anything reads it"
+        )
+    else:
+        hint = unit_write_hint(pointer)
+        if hint:
+            warnings.append(hint)
     doc = _document(meta, manifest, environ, known_hosts, client_keys, username)
+    if pointer is not None:
+        doc["run"]["pointer_file"] = pointer
+    if runtime.python is not None:
+        doc["worker"]["python"] = runtime.python
+    doc["worker"]["env"] = {**doc["worker"]["env"], **runtime.env}
     text = render_toml(doc)
+    head = [f"# Interpreter and environment from {runtime.source}."]
+    head += [f"# WARNING: {w}" for w in warnings]
     try:
         config_mod.parse(doc, Path("<import-seed>"))
     except ConfigError as exc:
-        notes = "".join(f"# FIXME: {p.key}: {p.reason}\n" for p in exc.problems)
-        text = "# This config does not validate yet; fix the lines marked FIXME.\n" + notes + text
-    return text
+        head = ["# This config does not validate yet; fix the lines marked FIXME.", *head]
+        head += [f"# FIXME: {p.key}: {p.reason}" for p in exc.problems]
+    return Imported(text="\n".join(head) + "\n" + text, warnings=warnings)
+
+
+def seed_runtime(
+    *,
+    ws: str | None,
+    venv: str | None,
+    repo: str | None,
+    environ: Mapping[str, str],
+    wrappers: Sequence[Path],
+    warnings: list[str],
+) -> Runtime:
+    """Where the seed's workers get their interpreter and environment, most trusted first:
+    the options, the wrapper the seed wrote (what the running workers really use),
+    ``$SAO_WS``, else nothing (``python3``, no ``PYTHONPATH``, and a warning)."""
+    if ws or venv or repo:
+        ws = ws or environ.get("SAO_WS") or None
+        python, env = _seed_paths(ws, venv, repo)
+        if not (repo or ws):
+            warnings.append(
+                "no --repo and no --ws/$SAO_WS: PYTHONPATH lacks the AReaL checkout the seed"
+                " put on it ($SAO_WS/repo/AReaL)"
+            )
+        return Runtime(python=python, env=env, ws=ws, source="the --ws/--venv/--repo options")
+    for path in wrappers:
+        found = read_wrapper(path)
+        if found is not None:
+            python, env = found
+            scratch = PurePosixPath(env.get("TMPDIR", "/"))
+            seed_ws = str(scratch.parent) if scratch.name == SEED_SCRATCH else None
+            return Runtime(
+                python=python, env=env, ws=seed_ws, source=f"the seed's respawn wrapper {path}"
+            )
+    if environ.get("SAO_WS"):
+        python, env = _seed_paths(environ["SAO_WS"], None, None)
+        return Runtime(python=python, env=env, ws=environ["SAO_WS"], source="$SAO_WS")
+    warnings.append(
+        "SAO_WS is not set, no --ws/--venv/--repo was given and the run has no respawn wrapper"
+        " (ctl/<host>.wrap.sh) to read: worker.python is python3 with no PYTHONPATH, which"
+        " is not what the seed ran ($SAO_WS/tmp/runtime-venv/bin/python with PYTHONPATH ="
+        f" <venv>/lib/python{SEED_PYTHON_VERSION}/site-packages:$SAO_WS/repo/AReaL; the"
+        " seed's default $SAO_WS is the directory above its script's). Pass --ws, or"
+        " --venv and --repo"
+    )
+    return Runtime(python=None, env={}, ws=None, source="nowhere (see the warnings)")
+
+
+def _seed_paths(
+    ws: str | None, venv: str | None, repo: str | None
+) -> tuple[str | None, dict[str, str]]:
+    """The seed's ``_paths`` and wrapper environment for these ``--ws/--venv/--repo``."""
+    venv = venv or (_ws(ws, "runtime-venv") if ws else None)
+    repo = repo or (f"{ws}/repo/AReaL" if ws else None)
+    env: dict[str, str] = {}
+    python = None
+    if venv:
+        python = f"{venv}/bin/python"
+        env["PATH"] = f"/usr/bin:/bin:{venv}/bin:/usr/local/bin"
+    site = f"{venv}/lib/python{SEED_PYTHON_VERSION}/site-packages" if venv else None
+    pythonpath = [p for p in (site, repo) if p]
+    if pythonpath:
+        env["PYTHONPATH"] = ":".join(pythonpath)
+    if ws:
+        env["HOME"] = _ws(ws, "home")
+        env["TMPDIR"] = _ws(ws)
+    return python, env
+
+
+def _ws(ws: str, *names: str) -> str:
+    """A path in the seed's scratch directory ``$SAO_WS/tmp``."""
+    return "/".join([ws, SEED_SCRATCH, *names])
+
+
+def _wrapper_paths(root: Path, workers: list[Any]) -> list[Path]:
+    """The respawn wrapper the seed wrote for each host of the run, in its order."""
+    names = [str(w.get("host")) for w in workers if isinstance(w, dict)]
+    return [root / "ctl" / f"{name}.wrap.sh" for name in names if "/" not in name]
+
+
+def read_wrapper(path: Path) -> tuple[str | None, dict[str, str]] | None:
+    """``(python, env)`` from a seed wrapper script, or None when there is none that reads
+    as one. Read like any file under the run root: no symlink, a regular file, bounded;
+    only plain quoted values are taken (nothing a shell would expand)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, WRAP_READ_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    values: dict[str, str] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        match = _WRAP_LINE.match(line.strip())
+        if match and match.group(1) not in values:
+            values[match.group(1)] = match.group(2)
+    if "PY" not in values:
+        return None
+    env = {k: values[k] for k in WRAP_ENV_KEYS if k in values}
+    return values["PY"], env
+
+
+def unit_write_hint(path: str) -> str | None:
+    """What the shipped systemd unit needs to write ``path``, or None when it may already."""
+    target = PurePosixPath(os.path.normpath(path))
+    directory = target.parent
+    if any(_under(target, PurePosixPath(p)) for p in UNIT_READ_WRITE_PATHS):
+        return None
+    hidden = [p for p in UNIT_HIDDEN_PATHS if _under(target, PurePosixPath(p))]
+    if hidden:
+        return (
+            f"the shipped unit cannot see {hidden[0]} (ProtectHome=yes), so it cannot write"
+            f" the pointer file {target}: in a drop-in (systemctl edit reward-supervisor@NAME)"
+            f" set ProtectHome=tmpfs and BindPaths={directory}"
+        )
+    private = [p for p in UNIT_PRIVATE_PATHS if _under(target, PurePosixPath(p))]
+    if private:
+        return (
+            f"the shipped unit has its own {private[0]} (PrivateTmp=yes): a pointer file there"
+            " is seen by nobody else; pass --pointer-file with a shared path"
+        )
+    return (
+        f"the shipped unit may write only under {', '.join(UNIT_READ_WRITE_PATHS)}"
+        f" (ProtectSystem=strict), not the pointer file {target}: add the line"
+        f" ReadWritePaths={directory} to a drop-in (systemctl edit reward-supervisor@NAME)"
+    )
+
+
+def _under(path: PurePosixPath, top: PurePosixPath) -> bool:
+    return path == top or top in path.parents
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -73,7 +279,6 @@ def _document(
     client_keys: Sequence[str] | None,
     username: str | None,
 ) -> dict[str, Any]:
-    ws = environ.get("SAO_WS")
     run: dict[str, Any] = {
         "root": str(meta.get("root", "")),
         "experiment": str(manifest.get("experiment_name", "")),
@@ -87,25 +292,10 @@ def _document(
         run["cleanup_prefix"] = environ["REWARD_ROOT"]
     if environ.get("SAO_REWARD_WORKER_HOSTS"):
         run["allow_hosts"] = environ["SAO_REWARD_WORKER_HOSTS"].split()
-    # The seed keeps everything under $SAO_WS/tmp (a workspace directory, not /tmp).
-    scratch = f"{ws}/{'tmp'}" if ws else None
-    if scratch:
-        run["pointer_file"] = f"{scratch}/sao-reward-current.json"
-    worker: dict[str, Any] = {"argv": list(config_mod.DEFAULT_ARGV)}
-    env: dict[str, str] = {"AREAL_MATH_VERIFY_SOFT_TIMEOUT": "1"}
-    if ws and scratch:
-        venv = f"{scratch}/runtime-venv"
-        site = f"{venv}/lib/python{SEED_PYTHON_VERSION}/site-packages"
-        worker["python"] = f"{venv}/bin/python"
-        env.update(
-            {
-                "PATH": f"/usr/bin:/bin:{venv}/bin:/usr/local/bin",
-                "PYTHONPATH": f"{site}:{ws}/repo/AReaL",
-                "HOME": f"{scratch}/home",
-                "TMPDIR": scratch,
-            }
-        )
-    worker["env"] = env
+    worker: dict[str, Any] = {
+        "argv": list(config_mod.DEFAULT_ARGV),
+        "env": {"AREAL_MATH_VERIFY_SOFT_TIMEOUT": "1"},
+    }
     health: dict[str, Any] = {"heartbeat_stale_s": 60.0, "restart_cooldown_s": 30.0}
     if meta.get("respawn") is False:
         health["auto_restart"] = False

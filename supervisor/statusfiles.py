@@ -94,6 +94,9 @@ class StatusRecord:
     ready: bool
     heartbeat_at: float  # worker's clock: never compared with ours
     seq: int | None
+    #: Progress, when the worker reports it: tasks finished, and tasks in flight.
+    processed: int | None = None
+    in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,8 @@ class ExitRecord:
     exit_code: int | None
     signal: int | None
     exited_at: float | None  # worker host's clock
+    #: The last lines of the worker's log at its exit, as the shepherd read them.
+    log_tail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +171,24 @@ def parse_status(data: bytes) -> StatusRecord | StatusProblem:
     seq = _int(obj.get("seq"))
     if seq is None and obj.get("seq") is not None:
         return StatusProblem("bad seq")
-    return StatusRecord(pid=pid, ready=ready, heartbeat_at=heartbeat_at, seq=seq)
+    return StatusRecord(
+        pid=pid,
+        ready=ready,
+        heartbeat_at=heartbeat_at,
+        seq=seq,
+        processed=_count(obj.get("processed")),
+        in_flight=_count(obj.get("in_flight")),
+    )
 
 
 def read_status(path: str | os.PathLike[str]) -> StatusRecord | StatusProblem:
     """Read and parse one status file; a missing file is ``StatusProblem("missing")``."""
     data = _read_capped(path)
     return data if isinstance(data, StatusProblem) else parse_status(data)
+
+
+#: An exit record's log tail is kept to this many characters (its end), whatever it says.
+MAX_LOG_TAIL_CHARS: Final = 4096
 
 
 def parse_exit(data: bytes) -> ExitRecord | None:
@@ -192,6 +208,7 @@ def parse_exit(data: bytes) -> ExitRecord | None:
         exit_code=_int(obj.get("exit_code")),
         signal=_int(obj.get("signal")),
         exited_at=_finite(obj.get("exited_at")),
+        log_tail=_text(obj.get("log_tail"), MAX_LOG_TAIL_CHARS),
     )
 
 
@@ -223,6 +240,17 @@ def _json_object(data: bytes) -> dict[str, object] | StatusProblem:
 def _int(value: object) -> int | None:
     # bool is an int subclass, and `true` is not a pid.
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(value: object) -> int | None:
+    # Progress is optional: a count that is not a non-negative int is not reported, rather
+    # than a problem that would hide a live worker's heartbeat.
+    number = _int(value)
+    return number if number is not None and number >= 0 else None
+
+
+def _text(value: object, limit: int) -> str | None:
+    return value[-limit:] if isinstance(value, str) else None
 
 
 def _finite(value: object) -> float | None:
@@ -341,6 +369,8 @@ class WatcherProtocol(Protocol):
     async def run(self, sink: Callable[[list[Observation]], None]) -> None: ...
 
     def scan_all(self) -> list[Observation]: ...
+
+    async def scan(self, hosts: Collection[str]) -> list[Observation]: ...
 
     def healthy(self, now: float) -> bool: ...
 
@@ -478,6 +508,13 @@ class Watcher:
         """Read every host's files now, in the calling thread; returns all of them."""
         hosts, _ = self._current_hosts()
         batch = self._read_batch(_all_keys(hosts), check_dirs=False)
+        return self._observe(batch.observations, every=True)
+
+    async def scan(self, hosts: Collection[str]) -> list[Observation]:
+        """Read ``hosts``' files now, off the event loop; returns all of them (and seeds what
+        ``run()`` compares with, so it reports only what changes after)."""
+        keys = _all_keys(hosts)
+        batch = await self._read_off_loop(keys, False)
         return self._observe(batch.observations, every=True)
 
     def healthy(self, now: float) -> bool:

@@ -88,3 +88,15 @@ def pytest_runtest_makereport(
     if STRICT_SKIPS and report.skipped and item.get_closest_marker("optional_env") is None:
         report.outcome = "failed"
         report.longrepr = f"skipped in strict mode (CI installs everything): {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def seed_script() -> Path:
+    """``reward_workers_ctl.py``, the script we replace (``tests/seed.py`` says where it is
+    looked for); skips without it, which strict mode turns into a failure."""
+    from tests.seed import find_seed, seed_missing_reason
+
+    found = find_seed()
+    if found is None:
+        pytest.skip(seed_missing_reason())
+    return found

@@ -49,6 +49,10 @@ class OpenSsh:
     #: An argv prefix sshd runs under (``unshare ...``): its sessions inherit what it sets up.
     launcher: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
+    #: ``ssh-keygen -t`` of the host key (the file keeps its name whatever the type).
+    host_key_type: str = "ed25519"
+    #: More ``sshd_config`` lines, e.g. to offer only some algorithms.
+    extra_config: tuple[str, ...] = ()
 
     # --- files ------------------------------------------------------------------------
 
@@ -99,6 +103,9 @@ class OpenSsh:
         cls,
         workdir: Path,
         addresses: Sequence[str] = ADDRESSES,
+        *,
+        host_key_type: str = "ed25519",
+        extra_config: Sequence[str] = (),
         launcher: Sequence[str] = (),
     ) -> OpenSsh:
         """Generate keys and config in ``workdir`` and start the server (under ``launcher``)."""
@@ -107,6 +114,8 @@ class OpenSsh:
             workdir=workdir,
             port=_free_port(addresses),
             addresses=tuple(addresses),
+            host_key_type=host_key_type,
+            extra_config=tuple(extra_config),
             launcher=tuple(launcher),
         )
         server._write_files()
@@ -115,7 +124,7 @@ class OpenSsh:
 
     def _write_files(self) -> None:
         """Keys, known_hosts (right and wrong), authorized_keys and sshd_config."""
-        _keygen(self.host_key, "test host key")
+        _keygen(self.host_key, "test host key", self.host_key_type)
         _keygen(self.client_key, "reward-supervisor tests")
         wrong = self.workdir / "other_host_key"
         _keygen(wrong, "a key no server here has")
@@ -145,6 +154,7 @@ class OpenSsh:
             "X11Forwarding no",
             "PrintMotd no",
             "LogLevel VERBOSE",
+            *self.extra_config,
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
@@ -289,13 +299,13 @@ class OpenSsh:
 # --- helpers --------------------------------------------------------------------------
 
 
-def _keygen(path: Path, comment: str) -> None:
-    """A new passphrase-less ed25519 key pair at ``path`` and ``path.pub``."""
+def _keygen(path: Path, comment: str, key_type: str = "ed25519") -> None:
+    """A new passphrase-less key pair (ed25519 by default) at ``path`` and ``path.pub``."""
     # ssh-keygen asks before overwriting; a reused workdir gets fresh keys.
     path.unlink(missing_ok=True)
     path.with_name(path.name + ".pub").unlink(missing_ok=True)
     subprocess.run(
-        [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        [SSH_KEYGEN, "-q", "-t", key_type, "-N", "", "-C", comment, "-f", str(path)],
         check=True,
         stdin=subprocess.DEVNULL,
     )

@@ -1,7 +1,8 @@
 """The invariant monitor: a thread that watches every process on the machine during a test.
 
 Every ``SAMPLE_S`` it reads ``/proc/*/cmdline`` and, for reference workers of this test's
-runs (``-m supervisor.worker ... --root R --shard N`` with ``R`` under the test's directory),
+runs (``-m supervisor.worker ... --root R --shard N`` with ``R`` under the test's directory;
+``-m areal.reward.fs_worker``, the module name the old script starts, counts as the same),
 ``/proc/*/stat``. Two live workers (state not ``Z``/``X``) serving one ``(root, shard)`` in
 the same sample is a violation of the product's first promise, recorded with both command
 lines. It also keeps, per shard, every worker pid it ever saw and when, so a test can ask
@@ -25,6 +26,10 @@ from pathlib import Path
 SAMPLE_S = 0.02
 
 Shard = tuple[str, int]  # (root as the worker was given it, shard number)
+
+#: Modules whose ``python -m`` runs count as workers: the reference worker, and the name
+#: the old script (reward_workers_ctl.py) starts it under in the migration tests.
+WORKER_MODULES = ("supervisor.worker", "areal.reward.fs_worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +86,12 @@ class _Record:
 
 
 def parse_worker_argv(args: list[str]) -> tuple[str, int, str | None] | None:
-    """``(root, shard, host)`` when ``args`` run ``-m supervisor.worker``; None otherwise."""
+    """``(root, shard, host)`` when ``args`` run ``-m`` a worker module; None otherwise."""
     try:
         m = args.index("-m")
     except ValueError:
         return None
-    if m + 1 >= len(args) or args[m + 1] != "supervisor.worker":
+    if m + 1 >= len(args) or args[m + 1] not in WORKER_MODULES:
         return None
     opts = args[m + 2 :]
     values: dict[str, str] = {}
@@ -137,10 +142,11 @@ class Scanner:
     A shared machine may run a thousand processes; reading every command line 50 times a
     second would cost a core. So a process that cannot turn into a worker is remembered by
     pid and ``/proc/PID`` inode (a new process reusing the pid gets a new inode) and skipped.
-    "Cannot turn into a worker" means: not a worker now and not a Python interpreter (a
-    worker is started by a Python shepherd, fork then exec, so until the exec its command
-    line is the shepherd's). Every ``FULL_RESCAN_S`` the memory is dropped, so even a shell
-    that execs a worker directly is seen within that long.
+    "Cannot turn into a worker" means: not a worker now, and neither a Python interpreter
+    (a worker is started by a Python shepherd, fork then exec, so until the exec its command
+    line is the shepherd's) nor a shell running a script under the watched directory (the
+    old script's respawn loop forks and execs its worker). Every ``FULL_RESCAN_S`` the memory
+    is dropped, so anything else that execs a worker directly is seen within that long.
     """
 
     #: Forget every remembered non-candidate this often.
@@ -177,7 +183,7 @@ class Scanner:
                 if worker is not None:
                     found.append(worker)
                     cmdlines[pid] = " ".join(args)
-                elif not _may_become_worker(args):
+                elif not _may_become_worker(args, self._prefix):
                     self._skip[pid] = inode
         for pid in [p for p in self._skip if p not in present]:
             del self._skip[pid]
@@ -186,7 +192,7 @@ class Scanner:
     def _look_at(self, pid: int) -> tuple[WorkerProcess | None, list[str]]:
         """``pid`` as a live worker of a watched run (or None), and its argv."""
         args = _cmdline(pid)
-        if "supervisor.worker" not in args:
+        if not any(module in args for module in WORKER_MODULES):
             return None, args
         parsed = parse_worker_argv(args)
         if parsed is None:
@@ -201,9 +207,20 @@ class Scanner:
         return WorkerProcess(pid, real, shard, host, stat[0], stat[1]), args
 
 
-def _may_become_worker(args: list[str]) -> bool:
-    """A Python process (or one whose command line we could not read as a worker's)."""
-    return bool(args) and "python" in os.path.basename(args[0])
+#: Shells that exec a worker after forking (the old script's respawn loop does).
+_SHELLS = frozenset({"bash", "sh", "dash", "nohup"})
+
+
+def _may_become_worker(args: list[str], prefix: str) -> bool:
+    """A Python process, or a shell running a script under the watched directory (the old
+    script's respawn loop, ``bash ROOT/ctl/HOST.wrap.sh``, forks and execs its workers):
+    either may turn into a worker without a new pid. Other shells are many and never do."""
+    if not args:
+        return False
+    name = os.path.basename(args[0])
+    if "python" in name:
+        return True
+    return name in _SHELLS and any(arg.startswith(prefix) for arg in args[1:])
 
 
 def scan_workers(under: Path) -> tuple[list[WorkerProcess], dict[int, str]]:

@@ -50,7 +50,11 @@ async def test_monitor_catches_two_workers_on_one_shard(elsewhere: Path) -> None
     second = start_worker(elsewhere, 0, "b")
     other_shard = start_worker(elsewhere, 1, "c")
     try:
-        await poll_until(lambda: bool(watcher.violations), 30, "a violation")
+        await poll_until(
+            lambda: bool(watcher.violations) and bool(watcher.pids_seen(1)),
+            30,
+            "a violation, and the worker of shard 1 seen",
+        )
         with pytest.raises(AssertionError, match="one worker per shard violated"):
             watcher.assert_clean()
         violation = watcher.violations[0]

@@ -26,7 +26,7 @@ from supervisor.control import (
     request,
     request_sync,
 )
-from supervisor.errors import ControlError
+from supervisor.errors import ControlError, DaemonNotRunning
 
 NOBODY = 65534
 # Generous: shared CI machines stall; no test waits this long when things work.
@@ -202,7 +202,7 @@ _AS_NOBODY = """
 import asyncio, json, os, sys
 from pathlib import Path
 from supervisor.control import request_sync
-from supervisor.errors import ControlError
+from supervisor.errors import ControlError, DaemonNotRunning
 asyncio.run(asyncio.sleep(0))  # wait-ok: loads the event loop's modules while root, no wait
 os.setgroups([])
 os.setgid(65534)
@@ -578,18 +578,18 @@ async def test_another_uid_cannot_connect_to_the_0600_socket(
 
 
 async def test_client_reports_a_missing_socket(sock_path: Path) -> None:
-    """No socket file: the client says the daemon is probably not running, and where it looked."""
-    with pytest.raises(ControlError) as caught:
+    """No socket file: DaemonNotRunning, saying where it looked (the CLI's exit code 3)."""
+    with pytest.raises(DaemonNotRunning) as caught:
         await request(sock_path, "status")
     assert str(caught.value) == f"daemon not running? no socket at {sock_path}"
 
 
 async def test_client_reports_a_stale_socket(sock_path: Path) -> None:
-    """A socket file nobody listens on is reported as a stale socket."""
+    """A socket file nobody listens on is DaemonNotRunning, reported as a stale socket."""
     sock_path.parent.mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
         dead.bind(str(sock_path))
-    with pytest.raises(ControlError) as caught:
+    with pytest.raises(DaemonNotRunning) as caught:
         await request(sock_path, "status")
     assert str(caught.value) == f"daemon not running (stale socket {sock_path})"
 

@@ -45,23 +45,19 @@ def make_config(server: OpenSsh, root: Path, hosts: int = 1, **overrides: Any) -
     return parse(raw, root.parent / "rs.toml")
 
 
-def without_rc_files(server: OpenSsh) -> OpenSsh:
-    """Give ``server``'s sessions an empty ``$HOME`` (no rc files, as a service account has),
-    restarting it: root's ``~/.bashrc`` here costs every session ~150 ms of CPU, and these
+def quiet_sshd(workdir: Path, **options: Any) -> OpenSsh:
+    """An OpenSSH server whose sessions get an empty ``$HOME`` (no rc files, as a service
+    account has): root's ``~/.bashrc`` here costs every session ~150 ms of CPU, and these
     tests start a few dozen. What they check does not depend on rc files."""
-    home = server.workdir / "empty-home"
-    home.mkdir()
-    server.stop()
-    with server.config_path.open("a", encoding="utf-8") as f:
-        f.write(f"SetEnv HOME={home}\n")
-    server.start()
-    return server
+    home = workdir / "empty-home"
+    home.mkdir(parents=True)
+    return OpenSsh.create(workdir, extra_config=(f"SetEnv HOME={home}",), **options)
 
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
     """This module's OpenSSH server on the three loopback aliases, sessions without rc files."""
-    server = without_rc_files(OpenSsh.create(tmp_path_factory.mktemp("preflight-sshd")))
+    server = quiet_sshd(tmp_path_factory.mktemp("preflight-sshd"))
     try:
         yield server
     finally:
@@ -237,9 +233,7 @@ def namespaced(tmp_path: Path) -> Iterator[Namespaced]:
     probe = subprocess.run([*launcher, "true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         pytest.skip(f"cannot make a mount namespace here (needs root): {probe.stderr.strip()}")
-    server = without_rc_files(
-        OpenSsh.create(base / "sshd", addresses=("127.0.0.1",), launcher=launcher)
-    )
+    server = quiet_sshd(base / "sshd", addresses=("127.0.0.1",), launcher=launcher)
     try:
         yield Namespaced(server, elsewhere, read_only, unmounted)
     finally:

@@ -25,9 +25,16 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.config import Config, HostConfig, parse
-from supervisor.errors import LaunchRefused, RemoteError
+from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
-from supervisor.remote import MAX_OUTPUT_CHARS, FailureKind, RemoteHost, Started
+from supervisor.remote import (
+    MAX_OUTPUT_CHARS,
+    NOISE_BURST,
+    FailureKind,
+    NoiseLog,
+    RemoteHost,
+    Started,
+)
 from tests.sshd import OpenSsh
 
 pytestmark = pytest.mark.openssh
@@ -352,7 +359,7 @@ async def test_second_launch_is_refused_with_the_holder_pid(
     config = make_config(openssh, run_root)
     async with maintained(config) as h:
         started = reaper.add(await h.remote.launch(h.spec))
-        with pytest.raises(LaunchRefused) as refused:
+        with pytest.raises(ShardHeld) as refused:
             await h.remote.launch(h.spec)
         assert refused.value.holder_pid == started.pid
         assert "locked" in refused.value.reason
@@ -373,7 +380,7 @@ async def test_launch_refused_by_pidfile_when_the_shepherd_was_killed(
         shepherd = int(record["shepherd_pid"])
         os.kill(shepherd, signal.SIGKILL)
         await wait_until(lambda: not is_alive(shepherd), "the shepherd to die")
-        with pytest.raises(LaunchRefused) as refused:
+        with pytest.raises(ShardHeld) as refused:
             await h.remote.launch(h.spec)
         assert refused.value.holder_pid == started.pid
         assert "no shepherd holds" in refused.value.reason
@@ -854,6 +861,68 @@ async def test_garbage_from_the_agent_is_noise_and_the_link_stays_up(
         noise = [e for e in logs if e["event"] == "agent.noise"]
         assert len(noise) >= 20
         assert all(len(e["line"]) <= 500 for e in noise)
+
+
+FLOODING_AGENT = """\
+import json, sys
+out, err = sys.stdout.buffer, sys.stderr.buffer
+out.write(json.dumps({"hello": {"pid": 1, "python": "flood"}}).encode() + b"\\n")
+out.flush()
+for line in sys.stdin.buffer:
+    rid = json.loads(line)["id"]
+    err.write(b"stderr line\\n" * 1000)
+    err.flush()
+    out.write(b"\\x1b[2J noise line\\n" * 1000)
+    out.write(json.dumps({"id": rid, "ok": False, "error": "\\ud800 \\x1b[31m"}).encode())
+    out.write(b"\\n")
+    out.flush()
+"""
+
+
+async def test_a_flood_from_the_agent_is_logged_within_budget_and_counted(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path
+) -> None:
+    """An agent printing 1000 noise lines and 1000 stderr lines per request gets a burst of
+    its lines logged; every other noise line is counted in ``agent.lines_dropped``, and an
+    error text with a lone surrogate reaches the caller as encodable text."""
+    fake = tmp_path / "flooding-python"
+    fake.write_text(f"#!{sys.executable}\n{FLOODING_AGENT}")
+    fake.chmod(0o755)
+    config = make_config(openssh, run_root, python=str(fake))
+    with capture_logs() as logs:
+        async with maintained(config) as h:
+            with pytest.raises(RemoteError) as failed:
+                await h.remote.probe(h.spec, None)
+            # The noise on stdout came before the reply, so all of it has been read now.
+    failed.value.reason.encode("utf-8")
+    assert "\ufffd" in failed.value.reason
+    logged = [e for e in logs if e["event"] in ("agent.noise", "agent.stderr")]
+    assert 0 < len(logged) <= NOISE_BURST + 1  # one refill at most in a slow run
+    [report] = [e for e in logs if e["event"] == "agent.lines_dropped"]
+    noise_logged = sum(e["event"] == "agent.noise" for e in logs)
+    assert noise_logged + report["by_event"]["agent.noise"] == 1000
+
+
+async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:
+    """Past its burst, lines are counted, not logged, and one report per interval says how
+    many; a quiet host reports nothing."""
+    noise = NoiseLog("worker-0", burst=5, every_s=1000.0, report_s=0.05)
+    with capture_logs() as logs:
+        for i in range(100):
+            noise.line("agent.stderr", f"line {i}")
+        await wait_until(
+            lambda: any(e["event"] == "agent.lines_dropped" for e in logs), "the report"
+        )
+        noise.flush()  # nothing new: no second report
+    assert [e["line"] for e in logs if e["event"] == "agent.stderr"] == [
+        f"line {i}" for i in range(5)
+    ]
+    [report] = [e for e in logs if e["event"] == "agent.lines_dropped"]
+    assert (report["host"], report["dropped"], report["by_event"]) == (
+        "worker-0",
+        95,
+        {"agent.stderr": 95},
+    )
 
 
 async def test_agent_that_cannot_start_is_reported(openssh: OpenSsh, run_root: Path) -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from supervisor import config as config_mod
-from supervisor.layout import write_run_files
+from supervisor.layout import launch_meta, write_pointer, write_run_files
 
 # The fields reward_workers_ctl.py writes (its _write_manifest and meta dicts): tools that
 # read these files today must keep working.
@@ -18,7 +18,8 @@ def test_run_files_carry_the_seed_fields_and_the_pointer_mirrors_launch_meta(
     tmp_path: Path,
 ) -> None:
     """manifest.json and ctl/launch_meta.json have every field the seed wrote, with this
-    config's values; the pointer file is a copy of launch_meta; run dirs exist per shard."""
+    config's values; run dirs exist per shard; the pointer file waits for write_pointer (the
+    daemon calls it once the fleet is all ready) and is then a copy of launch_meta."""
     root = tmp_path / "runs" / "run-7"
     pointer = tmp_path / "ws" / "tmp" / "sao-reward-current.json"
     raw = {
@@ -54,6 +55,8 @@ def test_run_files_carry_the_seed_fields_and_the_pointer_mirrors_launch_meta(
     meta = json.loads((root / "ctl" / "launch_meta.json").read_text())
     assert set(meta) >= SEED_META_KEYS
     assert (meta["root"], meta["workers"], meta["respawn"]) == (str(root), workers, False)
+    assert not pointer.exists()
+    write_pointer(pointer, launch_meta(cfg))
     assert json.loads(pointer.read_text()) == meta
     assert (root / "inbox" / "0").is_dir() and (root / "inbox" / "1").is_dir()
     assert (root / "status").is_dir() and (root / "outbox").is_dir()

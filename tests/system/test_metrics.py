@@ -85,3 +85,91 @@ async def test_metrics_agree_with_status(daemon: tuple[DaemonProcess, int]) -> N
     assert metrics["reward_supervisor_launch_seconds_count"] == 3  # 2 starts + 1 restart
     assert metrics["reward_supervisor_fleet_frozen"] == 0
     assert metrics["reward_supervisor_up"] == 1
+
+
+#: The ``# TYPE`` lines the endpoint serves (prometheus_client's text format 0.0.4), besides
+#: the ``_created`` gauge prometheus_client adds beside a counter or histogram that has a
+#: sample: alert rules are written against these names.
+METRIC_FAMILIES = {
+    "reward_supervisor_restarts_total": "counter",
+    "reward_supervisor_reloads_total": "counter",
+    "reward_supervisor_launch_seconds": "histogram",
+    "reward_supervisor_terminate_seconds": "histogram",
+    "reward_supervisor_hosts": "gauge",
+    "reward_supervisor_host_state": "gauge",
+    "reward_supervisor_heartbeat_age_seconds": "gauge",
+    "reward_supervisor_ssh_connected": "gauge",
+    "reward_supervisor_host_restarts": "gauge",
+    "reward_supervisor_fleet_frozen": "gauge",
+    "reward_supervisor_launches_waiting": "gauge",
+    "reward_supervisor_status_parse_errors": "gauge",
+    "reward_supervisor_up": "gauge",
+}
+
+
+def threads_of(pid: int) -> int:
+    """How many threads process ``pid`` has."""
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+async def test_metric_names_and_types_are_the_published_ones(
+    daemon: tuple[DaemonProcess, int],
+) -> None:
+    """The families served, with their types, are exactly the published set."""
+    proc, port = daemon
+    await proc.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+
+    def types() -> dict[str, str]:
+        """``# TYPE`` lines of one scrape."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        return {
+            line.split()[2]: line.split()[3]
+            for line in text.splitlines()
+            if line.startswith("# TYPE ")
+        }
+
+    served = await asyncio.to_thread(types)
+    created = {name for name in served if name.endswith("_created")}
+    assert {name: kind for name, kind in served.items() if name not in created} == METRIC_FAMILIES
+    counted = {n.removesuffix("_total") for n, k in METRIC_FAMILIES.items() if k != "gauge"}
+    assert {name.removesuffix("_created") for name in created} <= counted
+
+
+async def test_200_half_open_connections_leave_scrapes_and_the_fleet_alone(
+    daemon: tuple[DaemonProcess, int],
+) -> None:
+    """200 connections that never finish a request hold no thread each; a normal scrape made
+    while they hang answers within a second, and every worker keeps its pid and state."""
+    proc, port = daemon
+    before = await proc.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    assert proc.process is not None
+    daemon_pid = proc.process.pid
+    threads_before = threads_of(daemon_pid)
+    mark = len(proc.lines)
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        for i in range(200):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x" if i % 2 else b"")
+            writers.append(writer)
+        await asyncio.gather(*(w.drain() for w in writers), return_exceptions=True)
+
+        def quick_scrape() -> dict[str, float]:
+            """A scrape with a one-second deadline."""
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=1.0) as reply:
+                return parse(reply.read().decode())
+
+        metrics = await asyncio.to_thread(quick_scrape)
+        assert metrics['reward_supervisor_hosts{state="ready"}'] == 2
+        assert threads_of(daemon_pid) < threads_before + 10  # not one per connection
+    finally:
+        for writer in writers:
+            writer.transport.abort()
+    after = await proc.status()
+    assert all_ready(after, 2)
+    assert {h: r["pid"] for h, r in after["hosts"].items()} == {
+        h: r["pid"] for h, r in before["hosts"].items()
+    }
+    assert [line for line in proc.lines[mark:] if line.get("event") == "host.state"] == []

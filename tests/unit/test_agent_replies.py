@@ -1,4 +1,4 @@
-"""The daemon's parser of agent replies: any line a host sends is an answer or noise, never a crash."""
+"""The parser of agent replies: any line a host sends is an answer or noise, never a crash."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.errors import RemoteError
-from supervisor.remote import MAX_REPLY_CHARS, parse_reply, reply_int
+from supervisor.remote import (
+    MAX_REPLY_CHARS,
+    PID_MAX,
+    TokenBucket,
+    host_text,
+    parse_reply,
+    reply_int,
+)
 
 
 @pytest.mark.parametrize(
@@ -87,3 +94,57 @@ def test_absent_or_null_result_fields_are_none_and_ints_pass() -> None:
     assert reply_int("h", "probe", {}, "pid") is None
     assert reply_int("h", "probe", {"pid": None}, "pid") is None
     assert reply_int("h", "probe", {"pid": 12}, "pid") == 12
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("pid", 0), ("pid", -1), ("pid", PID_MAX + 1), ("pid", 10**30)]
+)
+def test_pids_out_of_range_are_a_remote_error(key: str, value: int) -> None:
+    """A pid no Linux kernel can hand out is the host's error, never passed on."""
+    with pytest.raises(RemoteError, match="out of range"):
+        reply_int("worker-0", "probe", {key: value}, key, low=1, high=PID_MAX)
+
+
+def test_a_huge_int_is_not_echoed_whole() -> None:
+    """An int of thousands of digits is described by its size, not printed into the reason."""
+    with pytest.raises(RemoteError) as failed:
+        reply_int("h", "launch", {"pid": 10**4000}, "pid", high=PID_MAX)
+    assert len(failed.value.reason) < 200
+
+
+@given(st.text(max_size=1000))
+def test_host_text_is_bounded_and_always_encodes(text: str) -> None:
+    """Whatever a host sends as text (lone surrogates included) comes back bounded and
+    encodable as UTF-8, and unchanged when it already was."""
+    cleaned = host_text(text, 100)
+    assert cleaned is not None and len(cleaned) == min(len(text), 100)
+    cleaned.encode("utf-8")
+    if all(not 0xD800 <= ord(c) <= 0xDFFF for c in text):
+        assert cleaned == text[:100]
+
+
+def test_host_text_of_a_non_string_is_none() -> None:
+    """A number, list or null where text was expected gives None, for the caller's default."""
+    assert host_text(5) is None
+    assert host_text(None) is None
+    assert host_text(["x"]) is None
+
+
+@given(st.lists(st.floats(min_value=0, max_value=100), max_size=200))
+def test_token_bucket_never_allows_more_than_its_budget(gaps: list[float]) -> None:
+    """Over any sequence of attempts, the lines let through between the first and the last
+    attempt are at most the burst plus one per refill interval elapsed."""
+    bucket = TokenBucket(burst=5, every_s=3.0)
+    now, allowed = 0.0, 0
+    for gap in gaps:
+        now += gap
+        allowed += bucket.take(now)
+    assert allowed <= 5 + now / 3.0
+
+
+def test_token_bucket_refills_after_a_quiet_spell() -> None:
+    """A burst is spent at once; after a quiet spell of a burst's worth of refills it is back."""
+    bucket = TokenBucket(burst=3, every_s=1.0)
+    assert [bucket.take(0.0) for _ in range(5)] == [True, True, True, False, False]
+    assert bucket.take(0.5) is False
+    assert [bucket.take(10.0) for _ in range(4)] == [True, True, True, False]

@@ -215,3 +215,109 @@ def test_warnings_come_with_the_problems_of_an_invalid_config(tmp_path: Path) ->
     assert checked.config is None
     assert [p.key for p in checked.problems] == ["run.root"]
     assert [w.key for w in checked.warnings] == ["ssh.known_hosts"]
+
+
+def test_progress_check_can_be_turned_off_and_permanent_codes_are_a_set() -> None:
+    """``progress_stale_s = 0`` turns stuck detection off; exit codes become a frozenset."""
+    cfg = config.parse(
+        minimal(health={"progress_stale_s": 0, "permanent_exit_codes": [2, 70, 2]}), Path("x")
+    )
+    assert cfg.health.progress_stale_s == 0
+    assert cfg.health.permanent_exit_codes == frozenset({2, 70})
+    assert config.parse(minimal(), Path("x")).health.progress_stale_s == 300
+
+
+@pytest.mark.parametrize(
+    ("listen", "bound"),
+    [
+        ("9464", ("127.0.0.1", 9464)),
+        (":9464", ("127.0.0.1", 9464)),
+        ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+    ],
+)
+def test_metrics_listen_with_only_a_port_binds_loopback(
+    listen: str, bound: tuple[str, int]
+) -> None:
+    """A bare port (or ``:PORT``) listens on 127.0.0.1; any other address must be named."""
+    cfg = config.parse(minimal(metrics={"listen": listen}), Path("/etc/x.toml"))
+    assert cfg.metrics.listen is not None
+    assert config.split_host_port(cfg.metrics.listen) == bound
+
+
+@pytest.mark.parametrize("listen", ["localhost", "x:0", "x:65536", "x:", "x:٩٤", ""])
+def test_metrics_listen_without_a_valid_port_is_refused(listen: str) -> None:
+    """No port, port 0, past 65535 or non-ASCII digits: a problem naming the key."""
+    with pytest.raises(ConfigError, match=r"metrics\.listen: must be HOST:PORT or PORT"):
+        config.parse(minimal(metrics={"listen": listen}), Path("/etc/x.toml"))
+
+
+def test_ssh_algorithm_lists_default_to_none_and_keep_the_given_order() -> None:
+    """Unset lists mean the modern defaults; a given list is kept as written."""
+    cfg = config.parse(minimal(), Path("/etc/x.toml"))
+    assert all(getattr(cfg.ssh, key) is None for key in config.SSH_ALGORITHM_KEYS)
+    ssh = {"known_hosts": "/etc/rs/known_hosts", "kex_algs": ["diffie-hellman-group14-sha1"]}
+    cfg = config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+    assert cfg.ssh.kex_algs == ("diffie-hellman-group14-sha1",)
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "reason"),
+    [
+        (["curve25519-sha256", "curve-nope"], "ssh.kex_algs[1]", "'curve-nope' is not an"),
+        ([], "ssh.kex_algs", "must name at least one algorithm"),
+        ("curve25519-sha256", "ssh.kex_algs", "must be an array"),
+        ([5], "ssh.kex_algs[0]", "must be a string"),
+    ],
+)
+def test_bad_ssh_algorithm_lists_are_problems_naming_the_key(
+    value: object, key: str, reason: str
+) -> None:
+    """An unknown algorithm, an empty list or a wrong type is reported with its key."""
+    ssh = {"known_hosts": "/etc/rs/known_hosts", "kex_algs": value}
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+    assert [(p.key, p.reason[: len(reason)]) for p in caught.value.problems] == [(key, reason)]
+
+
+def test_every_ssh_algorithm_key_is_checked_against_its_own_kind() -> None:
+    """A MAC name is not a key exchange algorithm: each list is validated for its kind."""
+    for key in config.SSH_ALGORITHM_KEYS:
+        ssh = {"known_hosts": "/etc/rs/known_hosts", key: ["hmac-sha2-256"]}
+        if key == "mac_algs":
+            config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+            continue
+        with pytest.raises(ConfigError, match=rf"ssh\.{key}\[0\]"):
+            config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+
+
+def test_privilege_warnings_name_root_use_and_nothing_else() -> None:
+    """A daemon running as root and root logins (global or per host) are each one warning
+    naming the hosts; an unprivileged daemon logging in as a service user gets none."""
+    plain = config.parse(
+        minimal(ssh={"known_hosts": "/etc/rs/known_hosts", "username": "reward"}),
+        Path("/etc/x.toml"),
+    )
+    assert config.privilege_warnings(plain, euid=1000) == []
+    [(event, fields)] = config.privilege_warnings(plain, euid=0)
+    assert event == "daemon.running_as_root"
+    assert "service account" in fields["advice"]
+    hosts = [
+        {"name": "worker-0", "shard": 0, "username": "root"},
+        {"name": "worker-1", "shard": 1},
+    ]
+    mixed = config.parse(
+        minimal(ssh={"known_hosts": "/etc/rs/known_hosts", "username": "reward"}, hosts=hosts),
+        Path("/etc/x.toml"),
+    )
+    [(event, fields)] = config.privilege_warnings(mixed, euid=1000)
+    assert (event, fields["hosts"], fields["host_count"]) == ("ssh.root_login", ["worker-0"], 1)
+    everyone = config.parse(
+        minimal(ssh={"known_hosts": "/etc/rs/known_hosts", "username": "root"}, hosts=hosts),
+        Path("/etc/x.toml"),
+    )
+    assert [e for e, _ in config.privilege_warnings(everyone, euid=0)] == [
+        "daemon.running_as_root",
+        "ssh.root_login",
+    ]
+    assert config.privilege_warnings(everyone, euid=0)[1][1]["hosts"] == ["worker-0", "worker-1"]

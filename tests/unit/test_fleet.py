@@ -11,7 +11,9 @@ from supervisor import fleet
 from supervisor import health as h
 from supervisor.health import HostState as S
 
-POLICY = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30, heartbeat_stale_s=60)
+POLICY = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30)
+#: Half of a 60 s stale threshold: when a ready host counts as silent.
+SILENT_S = 30.0
 
 
 def host(name: str, alive_at: float | None, state: S = S.READY) -> h.Host:
@@ -24,7 +26,7 @@ def test_most_hosts_falling_silent_together_freezes_before_any_stale_deadline() 
     hosts = [host(f"w{i}", 100.0 + i * 0.1) for i in range(6)] + [
         host(f"w{i}", 135.0) for i in range(6, 10)
     ]
-    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert change is not None
     assert change.frozen
     assert freeze.hosts == {f"w{i}" for i in range(6)}
@@ -34,7 +36,7 @@ def test_most_hosts_falling_silent_together_freezes_before_any_stale_deadline() 
 def test_a_few_silent_hosts_are_ordinary_failures() -> None:
     """4 of 10 silent is below the fraction: no freeze, each host is handled alone."""
     hosts = [host(f"w{i}", 100.0) for i in range(4)] + [host(f"w{i}", 135.0) for i in range(4, 10)]
-    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert change is None
     assert not freeze.frozen
 
@@ -44,25 +46,25 @@ def test_silences_spread_wider_than_the_window_are_not_common_mode() -> None:
     hosts = [host(f"w{i}", 100.0 + 40.0 * i) for i in range(6)] + [
         host(f"w{i}", 400.0) for i in range(6, 10)
     ]
-    _freeze, change = fleet.assess(fleet.Freeze(), hosts, 400.0, POLICY)
+    _freeze, change = fleet.assess(fleet.Freeze(), hosts, 400.0, POLICY, SILENT_S)
     assert change is None
 
 
 def test_a_single_host_fleet_never_freezes() -> None:
     """One silent host of one is a worker problem; freezing needs at least two."""
-    _freeze, change = fleet.assess(fleet.Freeze(), [host("w0", 0.0)], 100.0, POLICY)
+    _freeze, change = fleet.assess(fleet.Freeze(), [host("w0", 0.0)], 100.0, POLICY, SILENT_S)
     assert change is None
 
 
 def test_thaws_when_heartbeats_return() -> None:
     """Once enough of the frozen hosts beat again, the fleet thaws."""
     hosts = [host(f"w{i}", 100.0) for i in range(8)] + [host("w8", 135.0), host("w9", 135.0)]
-    frozen, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    frozen, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert change is not None and change.frozen
     # Five of the eight beat again; the two that never stalled keep beating too.
     hosts = [host(f"w{i}", 200.0) for i in range(5)] + hosts[5:8]
     hosts += [host("w8", 200.0), host("w9", 200.0)]
-    thawed, change = fleet.assess(frozen, hosts, 201.0, POLICY)
+    thawed, change = fleet.assess(frozen, hosts, 201.0, POLICY, SILENT_S)
     assert change is not None and not change.frozen
     assert not thawed.frozen
     assert "heartbeats returned" in change.reason
@@ -72,14 +74,14 @@ def test_a_stalled_host_replaced_after_a_crash_stays_silent_until_its_new_worker
     """A frozen host whose worker really dies leaves ``ready``, but that is no heartbeat:
     the fleet stays frozen until the replacement beats, and only then thaws."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 135.0)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert frozen.hosts == {"a", "b"}
     relaunched = replace(hosts[0], state=S.STARTING, alive_at=None, pid=2)
     hosts = [relaunched, hosts[1], host("c", 140.0)]
-    still, change = fleet.assess(frozen, hosts, 141.0, POLICY)
+    still, change = fleet.assess(frozen, hosts, 141.0, POLICY, SILENT_S)
     assert change is None and still.frozen
     hosts[0] = replace(relaunched, state=S.READY, alive_at=150.0)
-    thawed, change = fleet.assess(still, hosts, 150.5, POLICY)
+    thawed, change = fleet.assess(still, hosts, 150.5, POLICY, SILENT_S)
     assert change is not None and not change.frozen and not thawed.frozen
     assert change.reason == "heartbeats returned (1 of 2 stalled hosts beating again)"
 
@@ -87,18 +89,18 @@ def test_a_stalled_host_replaced_after_a_crash_stays_silent_until_its_new_worker
 def test_a_stalled_host_an_operator_stops_no_longer_holds_the_freeze() -> None:
     """Hosts that should not run any more (stopped, failed) drop out of the thaw count."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 135.0)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     hosts[0] = replace(hosts[0], state=S.STOPPED)
-    _thawed, change = fleet.assess(frozen, hosts, 132.0, POLICY)
+    _thawed, change = fleet.assess(frozen, hosts, 132.0, POLICY, SILENT_S)
     assert change is not None and not change.frozen
 
 
 def test_hosts_falling_silent_during_a_freeze_join_it() -> None:
     """A host whose last beat came just after the freeze fired is part of the same stall."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 100.06)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 130.01, POLICY)
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 130.01, POLICY, SILENT_S)
     assert frozen.hosts == {"a", "b"}
-    later, change = fleet.assess(frozen, hosts, 131.0, POLICY)
+    later, change = fleet.assess(frozen, hosts, 131.0, POLICY, SILENT_S)
     assert change is None
     assert later.hosts == {"a", "b", "c"}
 
@@ -106,8 +108,8 @@ def test_hosts_falling_silent_during_a_freeze_join_it() -> None:
 def test_stays_frozen_while_the_silence_lasts() -> None:
     """A stall that goes on keeps the fleet frozen, however long it lasts."""
     hosts = [host(f"w{i}", 100.0) for i in range(8)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
-    later, change = fleet.assess(frozen, hosts, 5000.0, POLICY)
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    later, change = fleet.assess(frozen, hosts, 5000.0, POLICY, SILENT_S)
     assert change is None
     assert later.frozen
 
@@ -115,10 +117,10 @@ def test_stays_frozen_while_the_silence_lasts() -> None:
 def test_operator_unfreeze_sticks_for_old_silences() -> None:
     """After an operator thaw, the same silent hosts do not freeze the fleet again."""
     hosts = [host(f"w{i}", 100.0) for i in range(8)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY)
+    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     thawed, change = fleet.unfreeze(frozen, 140.0)
     assert change is not None and change.reason == "operator unfreeze"
-    again, change = fleet.assess(thawed, hosts, 141.0, POLICY)
+    again, change = fleet.assess(thawed, hosts, 141.0, POLICY, SILENT_S)
     assert change is None
     assert not again.frozen
     assert fleet.unfreeze(again, 150.0)[1] is None
@@ -127,8 +129,8 @@ def test_operator_unfreeze_sticks_for_old_silences() -> None:
 def test_next_assessment_is_when_the_next_host_would_fall_silent() -> None:
     """The timer for the freeze check is the earliest silence crossing, not a poll."""
     hosts = [host("a", 10.0), host("b", 20.0), host("c", None), host("d", 5.0, S.STOPPED)]
-    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 11.0, POLICY) == 40.0
-    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 100.0, POLICY) is None
+    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 11.0, SILENT_S) == 40.0
+    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 100.0, SILENT_S) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -142,11 +144,8 @@ def test_freezing_needs_the_fraction_and_at_least_two(
 ) -> None:
     """Frozen exactly when the largest group of recent silences reaches the threshold."""
     flags = silent.draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    hosts = [
-        host(f"w{i}", now - (POLICY.silent_after_s + 1 if quiet else 1))
-        for i, quiet in enumerate(flags)
-    ]
-    freeze, change = fleet.assess(fleet.Freeze(), hosts, now, POLICY)
+    hosts = [host(f"w{i}", now - (SILENT_S + 1 if quiet else 1)) for i, quiet in enumerate(flags)]
+    freeze, change = fleet.assess(fleet.Freeze(), hosts, now, POLICY, SILENT_S)
     assert freeze.frozen == (sum(flags) >= fleet.threshold(n, POLICY))
     assert (change is not None) == freeze.frozen
 
@@ -231,7 +230,8 @@ def test_budget_is_never_exceeded_and_every_waiting_host_is_served(
 # after which the hosts resume one by one, restarts nobody.
 
 CORE = h.Policy(heartbeat_stale_s=10.0, ready_timeout_s=20.0, restart_cooldown_s=1.0)
-FLEET = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30.0, heartbeat_stale_s=10.0)
+FLEET = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30.0)
+FLEET_SILENT_S = CORE.heartbeat_stale_s / 2
 TICK_S = 0.5
 
 
@@ -267,7 +267,7 @@ def test_a_filesystem_stall_of_any_length_restarts_nobody(
     start when it was too short to freeze the fleet): the fleet freezes before any host is
     judged, thaws when heartbeats return, and no host is ever terminated or relaunched;
     every one ends ready with its original pid."""
-    if stall_s >= FLEET.silent_after_s + 1.0:
+    if stall_s >= FLEET_SILENT_S + 1.0:
         latest = CORE.heartbeat_stale_s - 1.0  # frozen: each gets a stale threshold from the thaw
     else:
         # Too short to freeze: a host silent for a stale threshold in all is rightly judged
@@ -293,7 +293,7 @@ def test_a_filesystem_stall_of_any_length_restarts_nobody(
                 remote = [a for a in actions if not isinstance(a, h.StateChanged)]
                 assert not remote, (now, host.name, remote, freeze)
             hosts[i] = host
-        freeze, change = fleet.assess(freeze, hosts, now, FLEET)
+        freeze, change = fleet.assess(freeze, hosts, now, FLEET, FLEET_SILENT_S)
         if change is not None:
             event = h.FleetFrozen(reason=change.reason) if change.frozen else h.FleetThawed()
             for i, host in enumerate(hosts):

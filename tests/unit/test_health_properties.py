@@ -29,6 +29,8 @@ policies = st.builds(
     restart_window_s=st.floats(1, 3600),
     stop_grace_s=st.floats(0.1, 60),
     kill_after_grace=st.booleans(),
+    progress_stale_s=st.sampled_from([0.0, 5.0, 30.0, 300.0]),
+    permanent_exit_codes=st.sampled_from([frozenset(), frozenset({1})]),
 )
 
 
@@ -42,6 +44,8 @@ class World:
     next_pid: int = 1000
     stamp: float = 0.0
     ssh_up: bool = False
+    #: Tasks the live worker has finished (its status file's ``processed``).
+    done: int = 0
 
 
 class FleetOfOne(RuleBasedStateMachine):
@@ -70,6 +74,12 @@ class FleetOfOne(RuleBasedStateMachine):
 
     def feed(self, event: h.Event) -> None:
         """Step the core and check every action against the world."""
+        permanent = (
+            isinstance(event, h.WorkerExited)
+            and event.pid == self.host.pid
+            and event.signal is None
+            and event.exit_code in self.policy.permanent_exit_codes
+        )
         host, actions = h.step(self.host, event, self.now, self.policy)
         # The routine-heartbeat shortcut decides exactly what the full path decides.
         assert (host, actions) == h._step_in_full(self.host, event, self.now, self.policy)
@@ -98,6 +108,8 @@ class FleetOfOne(RuleBasedStateMachine):
                     self._take(action)
                 case h.Probe():
                     self._take(action)
+                case h.StateChanged(to=S.FAILED) if permanent:
+                    pass  # an exit no restart can mend fails the host at once
                 case h.StateChanged(to=S.FAILED):
                     assert self.policy.max_restarts > 0, "failed although max_restarts is 0"
                     recent = [
@@ -121,13 +133,33 @@ class FleetOfOne(RuleBasedStateMachine):
         self.now += dt
         self.feed(h.DeadlinePassed())
 
-    @rule(ready=st.booleans(), backwards=st.booleans())
-    def live_worker_beats(self, ready: bool, backwards: bool) -> None:
-        """Each live, unhung worker rewrites the status file (its clock may jump back)."""
+    @rule(
+        ready=st.booleans(),
+        backwards=st.booleans(),
+        progress=st.sampled_from(["none", "advancing", "stalled", "idle"]),
+    )
+    def live_worker_beats(self, ready: bool, backwards: bool, progress: str) -> None:
+        """Each live, unhung worker rewrites the status file (its clock may jump back), with
+        or without progress fields, finishing tasks or not."""
         for pid in sorted(self.world.alive - self.world.hung):
             self.world.stamp += -5.0 if backwards else 1.0
             stamp = self.world.stamp + self.stamp_offset
-            self.feed(h.HeartbeatSeen(pid=pid, ready=ready, remote_heartbeat_at=stamp))
+            self.world.done += progress == "advancing"
+            processed, in_flight = {
+                "none": (None, None),
+                "advancing": (self.world.done, 4),
+                "stalled": (self.world.done, 4),
+                "idle": (self.world.done, 0),
+            }[progress]
+            self.feed(
+                h.HeartbeatSeen(
+                    pid=pid,
+                    ready=ready,
+                    remote_heartbeat_at=stamp,
+                    processed=processed,
+                    in_flight=in_flight,
+                )
+            )
 
     @rule()
     def status_file_unreadable(self) -> None:

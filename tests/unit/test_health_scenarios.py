@@ -65,7 +65,7 @@ def test_adopted_worker_that_never_beats_is_replaced_after_ready_timeout() -> No
     )
     host, actions = run(host, (h.DeadlinePassed(), 20.1))
     assert host.state is S.STALE and remote(actions) == [
-        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False)
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False, collect_evidence=True)
     ]
     host, actions = run(host, (h.TerminateConfirmed(pid=7), 20.5))
     assert host.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]
@@ -153,7 +153,7 @@ def test_shutdown_stop_is_not_undone_by_a_sentinel_removal() -> None:
     """A host stopped for daemon shutdown does not restart when a sentinel comes and goes."""
     host, _ = run(
         h.new_host("w", 0.0),
-        (h.StopRequested(reason="daemon shutdown", cause="shutdown"), 0.0),
+        (h.StopRequested(reason="daemon shutdown", cause=h.StopCause.SHUTDOWN), 0.0),
         (h.SshRestored(), 0.1),
         (h.ProbeResult(pid=None), 0.2),
         (h.StopSentinelAppeared(), 1.0),

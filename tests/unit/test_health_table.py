@@ -120,6 +120,8 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
     h.FleetFrozen: lambda host: h.FleetFrozen(reason="most hosts silent"),
     h.FleetThawed: lambda host: h.FleetThawed(),
     h.LaunchBegan: lambda host: h.LaunchBegan(),
+    h.RestartHeld: lambda host: h.RestartHeld(reason="5 hosts crashed the same way"),
+    h.RestartReleased: lambda host: h.RestartReleased(),
 }
 
 E = h
@@ -147,6 +149,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STARTING, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STARTING, ()),
         E.LaunchBegan: (S.STARTING, ()),
+        E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STARTING, ()),
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -170,6 +174,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STARTING, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STARTING, ()),
         E.LaunchBegan: (S.STARTING, ()),
+        E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STARTING, ()),
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -193,6 +199,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STARTING, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STARTING, ()),
         E.LaunchBegan: (S.STARTING, ()),
+        E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STARTING, ()),
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -216,6 +224,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.READY, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.READY, ()),
         E.LaunchBegan: (S.READY, ()),
+        E.RestartHeld: (S.READY, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.READY, ()),
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -239,6 +249,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STALE, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STALE, ()),
         E.LaunchBegan: (S.STALE, ()),
+        E.RestartHeld: (S.STALE, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STALE, ()),
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -262,6 +274,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STALE, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STALE, ()),
         E.LaunchBegan: (S.STALE, ()),
+        E.RestartHeld: (S.STALE, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STALE, ()),
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -285,6 +299,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.COOLING_DOWN, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.COOLING_DOWN, ()),
         E.LaunchBegan: (S.COOLING_DOWN, ()),
+        E.RestartHeld: (S.COOLING_DOWN, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.COOLING_DOWN, ()),
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -308,6 +324,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.FAILED, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.FAILED, ()),
         E.LaunchBegan: (S.FAILED, ()),
+        E.RestartHeld: (S.FAILED, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.FAILED, ()),
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -331,6 +349,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STOPPING, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STOPPING, ()),
         E.LaunchBegan: (S.STOPPING, ()),
+        E.RestartHeld: (S.STOPPING, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STOPPING, ()),
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -354,6 +374,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.FleetFrozen: (S.STOPPED, ()),  # the freeze changes no state by itself
         E.FleetThawed: (S.STOPPED, ()),
         E.LaunchBegan: (S.STOPPED, ()),
+        E.RestartHeld: (S.STOPPED, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.STOPPED, ()),
     },
 }
 

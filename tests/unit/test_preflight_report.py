@@ -159,3 +159,19 @@ def test_the_report_names_every_failing_check() -> None:
     ]
     clean = Report(root="/r", hosts=rows[:1], elapsed_s=1.0)
     assert preflight.render(clean, Options()).splitlines()[-1] == "preflight: all 1 hosts ok (1.0s)"
+
+
+def test_what_a_host_says_reaches_the_terminal_escaped() -> None:
+    """An escape sequence in a host's version string or error is shown escaped in the table
+    and in the failure lines, never sent to the terminal as is."""
+    hostile = {
+        **GOOD,
+        "python": "3.11\x1b[2J",
+        "module": {"found": False, "error": "x\x1b]0;t\x07"},
+    }
+    row = HostReport(
+        host="w0", address="a:22", user="u", checks=tuple(evaluate(hostile).values()), elapsed_s=1
+    )
+    text = preflight.render(Report(root="/r", hosts=(row,), elapsed_s=1.0), Options())
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[2J" in text and "\\x07" in text

@@ -66,7 +66,20 @@ def test_a_worker_heartbeat_parses_into_its_fields() -> None:
         }
     )
     assert parse_status(data) == StatusRecord(
-        pid=4242, ready=True, heartbeat_at=1767225600.25, seq=17
+        pid=4242, ready=True, heartbeat_at=1767225600.25, seq=17, processed=9
+    )
+
+
+@pytest.mark.parametrize("bad", ["9", -1, True, 1.5, None, [3]])
+def test_progress_fields_of_the_wrong_type_are_not_reported_and_the_heartbeat_stands(
+    bad: object,
+) -> None:
+    """A bad ``processed`` or ``in_flight`` is "not reported": it never hides a heartbeat."""
+    data = _dump({"pid": 7, "heartbeat_at": 1.0, "processed": bad, "in_flight": bad})
+    assert parse_status(data) == StatusRecord(pid=7, ready=False, heartbeat_at=1.0, seq=None)
+    good = _dump({"pid": 7, "heartbeat_at": 1.0, "processed": 0, "in_flight": 4})
+    assert parse_status(good) == StatusRecord(
+        pid=7, ready=False, heartbeat_at=1.0, seq=None, processed=0, in_flight=4
     )
 
 
@@ -166,6 +179,16 @@ def test_an_exit_record_parses_into_its_fields() -> None:
         {"pid": 99, "exit_code": None, "signal": 9, "exited_at": 1767225600.5, "start_time": 5}
     )
     assert parse_exit(data) == ExitRecord(pid=99, exit_code=None, signal=9, exited_at=1767225600.5)
+
+
+def test_an_exit_record_s_log_tail_is_kept_to_its_last_characters() -> None:
+    """The shepherd's log tail is text, kept to its end; any other type is dropped."""
+    tail = "x" * 10_000 + "\nModuleNotFoundError: No module named 'x'\n"
+    record = parse_exit(_dump({"pid": 5, "exit_code": 2, "log_tail": tail}))
+    assert record is not None and record.log_tail is not None
+    assert record.log_tail.endswith("No module named 'x'\n") and len(record.log_tail) == 4096
+    record = parse_exit(_dump({"pid": 5, "exit_code": 2, "log_tail": ["no"]}))
+    assert record is not None and record.log_tail is None
 
 
 def test_exit_record_with_odd_optional_fields_still_confirms_the_pid() -> None:

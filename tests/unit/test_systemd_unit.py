@@ -46,6 +46,37 @@ def test_unit_has_the_directives_the_design_requires() -> None:
     assert d["ProtectSystem"] == "strict"
 
 
+def test_unit_runs_as_an_unprivileged_user_in_its_sandbox() -> None:
+    """A dedicated non-root user and group, no capabilities, no new privileges, a private
+    0700 socket directory and the whole sandbox: nothing here may be loosened silently."""
+    d = _directives(UNIT.read_text())
+    assert d["User"] not in ("", "root", "0")
+    assert d["Group"] not in ("", "root", "0")
+    assert d["CapabilityBoundingSet"] == ""
+    assert d["RuntimeDirectoryMode"] == "0700"
+    assert d["UMask"] == "0027"
+    for switch in (
+        "NoNewPrivileges",
+        "ProtectHome",
+        "PrivateTmp",
+        "PrivateDevices",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "ProtectControlGroups",
+        "ProtectClock",
+        "ProtectHostname",
+        "RestrictNamespaces",
+        "RestrictRealtime",
+        "RestrictSUIDSGID",
+        "LockPersonality",
+    ):
+        assert d[switch] == "yes", switch
+    assert set(d["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    assert d["SystemCallFilter"] == "@system-service"
+    assert d["SystemCallArchitectures"] == "native"
+
+
 def test_every_directive_has_a_why_comment() -> None:
     """Each [Service] directive group is preceded by a comment saying why."""
     lines = UNIT.read_text().splitlines()

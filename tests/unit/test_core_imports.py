@@ -1,13 +1,18 @@
-"""health.py stays pure: it imports only a few stdlib modules and nothing of ours."""
+"""The cores stay pure: health.py and fleet.py import only a few stdlib modules, and fleet.py
+nothing of ours but health.py."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import supervisor.fleet
 import supervisor.health
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
+#: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
+#: and the per-host core it drives.
+FLEET_ALLOWED = ALLOWED | {"heapq", "re", "supervisor", "supervisor.health"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -26,6 +31,12 @@ def test_health_imports_only_allowed_stdlib_modules() -> None:
     """No asyncio, time, os, logging, structlog or supervisor.* import sneaks into the core."""
     path = Path(supervisor.health.__file__)
     assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
+
+
+def test_fleet_imports_only_allowed_stdlib_modules_and_the_host_core() -> None:
+    """No I/O, clock or asyncio in the fleet core either; of ours, only health.py."""
+    path = Path(supervisor.fleet.__file__)
+    assert _imports(path) <= FLEET_ALLOWED, _imports(path) - FLEET_ALLOWED
 
 
 def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:

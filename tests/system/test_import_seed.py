@@ -1,0 +1,140 @@
+"""``import-seed``: where the seed's workers get their interpreter and environment, the
+pointer file the shipped unit can write, and a warning wherever it has to guess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from supervisor.config import load
+
+# What reward_workers_ctl.py writes into ctl/<host>.wrap.sh (its _start_one_host), trimmed
+# to the lines import-seed reads plus the loop it runs.
+WRAPPER = """#!/usr/bin/env bash
+set +e
+STOP="{root}/ctl/worker-0.stop"
+PY="/srv/ws/tmp/runtime-venv/bin/python"
+MOD="areal.reward.fs_worker"
+export PATH="/usr/bin:/bin:/srv/ws/tmp/runtime-venv/bin:/usr/local/bin"
+export PYTHONPATH="/srv/ws/tmp/runtime-venv/lib/python3.12/site-packages:/srv/ws/repo/AReaL"
+export HOME="/srv/ws/tmp/home"
+export TMPDIR="/srv/ws/tmp"
+export AREAL_MATH_VERIFY_SOFT_TIMEOUT=1
+while [ ! -f "$STOP" ]; do
+  "$PY" -m "$MOD" --root "$ROOT" --shard "$SHARD" --host "$HOST" --concurrency "$CONC"
+done
+"""
+
+
+def seed_run(tmp_path: Path) -> Path:
+    """A seed run directory: launch_meta.json and manifest.json as the seed writes them."""
+    root = tmp_path / "reward" / "run-7"
+    (root / "ctl").mkdir(parents=True)
+    meta = {
+        "root": str(root),
+        "run_id": "run-7",
+        "workers": [{"host": "worker-0", "shard": 0, "concurrency": 48}],
+        "shard_count": 1,
+        "reward_fn": "areal.reward.gsm8k.gsm8k_reward_fn",
+        "respawn": True,
+    }
+    (root / "ctl" / "launch_meta.json").write_text(json.dumps(meta))
+    (root / "manifest.json").write_text(json.dumps({"experiment_name": "e", "trial_name": "t"}))
+    return root
+
+
+def import_seed(root: Path, out: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``reward-supervisor import-seed --root ROOT -o OUT ARGS`` with only ``env`` set of
+    the seed's variables."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("SAO_WS", "REWARD_ROOT")}
+    environ.update(env)
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "supervisor.cli", "import-seed", "--root", str(root)),
+            *("-o", str(out), "--known-hosts", str(out.parent / "known_hosts"), *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environ,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_without_sao_ws_it_warns_and_says_what_to_pass(tmp_path: Path) -> None:
+    """No $SAO_WS, no options, no wrapper: python3 and no PYTHONPATH as before, but now
+    with a warning on stderr and in the file, and no pointer file (also said)."""
+    root = seed_run(tmp_path)
+    out = tmp_path / "run.toml"
+    result = import_seed(root, out)
+    assert "warning: SAO_WS is not set" in result.stderr
+    assert "--ws" in result.stderr and "--venv" in result.stderr
+    assert "warning: no pointer file" in result.stderr
+    text = out.read_text()
+    assert "# WARNING: SAO_WS is not set" in text
+    cfg = load(out)
+    assert cfg.worker.python == "python3"
+    assert "PYTHONPATH" not in cfg.worker.env
+    assert cfg.run.pointer_file is None
+
+
+def test_ws_venv_and_repo_options_set_the_interpreter_environment_and_pointer(
+    tmp_path: Path,
+) -> None:
+    """--ws/--venv/--repo mean what they meant to the seed; a pointer outside the unit's
+    writable paths comes with the ReadWritePaths= line to add."""
+    root = seed_run(tmp_path)
+    out = tmp_path / "run.toml"
+    result = import_seed(
+        root, out, "--ws", "/data/ws", "--venv", "/opt/venv", "--repo", "/src/AReaL"
+    )
+    cfg = load(out)
+    assert cfg.worker.python == "/opt/venv/bin/python"
+    assert cfg.worker.env["PYTHONPATH"] == "/opt/venv/lib/python3.12/site-packages:/src/AReaL"
+    assert cfg.worker.env["HOME"] == "/data/ws/tmp/home"
+    assert cfg.run.pointer_file == Path("/data/ws/tmp/sao-reward-current.json")
+    assert "ReadWritePaths=/data/ws/tmp" in result.stderr
+    assert "SAO_WS is not set" not in result.stderr
+
+
+def test_the_seeds_wrapper_is_what_its_workers_run_and_wins_over_sao_ws(tmp_path: Path) -> None:
+    """With a respawn wrapper in ctl/, its interpreter and environment are taken verbatim
+    (a changed $SAO_WS does not matter); a pointer under the unit's writable path needs no
+    drop-in."""
+    root = seed_run(tmp_path)
+    (root / "ctl" / "worker-0.wrap.sh").write_text(WRAPPER.format(root=root))
+    out = tmp_path / "run.toml"
+    result = import_seed(
+        root,
+        out,
+        "--pointer-file",
+        "/shared/reward/pointers/run-7.json",
+        SAO_WS="/somewhere/else",
+    )
+    cfg = load(out)
+    assert cfg.worker.python == "/srv/ws/tmp/runtime-venv/bin/python"
+    assert cfg.worker.env["PYTHONPATH"].endswith(":/srv/ws/repo/AReaL")
+    assert cfg.worker.env["TMPDIR"] == "/srv/ws/tmp"
+    assert cfg.worker.env["AREAL_MATH_VERIFY_SOFT_TIMEOUT"] == "1"
+    assert cfg.run.pointer_file == Path("/shared/reward/pointers/run-7.json")
+    assert result.stderr == ""
+    assert f"respawn wrapper {root}/ctl/worker-0.wrap.sh" in out.read_text()
+
+
+def test_a_wrapper_that_is_a_symlink_is_not_read(tmp_path: Path) -> None:
+    """Files under the run root are hostile: a symlinked wrapper is ignored, and $SAO_WS
+    decides; without the seed's pointer default under /shared/reward, the hint says so."""
+    root = seed_run(tmp_path)
+    elsewhere = tmp_path / "elsewhere.sh"
+    elsewhere.write_text(WRAPPER.format(root=root))
+    (root / "ctl" / "worker-0.wrap.sh").symlink_to(elsewhere)
+    out = tmp_path / "run.toml"
+    result = import_seed(root, out, SAO_WS="/ws")
+    cfg = load(out)
+    assert cfg.worker.python == "/ws/tmp/runtime-venv/bin/python"
+    assert "ReadWritePaths=/ws/tmp" in result.stderr

@@ -1,0 +1,192 @@
+"""Progress liveness, permanent exits and held restarts: one host's stories (DESIGN §4, and
+the worker contract's ``processed`` / ``in_flight``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from supervisor import health as h
+from supervisor.health import HostState as S
+
+POLICY = h.Policy(
+    heartbeat_stale_s=10,
+    ready_timeout_s=20,
+    restart_cooldown_s=5,
+    progress_stale_s=300,
+    permanent_exit_codes=frozenset({2}),
+)
+
+
+def run(
+    host: h.Host, *steps: tuple[h.Event, float], policy: h.Policy = POLICY
+) -> tuple[h.Host, list[h.Action]]:
+    """Feed the events in order; return the host and every action emitted."""
+    actions: list[h.Action] = []
+    for event, now in steps:
+        host, more = h.step(host, event, now, policy)
+        actions += more
+    return host, actions
+
+
+def remote(actions: list[h.Action]) -> list[h.Action]:
+    """The actions that are not state-change notes."""
+    return [a for a in actions if not isinstance(a, h.StateChanged)]
+
+
+def beat(
+    pid: int, stamp: float, processed: int | None = None, in_flight: int | None = None
+) -> h.HeartbeatSeen:
+    """A ready heartbeat of ``pid`` with the worker's stamp and progress fields."""
+    return h.HeartbeatSeen(
+        pid=pid, ready=True, remote_heartbeat_at=stamp, processed=processed, in_flight=in_flight
+    )
+
+
+def ready(pid: int = 7, processed: int | None = 0, in_flight: int | None = 0) -> h.Host:
+    """A host whose launched worker ``pid`` is ready at t=1."""
+    host, _ = run(
+        h.new_host("w", 0.0),
+        (h.StatusMissing(reason="missing"), 0.0),
+        (h.SshRestored(), 0.0),
+        (h.ProbeResult(pid=None), 0.0),
+        (h.Launched(pid=pid), 0.0),
+        (beat(pid, 1.0, processed, in_flight), 1.0),
+    )
+    assert host.state is S.READY
+    return host
+
+
+def beats(
+    host: h.Host,
+    start: float,
+    end: float,
+    progress: Callable[[float], tuple[int | None, int | None]],
+    policy: h.Policy = POLICY,
+) -> tuple[h.Host, list[h.Action]]:
+    """A heartbeat every second from ``start`` to ``end``, with ``progress(t)`` fields."""
+    actions: list[h.Action] = []
+    t = start
+    while t <= end:
+        processed, in_flight = progress(t)
+        for event in (h.DeadlinePassed(), beat(7, 1000.0 + t, processed, in_flight)):
+            host, more = h.step(host, event, t, policy)
+            actions += more
+        t += 1.0
+    return host, actions
+
+
+def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replaced() -> None:
+    """Heartbeats keep coming but no task finishes for progress_stale_s: stuck, terminated
+    with its evidence asked for, under the same rules as a stale worker."""
+    host, actions = beats(ready(), 2.0, 400.0, lambda t: (10 if t >= 50 else int(t) // 5, 4))
+    stuck = [a for a in actions if isinstance(a, h.StateChanged) and a.to is S.STALE]
+    assert len(stuck) == 1
+    assert stuck[0].reason == "stuck: no task finished in 300 s with 4 in flight"
+    assert host.cause_code is h.Cause.STUCK
+    terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)]
+    assert host.state is S.STALE and host.op == "terminate"
+
+
+def test_an_idle_worker_is_never_restarted_for_lack_of_progress() -> None:
+    """Nothing in flight means nothing is owed, however long nothing finishes."""
+    host, actions = beats(ready(), 2.0, 2000.0, lambda t: (0, 0))
+    assert host.state is S.READY and not remote(actions)
+
+
+def test_a_slow_but_advancing_worker_is_never_restarted() -> None:
+    """One task every 200 s with 48 in flight is slow, not stuck."""
+    host, actions = beats(ready(), 2.0, 2000.0, lambda t: (int(t) // 200, 48))
+    assert host.state is S.READY and not remote(actions)
+
+
+def test_a_worker_that_reports_no_progress_is_judged_by_its_heartbeat_alone() -> None:
+    """Without processed and in_flight no progress is tracked, and none is ever judged."""
+    host, actions = beats(
+        ready(processed=None, in_flight=None), 2.0, 2000.0, lambda t: (None, None)
+    )
+    assert host.state is S.READY and not remote(actions)
+    assert host.processed is None and host.in_flight is None and host.progress_at is None
+
+
+def test_stuck_is_not_judged_while_the_fleet_is_frozen_and_is_timed_anew_after_the_thaw() -> None:
+    """A common-mode stall holds stuck restarts like silent ones; the clock restarts at the
+    thaw."""
+    host = ready(processed=5, in_flight=4)
+    host, _ = run(host, (h.FleetFrozen(reason="most hosts stalled"), 2.0))
+    host, actions = beats(host, 3.0, 600.0, lambda t: (5, 4))
+    assert host.state is S.READY and not remote(actions)
+    host, _ = run(host, (h.FleetThawed(), 601.0))
+    host, actions = beats(host, 602.0, 850.0, lambda t: (5, 4))
+    assert host.state is S.READY and not remote(actions)
+    host, actions = beats(host, 851.0, 905.0, lambda t: (5, 4))
+    assert host.cause_code is h.Cause.STUCK
+
+
+def test_a_stuck_worker_that_heartbeats_while_cooling_down_recovers_only_by_finishing_a_task() -> (
+    None
+):
+    """In cooling_down its heartbeat alone is not recovery (it beat all along); a finished
+    task is."""
+    patient = replace(POLICY, restart_cooldown_s=5000)
+    host = ready(processed=5, in_flight=4)
+    host = replace(host, failures=3)  # a backoff is due: the stuck host waits
+    host, _ = beats(host, 2.0, 320.0, lambda t: (5, 4), policy=patient)
+    assert host.state is S.COOLING_DOWN and host.cause_code is h.Cause.STUCK
+    host, actions = beats(host, 321.0, 330.0, lambda t: (5, 4), policy=patient)
+    assert host.state is S.COOLING_DOWN and not remote(actions)
+    host, actions = run(host, (beat(7, 5000.0, 6, 3), 331.0), policy=patient)
+    assert host.state is S.READY and host.reason.startswith("recovered")
+
+
+def test_an_exit_with_a_permanent_code_fails_the_host_at_once_with_the_log_s_last_line() -> None:
+    """Exit 2 (the policy's permanent code) is failed, not restarted; the reason carries the
+    code and the log line that says why."""
+    tail = "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'x'\n"
+    host, actions = run(ready(), (h.WorkerExited(pid=7, exit_code=2, log_tail=tail), 5.0))
+    assert host.state is S.FAILED and not remote(actions)
+    assert host.reason == (
+        "exited with code 2: permanent (health.permanent_exit_codes);"
+        " log: ModuleNotFoundError: No module named 'x'"
+    )
+    assert host.last_log_tail == tail
+
+
+def test_other_exits_and_signals_restart_as_before() -> None:
+    """Exit 1 and a kill by signal 2 are ordinary failures: replaced at once."""
+    for exited in (h.WorkerExited(pid=7, exit_code=1), h.WorkerExited(pid=7, signal=2)):
+        host, actions = run(ready(), (exited, 5.0))
+        assert host.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]
+
+
+def test_a_held_host_waits_without_a_timer_until_released_then_keeps_its_backoff() -> None:
+    """Under a hold a crash waits in cooling_down with no deadline; the release restarts it
+    as its backoff says; an operator's restart does not wait for the release."""
+    host, _ = run(ready(), (h.RestartHeld(reason="3 hosts crashed the same way"), 2.0))
+    host, actions = run(host, (h.WorkerExited(pid=7, exit_code=1), 3.0))
+    assert host.state is S.COOLING_DOWN and not remote(actions)
+    assert host.reason == "exited with code 1; restart held: 3 hosts crashed the same way"
+    assert host.deadline_at is None
+    host, actions = run(host, (h.DeadlinePassed(), 100.0))
+    assert host.state is S.COOLING_DOWN and not remote(actions)
+    released, actions = run(host, (h.RestartReleased(), 101.0))
+    assert released.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]
+    restarted, actions = run(host, (h.RestartRequested(), 101.0))
+    assert restarted.state is S.STARTING and restarted.held is None
+
+
+def test_tasks_per_minute_are_measured_over_at_least_a_minute_of_our_clock() -> None:
+    """Rate marks are taken a minute apart on our clock, whatever the worker's stamps say."""
+    host, _ = beats(ready(), 2.0, 130.0, lambda t: (int(t) * 2, 4))
+    assert host.rate_base is not None and host.rate_mark is not None
+    (base_at, base_n), (mark_at, mark_n) = host.rate_base, host.rate_mark
+    assert mark_at - base_at >= h.RATE_MARK_S
+    assert (mark_n - base_n) / (mark_at - base_at) * 60 == 120.0
+
+
+def test_a_permanent_exit_without_a_log_line_says_so_without_one() -> None:
+    """No log tail (an adopted worker's, or an empty log): the reason names the code alone."""
+    for tail in (None, "", "  \n\n"):
+        host, _ = run(ready(), (h.WorkerExited(pid=7, exit_code=2, log_tail=tail), 5.0))
+        assert host.reason == "exited with code 2: permanent (health.permanent_exit_codes)"
