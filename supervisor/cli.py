@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from supervisor import config as config_mod
-from supervisor.errors import ConfigError, ControlError, DaemonNotRunning
+from supervisor.errors import ConfigError, ConfigProblem, ControlError, DaemonNotRunning
 from supervisor.terminal import terminal_text
 
 CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
@@ -89,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(p)
     with_json(p)
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    p.add_argument("--interval", type=float, default=1.0, help="refresh interval for --watch")
+    p.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=1.0,
+        metavar="S",
+        help="refresh interval for --watch, seconds (default 1)",
+    )
 
     for name, help_ in (
         ("restart-host", "replace a host's worker now"),
@@ -99,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = command(name, cmd_host_command, help_)
         with_config(p)
         with_json(p)
-        p.add_argument("host", metavar="HOST")
+        p.add_argument("host", metavar="HOST", help="a host name from the config's [[hosts]]")
 
     p = command("reload", cmd_reload, "re-read the config (same as SIGHUP)")
     with_config(p)
@@ -109,7 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(p)
     with_json(p)
     p.add_argument("--no-wait", action="store_true", help="return once the stop has begun")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the exit")
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="seconds to wait for the exit (default: the daemon's stop_grace_s + 30)",
+    )
 
     p = command("unfreeze", cmd_unfreeze, "lift a fleet-wide restart freeze")
     with_config(p)
@@ -140,9 +152,58 @@ def build_parser() -> argparse.ArgumentParser:
         " and the daemon, so a failed start leaves nothing running",
     )
 
-    p = command("check-config", cmd_check_config, "validate a config file")
-    p.add_argument("config_file", metavar="CONFIG")
+    p = command(
+        "check-config",
+        cmd_check_config,
+        "validate a config file: every problem, exit 2; missing SSH files are warnings",
+    )
+    # No environment default here: the file given on the command line, either way, must be
+    # told apart from the environment's to refuse two different ones.
+    p.add_argument("-c", "--config", help=f"config file (default: ${CONFIG_ENV})")
+    p.add_argument(
+        "config_file",
+        metavar="CONFIG",
+        nargs="?",
+        help="config file, the older form (same as -c CONFIG)",
+    )
     with_json(p)
+
+    p = command(
+        "preflight",
+        cmd_preflight,
+        "check every host before the first run: SSH login, python, the worker module,"
+        " the shared run root, status/ and ctl/ writable, clock, free disk",
+    )
+    with_config(p)
+    with_json(p)
+    p.add_argument(
+        "--host-timeout",
+        type=_positive_seconds,
+        default=20.0,
+        metavar="S",
+        help="seconds per host, connecting included; a host still silent is reported hung"
+        " (default 20)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="S",
+        help="seconds for the whole run (default 60)",
+    )
+    p.add_argument(
+        "--min-free-mb",
+        type=_non_negative_int,
+        default=1024,
+        metavar="MB",
+        help="fail a host that sees less free space on the run root (default 1024)",
+    )
+    p.add_argument(
+        "--import-module",
+        action="store_true",
+        help="import the worker's module on each host instead of only locating it"
+        " (runs its import-time code)",
+    )
 
     p = command("cleanup", cmd_cleanup, "delete the run directory (inside cleanup_prefix only)")
     with_config(p)
@@ -188,20 +249,86 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
-    p.add_argument("--hosts", type=int, default=4, help="number of simulated hosts (default 4)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of task stream")
+    p.add_argument(
+        "--hosts",
+        type=_int_between(2, 64),
+        default=4,
+        help="number of simulated hosts, 2-64 (default 4)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive_seconds,
+        default=20.0,
+        metavar="S",
+        help="seconds of task stream (default 20)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the run directory")
     _log_args(p, default_format="off")
 
     p = command("worker", cmd_worker, "the reference worker (for demo, tests, benchmarks)")
-    p.add_argument("worker_args", nargs=argparse.REMAINDER)
+    p.add_argument(
+        "worker_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="the worker's own options: --root R --shard S --host H --concurrency C"
+        " [--heartbeat-interval S] [--reward-fn F]",
+    )
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number, 0 or more (else a usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``low..high`` (else a usage error, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, not {value}")
+        return value
+
+    return parse
+
+
+#: ``logs.configure``'s levels (a unit test keeps the two lists equal); here so that the
+#: parser can refuse a bad one without importing the logging stack for every command.
+LOG_LEVELS: Final = ("debug", "info", "warning", "warn", "error", "critical")
 
 
 def _log_args(p: argparse.ArgumentParser, default_format: str = "auto") -> None:
     choices = ["auto", "json", "console"] + (["off"] if default_format == "off" else [])
-    p.add_argument("--log-format", choices=choices, default=default_format)
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-format",
+        choices=choices,
+        default=default_format,
+        help="log lines as JSON, for a console, or auto: console on a terminal, JSON"
+        " otherwise"
+        + (
+            "; off: the daemon's log goes to a file in the demo's directory"
+            if "off" in choices
+            else ""
+        )
+        + f" (default {default_format})",
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="info",
+        help="least severe level logged (default info)",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -477,25 +604,77 @@ def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: b
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """``check-config FILE``: every problem and exit 2, or a one-line summary and exit 0."""
-    try:
-        cfg = config_mod.load(args.config_file)
-    except ConfigError as exc:
-        if args.json:
-            problems = [{"file": p.file, "key": p.key, "reason": p.reason} for p in exc.problems]
-            print(json.dumps({"ok": False, "problems": problems}, sort_keys=True))
-            return EXIT_USAGE
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        count = len(exc.problems)
-        print(f"{args.config_file}: {count} problem{'s' * (count != 1)}", file=sys.stderr)
-        return EXIT_USAGE
+    """``check-config -c FILE``: every problem and exit 2, or a one-line summary and exit 0;
+    warnings (SSH files missing or empty) go to stderr either way."""
+    path = _check_config_path(args)
+    checked = config_mod.check(path)
     if args.json:
-        summary = {"ok": True, "summary": cfg.summary(), "hosts": len(cfg.hosts)}
-        print(json.dumps({**summary, "shards": cfg.run.shard_count, "root": str(cfg.run.root)}))
-        return EXIT_OK
-    print(cfg.summary())
+        report: dict[str, Any] = {
+            "ok": checked.config is not None,
+            "warnings": [_problem_json(w) for w in checked.warnings],
+        }
+        if checked.config is None:
+            report["problems"] = [_problem_json(p) for p in checked.problems]
+        else:
+            cfg = checked.config
+            report |= {"summary": cfg.summary(), "hosts": len(cfg.hosts)}
+            report |= {"shards": cfg.run.shard_count, "root": str(cfg.run.root)}
+        print(json.dumps(report, sort_keys=True))
+        return EXIT_OK if checked.config is not None else EXIT_USAGE
+    for problem in checked.problems:
+        print(problem, file=sys.stderr)
+    for warning in checked.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if checked.config is None:
+        count, warned = len(checked.problems), len(checked.warnings)
+        also = f", {warned} warning{'s' * (warned != 1)}" if warned else ""
+        print(f"{path}: {count} problem{'s' * (count != 1)}{also}", file=sys.stderr)
+        return EXIT_USAGE
+    print(checked.config.summary())
     return EXIT_OK
+
+
+def _check_config_path(args: argparse.Namespace) -> str:
+    """The file to check: the positional (DESIGN §7's form), else ``-c``, else the env."""
+    if args.config_file and args.config and args.config_file != args.config:
+        raise CliError(
+            f"two configs given: {args.config_file} and -c {args.config}; pass one", EXIT_USAGE
+        )
+    path = args.config_file or args.config or os.environ.get(CONFIG_ENV)
+    if not path:
+        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
+    return str(path)
+
+
+def _problem_json(problem: ConfigProblem) -> dict[str, str]:
+    return {"file": problem.file, "key": problem.key, "reason": problem.reason}
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """``preflight -c CONFIG``: every host checked at once; exit 1 naming each failing check."""
+    from supervisor import logs, preflight
+
+    # Every connection failure is in the report; the library's log lines would repeat it.
+    logs.configure("auto", "error", sys.stderr)
+    cfg = _load_config(args.config)
+    options = preflight.Options(
+        host_timeout_s=args.host_timeout,
+        timeout_s=args.timeout,
+        min_free_bytes=args.min_free_mb * 1024 * 1024,
+        import_module=args.import_module,
+    )
+    try:
+        report = preflight.run(cfg, options)
+    except preflight.LocalProblem as exc:
+        raise CliError(str(exc), EXIT_FAILED) from None
+    if args.json:
+        print(json.dumps(preflight.as_json(report, options), indent=2, sort_keys=True))
+        if not report.ok:
+            failing = ", ".join(preflight.failures(report))
+            print(f"reward-supervisor: preflight failed: {failing}", file=sys.stderr)
+    else:
+        print(preflight.render(report, options))
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """The TOML config (DESIGN §6) read into frozen, validated objects; every problem is reported.
 
-This module owns ``tomllib`` and the rules of a valid config; it reads no other file.
+This module owns ``tomllib`` and the rules of a valid config; it reads no other file
+(``check()`` looks at the SSH files a config names with stat, never reading them).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import difflib
 import ipaddress
 import os
 import re
+import stat
 import string
 import tomllib
 from collections.abc import Mapping
@@ -333,15 +335,95 @@ def load(path: str | os.PathLike[str]) -> Config:
     Raises ConfigError listing every problem found (file, key path, reason).
     """
     source = Path(path)
+    return parse(_read(source), source)
+
+
+def _read(source: Path) -> dict[str, Any]:
+    """The TOML document at ``source``; ConfigError if it cannot be read or parsed."""
     try:
-        raw = tomllib.loads(source.read_text(encoding="utf-8"))
+        return tomllib.loads(source.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError([ConfigProblem(str(source), "-", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigProblem(str(source), "-", f"cannot read: {exc}")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([ConfigProblem(str(source), "-", f"not valid TOML: {exc}")]) from None
-    return parse(raw, source)
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What ``check()`` found: the config if it is valid, every problem, and warnings."""
+
+    config: Config | None
+    problems: tuple[ConfigProblem, ...]
+    warnings: tuple[ConfigProblem, ...]
+
+
+def check(path: str | os.PathLike[str]) -> Checked:
+    """Validate like ``load()``, and look at the SSH files the config names: one that is
+    missing, unreadable or empty is a warning (the file may yet be installed), not a problem."""
+    source = Path(path)
+    try:
+        raw = _read(source)
+    except ConfigError as exc:
+        return Checked(None, tuple(exc.problems), ())
+    warnings = tuple(file_warnings(raw, source))
+    try:
+        return Checked(parse(raw, source), (), warnings)
+    except ConfigError as exc:
+        return Checked(None, tuple(exc.problems), warnings)
+
+
+def file_warnings(raw: Mapping[str, Any], source: Path) -> list[ConfigProblem]:
+    """``ssh.known_hosts`` and ``ssh.client_keys`` files that cannot serve a connection as
+    they are now (checked with stat and access, never read); keys that are not absolute
+    paths are left to the validator."""
+    ssh = raw.get("ssh")
+    if not isinstance(ssh, dict):
+        return []
+    warnings = []
+    known = ssh.get("known_hosts")
+    if isinstance(known, str) and PurePosixPath(known).is_absolute():
+        trouble = _file_trouble(Path(known))
+        if trouble:
+            warnings.append(
+                ConfigProblem(
+                    str(source),
+                    "ssh.known_hosts",
+                    f"{known} {trouble}: every connection will be refused until it holds"
+                    " the hosts' keys",
+                )
+            )
+    keys = ssh.get("client_keys")
+    for i, key in enumerate(keys if isinstance(keys, list) else []):
+        if isinstance(key, str) and PurePosixPath(key).is_absolute():
+            trouble = _file_trouble(Path(key))
+            if trouble:
+                warnings.append(
+                    ConfigProblem(
+                        str(source),
+                        f"ssh.client_keys[{i}]",
+                        f"{key} {trouble}: logins with this key will fail",
+                    )
+                )
+    return warnings
+
+
+def _file_trouble(path: Path) -> str | None:
+    """Why ``path`` cannot be used as an SSH file by this user, or None if it can."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if not os.access(path, os.R_OK):
+        return f"is not readable by this user (uid {os.geteuid()})"
+    if st.st_size == 0:
+        return "is empty"
+    return None
 
 
 def parse(raw: Mapping[str, Any], source: Path) -> Config:
@@ -460,6 +542,8 @@ class _Validator:
         self.problems: list[ConfigProblem] = []
         #: position among valid hosts -> index in the file's [[hosts]] array
         self.host_index: dict[int, int] = {}
+        #: Shards of [[hosts]] entries dropped for another problem.
+        self.claimed_shards: set[int] = set()
 
     def problem(self, key: str, reason: str) -> None:
         self.problems.append(ConfigProblem(self.file, key, reason))
@@ -504,7 +588,13 @@ class _Validator:
         return cast(T, value)
 
     def seconds(
-        self, table: Mapping[str, Any], where: str, key: str, default: float, minimum: float = 0.0
+        self,
+        table: Mapping[str, Any],
+        where: str,
+        key: str,
+        default: float,
+        minimum: float = 0.0,
+        why: str = "",
     ) -> float:
         value = self.get(table, where, key, float, default)
         if value is None:
@@ -512,7 +602,10 @@ class _Validator:
         if value <= 0 or value != value or value == float("inf"):
             self.problem(_join(where, key), f"must be a positive number of seconds, not {value}")
         elif value < minimum:
-            self.problem(_join(where, key), f"{value:g}s is too short; use at least {minimum:g}s")
+            because = f" ({why})" if why else ""
+            self.problem(
+                _join(where, key), f"{value:g}s is too short; use at least {minimum:g}s{because}"
+            )
         return value
 
     def seconds_or_off(
@@ -604,8 +697,6 @@ class _Validator:
         pointer_file = run.pointer_file if run is not None else None
         fleet = self.fleet(self.table(raw, "fleet"), health, ssh, pointer_file)
         metrics = self.metrics(self.table(raw, "metrics"))
-        if run is not None and hosts is not None:
-            self.check_hosts_against_run(hosts, run)
         if run is None or ssh is None or hosts is None:
             return None
         return Config(
@@ -644,20 +735,28 @@ class _Validator:
         for key, value in names.items():
             if "/" in value or "\0" in value:
                 self.problem(f"run.{key}", f"must not contain '/' or NUL: {value!r}")
+        # Every key is read, and the hosts checked against them, whether or not the root is
+        # valid: one bad key must not hide the other problems of the file.
+        reward_fn = self.get(t, w, "reward_fn", str, DEFAULT_REWARD_FN) or DEFAULT_REWARD_FN
+        forbid_hosts = self.strings(t, w, "forbid_hosts", ("head",)) or ()
+        allow_hosts = self.strings(t, w, "allow_hosts", None) if "allow_hosts" in t else None
+        pointer_file = self.abs_path(t, w, "pointer_file", required=False)
+        on_exit = cast(OnExit, self.choice(t, w, "on_exit", ("stop", "detach"), "stop"))
+        if hosts is not None:
+            self.check_hosts_against_run(hosts, forbid_hosts, allow_hosts, shard_count)
         if root is None:
             return None
-        on_exit = cast(OnExit, self.choice(t, w, "on_exit", ("stop", "detach"), "stop"))
         return RunConfig(
             root=root,
             experiment=names["experiment"],
             trial=names["trial"],
             run_id=names["run_id"],
-            reward_fn=self.get(t, w, "reward_fn", str, DEFAULT_REWARD_FN) or DEFAULT_REWARD_FN,
+            reward_fn=reward_fn,
             cleanup_prefix=prefix,
-            forbid_hosts=self.strings(t, w, "forbid_hosts", ("head",)) or (),
-            allow_hosts=self.strings(t, w, "allow_hosts", None) if "allow_hosts" in t else None,
+            forbid_hosts=forbid_hosts,
+            allow_hosts=allow_hosts,
             shard_count=shard_count,
-            pointer_file=self.abs_path(t, w, "pointer_file", required=False),
+            pointer_file=pointer_file,
             on_exit=on_exit,
         )
 
@@ -714,12 +813,26 @@ class _Validator:
         d = Policy()
         self.unknown_keys(t, KEYS[_section(w)], w)
         # A poller sees a change up to one interval late; the stale threshold must cover two.
-        stale_min = max(MIN_HEARTBEAT_STALE_S, 2 * watch.poll_interval_s + 1)
-        stale = self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s, stale_min)
+        poll_min = 2 * watch.poll_interval_s + 1
+        stale_min = max(MIN_HEARTBEAT_STALE_S, poll_min)
+        why = (
+            f"2 x watch.poll_interval_s ({watch.poll_interval_s:g}s) + 1s: when the status"
+            " files are polled, a heartbeat is seen up to one interval late, so a fresh worker"
+            " could look stale"
+            if poll_min > MIN_HEARTBEAT_STALE_S
+            else "a worker beats about once a second, and under 3 beats scheduler noise"
+            " would restart healthy workers"
+        )
+        stale = self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s, stale_min, why)
         policy = Policy(
             heartbeat_stale_s=stale,
             ready_timeout_s=self.seconds(
-                t, w, "ready_timeout_s", d.ready_timeout_s, MIN_READY_TIMEOUT_S
+                t,
+                w,
+                "ready_timeout_s",
+                d.ready_timeout_s,
+                MIN_READY_TIMEOUT_S,
+                "no Python worker starts and reports ready faster",
             ),
             restart_cooldown_s=self.seconds(t, w, "restart_cooldown_s", d.restart_cooldown_s),
             backoff_max_s=self.seconds(t, w, "backoff_max_s", d.backoff_max_s),
@@ -925,6 +1038,8 @@ class _Validator:
             self.problem(f"{w}.username", f"{username!r} is not a valid user name")
         concurrency = self.positive_int(entry, w, "concurrency", 48)
         if name is None or shard is None or not address:
+            if shard is not None:
+                self.claimed_shards.add(shard)
             return None
         return HostConfig(
             name=name,
@@ -954,26 +1069,34 @@ class _Validator:
                 )
             seen_shards.setdefault(host.shard, host.name)
 
-    def check_hosts_against_run(self, hosts: tuple[HostConfig, ...], run: RunConfig) -> None:
-        forbidden = set(run.forbid_hosts)
+    def check_hosts_against_run(
+        self,
+        hosts: tuple[HostConfig, ...],
+        forbid_hosts: tuple[str, ...],
+        allow_hosts: tuple[str, ...] | None,
+        shard_count: int,
+    ) -> None:
+        forbidden = set(forbid_hosts)
         for j, host in enumerate(hosts):
             i = self.host_index[j]
             if host.name in forbidden or host.address in forbidden:
                 self.problem(f"hosts[{i}]", f"{host.name!r} is in run.forbid_hosts")
-            if run.allow_hosts is not None and host.name not in run.allow_hosts:
+            if allow_hosts is not None and host.name not in allow_hosts:
                 self.problem(f"hosts[{i}]", f"{host.name!r} is not in run.allow_hosts")
-            if host.shard >= run.shard_count:
+            if host.shard >= shard_count:
                 self.problem(
                     f"hosts[{i}].shard",
-                    f"shard {host.shard} is outside 0..{run.shard_count - 1} (run.shard_count)",
+                    f"shard {host.shard} is outside 0..{shard_count - 1} (run.shard_count)",
                 )
-        served = {h.shard for h in hosts}
-        missing = [s for s in range(run.shard_count) if s not in served]
+        # A shard named by an entry that is invalid for another reason is not "unserved":
+        # that entry's own problem is the one to fix.
+        served = {h.shard for h in hosts} | self.claimed_shards
+        missing = [s for s in range(shard_count) if s not in served]
         if missing and hosts:
             shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
             self.problem(
                 "hosts",
-                f"no host serves shard(s) {shown} of run.shard_count={run.shard_count};"
+                f"no host serves shard(s) {shown} of run.shard_count={shard_count};"
                 " their tasks would never be consumed",
             )
 

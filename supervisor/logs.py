@@ -54,6 +54,9 @@ _LEVELS: Final = {
     "critical": logging.CRITICAL,
 }
 
+#: The level names ``configure`` accepts (any case).
+LEVEL_NAMES: Final = tuple(_LEVELS)
+
 _SECRET_SUBSTRINGS: Final = ("secret", "password", "passwd", "passphrase", "credential")
 _KEY_WORDS: Final = frozenset(
     {"key", "keys", "apikey", "privkey", "privatekey", "accesskey", "sshkey", "signingkey"}

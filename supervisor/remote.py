@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -76,6 +77,9 @@ OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 MAX_REPLY_CHARS: Final = 64 * 1024
 #: What of a line from the host is kept for logs and error messages.
 MAX_NOISE_CHARS: Final = 500
+#: ``run()`` keeps at most this much of a command's stdout (and of its stderr): the commands
+#: we send answer in a few kilobytes, and a host that sends more must not fill our memory.
+MAX_OUTPUT_CHARS: Final = 1 << 20
 #: What the agent printed is kept this far when it dies before its hello: the shell's or
 #: python's error is a few lines; the rest of a flood is not read.
 MAX_FAILED_START_CHARS: Final = 16 * 1024
@@ -170,6 +174,21 @@ class CommandResult:
     exit_status: int
     stdout: str
     stderr: str
+
+
+class FailureKind(StrEnum):
+    """Why a connection attempt failed, for callers that act on the kind, not the words."""
+
+    #: The host's key is not in ``known_hosts``, or differs from it.
+    HOST_KEY = "host_key"
+    #: The host refused our user and keys.
+    LOGIN = "login"
+    #: No TCP connection, key exchange or login within ``connect_timeout_s``.
+    TIMEOUT = "timeout"
+    #: Refused, unroutable, or the name does not resolve.
+    UNREACHABLE = "unreachable"
+    #: Anything else (an unreadable key file, a protocol error).
+    OTHER = "other"
 
 
 @cache
@@ -338,6 +357,8 @@ class RemoteHost:
         self._noise = NoiseLog(host.name)
         self._link: _Link | None = None
         self._reported: bool | None = None
+        #: Why the latest connection attempt failed; None once connected.
+        self.last_failure: FailureKind | None = None
         self._closed = asyncio.Event()
         # Cuts a backoff pause short: set by update() and aclose().
         self._kick = asyncio.Event()
@@ -373,10 +394,12 @@ class RemoteHost:
                     reason=failed.reason,
                     retry_in_s=round(delay, 3),
                 )
+                self.last_failure = failed.kind
                 self._report(False, failed.reason)
                 await self._pause(delay)
                 continue
             failures = 0
+            self.last_failure = None
             if self._closed.is_set():
                 await _close(conn)
                 break
@@ -400,7 +423,7 @@ class RemoteHost:
         host, ssh = self._host, self._ssh
         async with self._handshakes:
             if self._closed.is_set():
-                raise _ConnectFailed("closed")
+                raise _ConnectFailed("closed", FailureKind.OTHER)
             try:
                 conn = await asyncssh.connect(
                     host.address,
@@ -410,10 +433,12 @@ class RemoteHost:
                 )
             except (OSError, asyncssh.Error, ValueError) as exc:
                 # ValueError: an unreadable or encrypted client key (asyncssh.KeyImportError).
-                raise _ConnectFailed(_connect_failure(exc, host, ssh)) from None
+                raise _ConnectFailed(_connect_failure(exc, host, ssh), _failure_kind(exc)) from None
             except Exception as exc:  # a broken or hostile peer costs one attempt, no more
                 log.exception("ssh.connect_internal_error", host=self.name)
-                raise _ConnectFailed(f"internal error: {_describe(exc)}") from None
+                raise _ConnectFailed(
+                    f"internal error: {_describe(exc)}", FailureKind.OTHER
+                ) from None
         return conn
 
     async def _serve(self, conn: asyncssh.SSHClientConnection, ended: _Ended) -> None:
@@ -542,8 +567,12 @@ class RemoteHost:
         )
         return await self._call(request, protocol.DisarmSeedReply, RPC_TIMEOUT_S)
 
-    async def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
-        """Run one command (each argv element quoted) on its own channel.
+    async def run(
+        self, argv: Sequence[str], *, timeout_s: float, input: str | None = None
+    ) -> CommandResult:
+        """Run one command (each argv element quoted) on its own channel; ``input``, if
+        given, is its stdin (else stdin is empty). Keeps at most ``MAX_OUTPUT_CHARS`` of
+        stdout and of stderr, and raises RemoteError past that.
 
         At most ``ssh.max_channels_per_host`` run at once; more callers queue. On timeout or
         cancellation the channel is closed and its slot stays taken until sshd confirms the
@@ -553,6 +582,7 @@ class RemoteHost:
         if not argv:
             raise ValueError("run() needs a command")
         command = shlex.join(argv)
+        stdin = asyncssh.DEVNULL if input is None else asyncssh.PIPE
         self._require_link("run")
         channels = self._channels
         await channels.acquire()
@@ -564,12 +594,20 @@ class RemoteHost:
             link = self._require_link("run")
             try:
                 async with asyncio.timeout(timeout_s):
-                    process = await _open_process(link.conn, command, stdin=asyncssh.DEVNULL)
-                    completed = await process.wait()
-                    finished = True  # wait() returns once the channel is closed both ways
+                    process = await _open_process(link.conn, command, stdin=stdin)
+                    if input is not None:
+                        process.stdin.write(input)
+                        process.stdin.write_eof()
+                    stdout, stderr = await _read_output(process)
+                    await process.wait_closed()
+                    finished = True  # the channel is closed both ways
             except TimeoutError:
                 raise RemoteError(
                     self.name, f"{argv[0]!r} did not finish within {timeout_s:g}s"
+                ) from None
+            except _TooMuchOutput:
+                raise RemoteError(
+                    self.name, f"{argv[0]!r} wrote more than {MAX_OUTPUT_CHARS} characters"
                 ) from None
             except asyncssh.ChannelOpenError as exc:
                 # Refused before anything ran: the command was not started.
@@ -578,18 +616,15 @@ class RemoteHost:
                 raise RemoteError(
                     self.name, f"{argv[0]!r}: {_describe(exc)}", connection_lost=True
                 ) from None
-            if completed.exit_status is None or completed.returncode is None:
+            returncode = process.returncode
+            if process.exit_status is None or returncode is None:
                 # asyncssh reports a connection lost under a command as "no exit status".
                 raise RemoteError(
                     self.name,
                     f"{argv[0]!r}: connection lost before it finished: {link.ended.reason}",
                     connection_lost=True,
                 )
-            return CommandResult(
-                exit_status=completed.returncode,
-                stdout=_text(completed.stdout),
-                stderr=_text(completed.stderr),
-            )
+            return CommandResult(exit_status=returncode, stdout=stdout, stderr=stderr)
         finally:
             if process is not None and link is not None and not finished:
                 # Cut off (timeout, cancellation): close, and keep the slot until sshd
@@ -659,9 +694,10 @@ class _Ended:
 class _ConnectFailed(Exception):
     """A connection attempt failed; ``reason`` says why in an operator's words."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, kind: FailureKind) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.kind = kind
 
 
 class _Client(asyncssh.SSHClient):
@@ -917,6 +953,35 @@ async def _open_process(
     return process
 
 
+class _TooMuchOutput(Exception):
+    """A command wrote more than ``MAX_OUTPUT_CHARS`` to one stream."""
+
+
+async def _read_capped(stream: asyncssh.SSHReader[str]) -> str:
+    """Everything ``stream`` carries until EOF; _TooMuchOutput past ``MAX_OUTPUT_CHARS``."""
+    chunks: list[str] = []
+    size = 0
+    while chunk := await stream.read(65536):
+        size += len(chunk)
+        if size > MAX_OUTPUT_CHARS:
+            raise _TooMuchOutput
+        chunks.append(chunk)
+    return "".join(chunks)
+
+
+async def _read_output(process: asyncssh.SSHClientProcess[str]) -> tuple[str, str]:
+    """A command's stdout and stderr, read together: a command that fills one stream while
+    we wait on the other would stall on the channel's window."""
+    out = asyncio.ensure_future(_read_capped(process.stdout))
+    err = asyncio.ensure_future(_read_capped(process.stderr))
+    try:
+        stdout, stderr = await asyncio.gather(out, err)
+    finally:
+        out.cancel()
+        err.cancel()
+    return stdout, stderr
+
+
 async def _release_when_closed(
     process: asyncssh.SSHClientProcess[str], channels: asyncio.Semaphore
 ) -> None:
@@ -1029,13 +1094,6 @@ def _spec_json(spec: LaunchSpec) -> dict[str, Any]:
     return data
 
 
-def _text(data: object) -> str:
-    """Command output as text."""
-    if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return data if isinstance(data, str) else ""
-
-
 def _describe(exc: BaseException | None) -> str:
     """The short reason of an exception."""
     if exc is None:
@@ -1044,6 +1102,20 @@ def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, asyncssh.Error):
         return (exc.reason or type(exc).__name__)[:MAX_NOISE_CHARS]
     return (str(exc) or type(exc).__name__)[:MAX_NOISE_CHARS]
+
+
+def _failure_kind(exc: BaseException) -> FailureKind:
+    """The kind of a failed connection attempt (``_connect_failure`` says it in words)."""
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return FailureKind.HOST_KEY
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return FailureKind.LOGIN
+    if isinstance(exc, TimeoutError):
+        return FailureKind.TIMEOUT
+    # A missing or unreadable key file is ours to fix, not the network's.
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
+        return FailureKind.UNREACHABLE
+    return FailureKind.OTHER
 
 
 def _connect_failure(exc: BaseException, host: HostConfig, ssh: SshConfig) -> str:

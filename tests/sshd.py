@@ -47,6 +47,8 @@ class OpenSsh:
     port: int
     addresses: tuple[str, ...] = ADDRESSES
     username: str = field(default_factory=getpass.getuser)
+    #: An argv prefix sshd runs under (``unshare ...``): its sessions inherit what it sets up.
+    launcher: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     #: ``ssh-keygen -t`` of the host key (the file keeps its name whatever the type).
     host_key_type: str = "ed25519"
@@ -105,8 +107,9 @@ class OpenSsh:
         *,
         host_key_type: str = "ed25519",
         extra_config: Sequence[str] = (),
+        launcher: Sequence[str] = (),
     ) -> OpenSsh:
-        """Generate keys and config in ``workdir`` and start the server."""
+        """Generate keys and config in ``workdir`` and start the server (under ``launcher``)."""
         workdir.mkdir(parents=True, exist_ok=True)
         server = cls(
             workdir=workdir,
@@ -114,6 +117,7 @@ class OpenSsh:
             addresses=tuple(addresses),
             host_key_type=host_key_type,
             extra_config=tuple(extra_config),
+            launcher=tuple(launcher),
         )
         server._write_files()
         server.start()
@@ -163,7 +167,7 @@ class OpenSsh:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.config_path)],
+                [*self.launcher, SSHD, "-D", "-e", "-f", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

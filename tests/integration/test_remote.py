@@ -27,7 +27,14 @@ from structlog.testing import capture_logs
 from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
-from supervisor.remote import NOISE_BURST, NoiseLog, RemoteHost, Started
+from supervisor.remote import (
+    MAX_OUTPUT_CHARS,
+    NOISE_BURST,
+    FailureKind,
+    NoiseLog,
+    RemoteHost,
+    Started,
+)
 from tests import ports, pythons
 from tests.sshd import OpenSsh
 
@@ -626,6 +633,26 @@ async def test_run_reports_exit_status_output_and_signal(openssh: OpenSsh, run_r
         assert killed.exit_status == -signal.SIGKILL
 
 
+async def test_run_feeds_input_and_refuses_unbounded_output(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """``input`` is the command's stdin; a command that writes more than MAX_OUTPUT_CHARS is
+    cut off with a RemoteError instead of filling our memory, and the connection lives on."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        echoed = await h.remote.run(["cat"], timeout_s=20, input="line one\nü $(id)\n")
+        assert (echoed.exit_status, echoed.stdout) == (0, "line one\nü $(id)\n")
+        flood = ["head", "-c", str(MAX_OUTPUT_CHARS + 10), "/dev/zero"]
+        with pytest.raises(RemoteError) as cut:
+            await h.remote.run(flood, timeout_s=20)
+        assert f"more than {MAX_OUTPUT_CHARS}" in cut.value.reason
+        at_limit = await h.remote.run(
+            ["head", "-c", str(MAX_OUTPUT_CHARS), "/dev/zero"], timeout_s=20
+        )
+        assert len(at_limit.stdout) == MAX_OUTPUT_CHARS
+        assert h.remote.connected
+
+
 async def test_operations_fail_fast_when_not_connected(openssh: OpenSsh, run_root: Path) -> None:
     """Without a connection every operation raises RemoteError(connection_lost=False) at once."""
     config = make_config(openssh, run_root)
@@ -1090,6 +1117,7 @@ async def test_untrusted_host_key_is_refused_with_a_clear_reason(
     [(up, reason)] = h.events
     assert not up
     assert f"host key of 127.0.0.1:{openssh.port} is not trusted by {known_hosts}" in reason
+    assert h.remote.last_failure is FailureKind.HOST_KEY
     assert not [e for e in logs if e["event"] == "ssh.connected"]
 
 

@@ -306,7 +306,8 @@ def test_check_config_json_lists_every_problem_with_its_key() -> None:
     report = json.loads(as_json.stdout)
     assert report["ok"] is False and report["problems"]
     lines = [f"{p['file']}: {p['key']}: {p['reason']}" for p in report["problems"]]
-    assert lines == text.stderr.splitlines()[:-1]  # the last line is the count
+    printed = [line for line in text.stderr.splitlines() if not line.startswith("warning: ")]
+    assert lines == printed[:-1]  # the last line is the count
 
 
 async def test_cleanup_refusals_and_success(
@@ -409,3 +410,42 @@ def test_import_seed_writes_a_valid_config(tmp_path: Path) -> None:
     assert cfg.worker.python == "/ws/tmp/runtime-venv/bin/python"
     assert cfg.run.pointer_file == Path("/ws/tmp/sao-reward-current.json")
     assert cfg.health.auto_restart is True
+
+
+def test_preflight_exit_codes_json_and_table(openssh: OpenSsh, tmp_path: Path) -> None:
+    """preflight: a host that refuses our user makes it exit 1, naming that host and check on
+    stderr and in the JSON; with the host fixed it prints the table and exits 0."""
+    raw = openssh.config_dict(tmp_path / "run", 2)
+    raw["hosts"][1]["username"] = "rs-no-such-user"
+    bad = cli("preflight", "-c", str(write_config(tmp_path / "bad.toml", raw)), "--json")
+    assert bad.returncode == 1, bad.stderr
+    assert bad.stderr.strip().endswith("preflight failed: worker-1: ssh")
+    report = json.loads(bad.stdout)
+    assert [(f["host"], f["check"], f["code"]) for f in report["failures"]] == [
+        ("worker-1", "ssh", "login")
+    ]
+    assert report["hosts"]["worker-0"]["ok"] is True
+    del raw["hosts"][1]["username"]
+    good = cli("preflight", "-c", str(write_config(tmp_path / "good.toml", raw)))
+    assert good.returncode == 0, good.stdout + good.stderr
+    lines = good.stdout.splitlines()
+    assert lines[0].split()[:4] == ["HOST", "ADDRESS", "SSH", "PYTHON"]
+    assert lines[-1].startswith("preflight: all 2 hosts ok")
+    assert good.stderr == ""
+
+
+def test_check_config_takes_c_and_warns_about_missing_ssh_files(tmp_path: Path) -> None:
+    """check-config -c FILE (and $REWARD_SUPERVISOR_CONFIG) work like the positional form; a
+    known_hosts that does not exist is a warning on stderr, and the config is still ok."""
+    repo = Path(__file__).parent.parent.parent
+    example = repo / "systemd" / "example.toml"
+    by_option = cli("check-config", "-c", str(example))
+    by_env = cli("check-config", env={**os.environ, "REWARD_SUPERVISOR_CONFIG": str(example)})
+    positional = cli("check-config", str(example))
+    assert by_option.returncode == by_env.returncode == positional.returncode == 0
+    assert by_option.stdout == by_env.stdout == positional.stdout
+    assert "warning: " in by_option.stderr and "ssh.known_hosts" in by_option.stderr
+    as_json = json.loads(cli("check-config", "-c", str(example), "--json").stdout)
+    assert as_json["ok"] is True
+    assert "ssh.known_hosts" in [w["key"] for w in as_json["warnings"]]
+    assert "Traceback" not in cli("run", "-c", str(example), "--log-level", "bogus").stderr

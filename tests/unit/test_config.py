@@ -141,6 +141,82 @@ def test_host_name_validation_accepts_dns_names_and_ip_addresses() -> None:
     assert not config.is_valid_address("10.0.0.1; id")
 
 
+def test_a_bad_root_hides_no_other_problem() -> None:
+    """With run.root invalid, the hosts are still checked against forbid/allow lists and every
+    other run key is read: each problem is reported, and nothing else."""
+    path = CONFIGS / "root_invalid_cross_checks.toml"
+    with pytest.raises(ConfigError) as caught:
+        config.load(path)
+    reported = [f"{p.key}: {p.reason}" for p in caught.value.problems]
+    assert len(reported) == len(expected_problems(path)), reported
+
+
+def test_an_invalid_host_entry_does_not_also_leave_its_shard_unserved() -> None:
+    """A host dropped for a bad name is one problem, not a second "no host serves shard"."""
+    hosts = [
+        {"name": "worker-0", "shard": 0},
+        {"name": "bad name", "shard": 1},
+        {"name": "worker-2", "shard": 2},
+    ]
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(hosts=hosts), Path("/etc/x.toml"))
+    assert [p.key for p in caught.value.problems] == ["hosts[1].name"]
+
+
+def test_stale_minimum_says_where_it_comes_from() -> None:
+    """The heartbeat_stale_s floor names its source: the poll interval when that sets it,
+    the worker's beat otherwise."""
+    cases = [({"poll_interval_s": 5}, 5, "2 x watch.poll_interval_s (5s) + 1s"), ({}, 2, "beats")]
+    for watch, stale, source in cases:
+        doc = minimal(watch=watch, health={"heartbeat_stale_s": stale})
+        with pytest.raises(ConfigError) as caught:
+            config.parse(doc, Path("/etc/x.toml"))
+        [problem] = caught.value.problems
+        assert problem.key == "health.heartbeat_stale_s"
+        assert source in problem.reason
+
+
+def write_config(path: Path, known_hosts: Path, keys: list[Path]) -> Path:
+    """A minimal valid config file naming these SSH files."""
+    listed = ", ".join(f'"{k}"' for k in keys)
+    path.write_text(
+        f'[run]\nroot = "/shared/run-1"\n[ssh]\nknown_hosts = "{known_hosts}"\n'
+        f'client_keys = [{listed}]\n[[hosts]]\nname = "w0"\nshard = 0\n'
+    )
+    return path
+
+
+def test_missing_or_empty_ssh_files_are_warnings_not_problems(tmp_path: Path) -> None:
+    """check(): a known_hosts that does not exist or is empty, and a missing key file, are
+    warned about by key; the config stays valid; present files give no warning."""
+    key = tmp_path / "id"
+    key.write_text("key material is not read\n")
+    missing = write_config(tmp_path / "a.toml", tmp_path / "nope", [key, tmp_path / "gone"])
+    checked = config.check(missing)
+    assert checked.config is not None and checked.problems == ()
+    assert [w.key for w in checked.warnings] == ["ssh.known_hosts", "ssh.client_keys[1]"]
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    assert [w.key for w in config.check(write_config(tmp_path / "b.toml", empty, [])).warnings] == [
+        "ssh.known_hosts"
+    ]
+    empty.write_text("[127.0.0.1]:22 ssh-ed25519 AAAA\n")
+    assert config.check(write_config(tmp_path / "c.toml", empty, [key])).warnings == ()
+
+
+def test_warnings_come_with_the_problems_of_an_invalid_config(tmp_path: Path) -> None:
+    """An invalid config still gets its file warnings, beside every problem."""
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        f'[run]\nroot = "relative"\n[ssh]\nknown_hosts = "{tmp_path / "nope"}"\n'
+        '[[hosts]]\nname = "w0"\nshard = 0\n'
+    )
+    checked = config.check(path)
+    assert checked.config is None
+    assert [p.key for p in checked.problems] == ["run.root"]
+    assert [w.key for w in checked.warnings] == ["ssh.known_hosts"]
+
+
 def test_progress_check_can_be_turned_off_and_permanent_codes_are_a_set() -> None:
     """``progress_stale_s = 0`` turns stuck detection off; exit codes become a frozenset."""
     cfg = config.parse(

@@ -32,3 +32,14 @@ def test_readme_starts_with_the_demo_and_the_test_command() -> None:
     assert commands == ["./dev demo", "./dev test"]
     ci = (README.parent / ".ci" / "run").read_text()
     assert "./dev test" in ci
+
+
+def test_command_table_lists_every_subcommand() -> None:
+    """Each subcommand of the parser has a row in the README's command table, and no row
+    names a command the parser does not have."""
+    from supervisor import cli
+
+    parser = cli.build_parser()
+    [sub] = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    rows = re.findall(r"^\| `reward-supervisor ([a-z-]+)", README.read_text(), flags=re.MULTILINE)
+    assert set(rows) == set(sub.choices or ())
