@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -23,6 +24,8 @@ from supervisor.errors import ControlError
 from supervisor.seedimport import render_toml
 from supervisor.worker import argv_template
 from tests.sshd import OpenSsh
+
+_NOTIFY_NUMBERS = itertools.count()
 
 # The reference worker heartbeating fast, so tests see changes in fractions of a second.
 FAST_WORKER_ARGV = argv_template(heartbeat_interval_s=0.2)
@@ -67,7 +70,8 @@ class DaemonProcess:
         self.bad_lines: list[str] = []
         self.notifications: list[str] = []
         self.process: asyncio.subprocess.Process | None = None
-        self._notify_path = workdir / f"notify-{id(self)}.sock"
+        # Short: an AF_UNIX path stops at 107 bytes and the test's directory is already long.
+        self._notify_path = workdir / f"n{next(_NOTIFY_NUMBERS)}.sock"
         self._notify: socket.socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
