@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `python bench/ab.py` from a checkout
 
-from bench import scale, simstart  # noqa: E402
+from bench import procs, scale, simstart  # noqa: E402
 from bench.common import load_average, machine_facts, median, percentile  # noqa: E402
 
 
@@ -42,9 +44,10 @@ class Arm:
     """One side of the comparison and every sample it gave."""
 
     name: str
-    pythonpath: str | None
+    pythonpath: str
     samples: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    imported: str = "?"
 
     def add(self, metric: str, value: float) -> None:
         """Record one sample of ``metric``."""
@@ -52,13 +55,10 @@ class Arm:
 
 
 @contextmanager
-def on_pythonpath(path: str | None) -> Iterator[None]:
-    """Child processes started inside import ``supervisor`` from ``path`` (None: ours)."""
+def on_pythonpath(path: str) -> Iterator[None]:
+    """Child processes started inside import ``supervisor`` from ``path``."""
     before = os.environ.get("PYTHONPATH")
-    if path is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = path
+    os.environ["PYTHONPATH"] = path
     try:
         yield
     finally:
@@ -92,10 +92,36 @@ async def one_round(arm: Arm, hosts: int, window_s: float, starts: int) -> None:
             arm.add("start 50 simulated hosts: all ready, ms", 1000 * value)
 
 
+def neutral_directory() -> Path:
+    """A working directory for both arms with ``bench`` and ``tests`` but no ``supervisor``.
+
+    ``python -m`` and ``python -c`` put the working directory first on ``sys.path``, before
+    ``PYTHONPATH``: run from this checkout, the old arm's daemon would import the new package.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="ab-cwd-"))
+    for name in ("bench", "tests"):
+        (scratch / name).symlink_to(ROOT / name)
+    return scratch
+
+
+def imported_from(arm: Arm) -> str:
+    """Where a child process of ``arm`` imports ``supervisor`` from (printed, and reported)."""
+    with on_pythonpath(arm.pythonpath):
+        out = subprocess.run(
+            [sys.executable, "-c", "import supervisor; print(supervisor.__file__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return out.stdout.strip()
+
+
 def report(old: Arm, new: Arm, args: argparse.Namespace, started: str) -> str:
     """The markdown table: medians per arm and the ratio new / old."""
     lines = [
         f"# A/B: {args.old} (old) against {ROOT} (new)",
+        "",
+        f"The old arm imports `{old.imported}`, the new arm `{new.imported}`.",
         "",
         f"Started {started}; {args.rounds} rounds, alternated; {args.hosts} simulated hosts,"
         f" {args.window:g} s CPU windows; load average at the end {load_average()}.",
@@ -131,7 +157,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args()
     old = Arm("old", os.path.realpath(args.old))
-    new = Arm("new", None)
+    new = Arm("new", str(ROOT))
+    scratch = neutral_directory()
+    os.chdir(scratch)  # the daemons inherit it
+    procs.CHILD_CWD = scratch
+    for arm in (old, new):
+        arm.imported = imported_from(arm)
+        print(f"{arm.name} arm imports {arm.imported}", file=sys.stderr, flush=True)
+    if old.imported == new.imported:
+        parser.error(f"both arms import {old.imported}: --old must be another checkout")
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     asyncio.run(run(old, new, args))
     text = report(old, new, args, started)

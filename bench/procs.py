@@ -18,17 +18,22 @@ from typing import Any
 from bench.common import ROOT, iso_to_epoch
 from tests.system.daemonproc import DaemonProcess
 
+#: The working directory of spawned modules. ``python -m`` puts it first on ``sys.path``,
+#: before ``PYTHONPATH``, so an A/B (``bench/ab.py``) points it at a directory without a
+#: ``supervisor`` package of its own: otherwise the old arm would import the new code.
+CHILD_CWD: Path = ROOT
+
 
 async def spawn_module(
     module: str, args: list[str], *, limit: int = 1 << 16
 ) -> asyncio.subprocess.Process:
-    """``python -m module args`` from the checkout, its stdin and stdout piped to us."""
+    """``python -m module args`` from ``CHILD_CWD``, its stdin and stdout piped to us."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         module,
         *args,
-        cwd=ROOT,
+        cwd=CHILD_CWD,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         limit=limit,
