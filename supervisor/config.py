@@ -858,7 +858,9 @@ class _Validator:
             evidence_timeout_s=self.seconds_or_off(
                 t, w, "evidence_timeout_s", d.evidence_timeout_s, MIN_EVIDENCE_TIMEOUT_S
             ),
-            evidence_stacks=self.choice(t, w, "evidence_stacks", EVIDENCE_STACKS, d.evidence_stacks),
+            evidence_stacks=self.choice(
+                t, w, "evidence_stacks", EVIDENCE_STACKS, d.evidence_stacks
+            ),
         )
         if policy.evidence_timeout_s > MAX_EVIDENCE_TIMEOUT_S:
             self.problem(

@@ -435,6 +435,7 @@ class Host:
     last_exit: str | None = None
     #: When the last worker was seen to end, and how (an exit record's code or signal).
     last_exit_at: float | None = None
+    last_exit_pid: int | None = None
     last_exit_code: int | None = None
     last_exit_signal: int | None = None
     #: The remote operation in flight, if any.
@@ -701,6 +702,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 pid=None,
                 last_exit=describe_exit(event),
                 last_exit_at=now,
+                last_exit_pid=event.pid,
                 last_exit_code=event.exit_code,
                 last_exit_signal=event.signal,
                 last_log_tail=tail,
@@ -734,6 +736,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 pid=None,
                 last_exit="confirmed dead",
                 last_exit_at=now,
+                last_exit_pid=event.pid,
                 last_exit_code=None,
                 last_exit_signal=None,
             ), True

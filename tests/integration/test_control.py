@@ -55,6 +55,12 @@ class FakeDaemon:
         }
         return {"daemon": {"pid": os.getpid(), **self.status_extra}, "hosts": hosts}
 
+    def host_status(self, host: str) -> dict[str, Any]:
+        """One known host's state, as ``status HOST`` asks for it."""
+        self._known(host)
+        self.calls.append(("host_status", host))
+        return {"daemon": {"pid": os.getpid()}, "host": host, "state": self.hosts[host]}
+
     def _known(self, host: str) -> None:
         """Raise as the daemon would for an unknown host; crash on the host named ``boom``."""
         if host == "boom":

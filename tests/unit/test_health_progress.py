@@ -220,6 +220,7 @@ def test_the_evidence_of_a_terminate_goes_into_the_restart_s_state_change_and_th
     assert host.evidence_cause == "stuck: no task finished in 300 s with 1 in flight"
     assert host.last_exit == "confirmed dead" and host.last_exit_at == 401.0
     assert host.last_exit_code is None and host.last_exit_signal is None
+    assert host.last_exit_pid == 7
 
 
 def test_evidence_of_a_failed_terminate_is_kept_though_no_state_changes() -> None:
