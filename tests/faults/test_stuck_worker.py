@@ -21,6 +21,7 @@ from tests.faults.harness import (
     events,
     host_row,
     pid_of,
+    wait_event,
     wall,
 )
 
@@ -68,9 +69,8 @@ async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_on
     work = Workload(fault_run.root, shards=1, total=40, duration_s=1.0).start()
     try:
         stale = await daemon.wait_log("host.state", host="worker-0", to="stale", cause="stuck")
-        restart = await daemon.wait_log(
-            "host.state", host="worker-0", **{"from": "stale", "to": "starting"}
-        )
+        fields: dict[str, Any] = {"host": "worker-0", "from": "stale", "to": "starting"}
+        restart = await wait_event(daemon, "host.state", **fields)
         await work.wait_done()
     finally:
         work.close()

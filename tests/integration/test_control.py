@@ -294,6 +294,20 @@ async def test_status_returns_the_daemon_view(server: ControlServer, daemon: Fak
     }
 
 
+async def test_status_of_one_host_asks_for_that_host_in_full(
+    server: ControlServer, daemon: FakeDaemon
+) -> None:
+    """`status` with a host is `status HOST`: that host's detail; an unknown host, or a
+    host that is not a string, is refused by name."""
+    reply = await request(server.path, "status", host="worker-1")
+    assert reply == {"daemon": {"pid": os.getpid()}, "host": "worker-1", "state": "stopped"}
+    assert daemon.calls == [("host_status", "worker-1")]
+    with pytest.raises(ControlError, match="unknown host 'worker-9'"):
+        await request(server.path, "status", host="worker-9")
+    with pytest.raises(ControlError, match="'host' must be a non-empty string"):
+        await request(server.path, "status", host=7)
+
+
 async def test_ping_answers_with_the_daemon_pid(server: ControlServer, daemon: FakeDaemon) -> None:
     """`ping` is answered by the server itself and names the serving process."""
     assert await request(server.path, "ping") == {"pid": os.getpid()}

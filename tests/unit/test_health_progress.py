@@ -203,7 +203,7 @@ EVIDENCE = h.Evidence(
 
 def stuck_and_terminating() -> h.Host:
     """A ready worker found stuck at t=305, its terminate (with evidence) in flight."""
-    host, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1))
+    host, _ = beats(ready(), 2.0, 400.0, lambda t: (0, 1))
     assert host.state is S.STALE and host.op == "terminate"
     return host
 
@@ -249,7 +249,7 @@ def test_state_changes_of_other_events_carry_no_evidence() -> None:
 def test_no_evidence_is_asked_for_when_the_timeout_is_zero() -> None:
     """health.evidence_timeout_s = 0 terminates a stuck worker without capturing anything."""
     policy = replace(POLICY, evidence_timeout_s=0.0)
-    host, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
+    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
     assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=False)]
 
