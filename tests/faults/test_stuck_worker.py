@@ -90,7 +90,9 @@ async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_on
     assert isinstance(evidence, dict), restart
     assert evidence["pid"] == first and evidence["via"] == via, evidence
     assert "hung_reward_call" in evidence["stacks"]
-    assert '"hang_call"' in evidence["log_tail"]  # the worker's own line, from before the kill
+    assert (
+        '"kind": "hang_call"' in evidence["log_tail"]
+    )  # the worker's own line, from before the kill
 
     # The hung task: done once, by the replacement.
     work.assert_all_done_once()

@@ -69,11 +69,23 @@ def hung_worker(tmp_path: Path) -> Iterator[tuple[dict[str, Any], int]]:
             argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=tmp_path
         )
     try:
-        wait_for(lambda: b'"hang_call"' in log.read_bytes(), "the reward call to hang")
+        # The worker's own line just before the call hangs (its start line names the fault too).
+        wait_for(lambda: b'"kind": "hang_call"' in log.read_bytes(), "the reward call to hang")
+        # Written just before the call blocks: two more heartbeats (0.1 s apart) and it has.
+        seq = beat_seq(root)
+        wait_for(lambda: beat_seq(root) >= seq + 2, "two more heartbeats")
         yield spec_for(root), worker.pid
     finally:
         worker.kill()
         worker.wait()
+
+
+def beat_seq(root: Path) -> int:
+    """The ``seq`` of HOST's last heartbeat (-1 before the first)."""
+    try:
+        return int(json.loads((root / "status" / f"{HOST}.json").read_text())["seq"])
+    except (OSError, ValueError, KeyError):
+        return -1
 
 
 def test_the_signal_path_reads_the_stacks_of_the_hung_call_back_from_the_log(
@@ -87,7 +99,7 @@ def test_the_signal_path_reads_the_stacks_of_the_hung_call_back_from_the_log(
     assert reply.via == "faulthandler", reply.notes
     assert reply.stacks is not None and "hung_reward_call" in reply.stacks
     assert "Thread 0x" in reply.stacks and "worker.ready" not in reply.stacks
-    assert reply.log_tail is not None and '"hang_call"' in reply.log_tail
+    assert reply.log_tail is not None and '"kind": "hang_call"' in reply.log_tail
     assert "hung_reward_call" not in reply.log_tail
     assert agent.proc_stat(pid) is not None and not agent.is_dead(agent.proc_stat(pid))
 
