@@ -812,6 +812,12 @@ STACKS_SIGNAL = signal.SIGUSR1
 STACKS_QUIET_S = 0.2
 #: In "auto" mode py-spy leaves this much of the time for the signal, should it fail.
 SIGNAL_RESERVE_S = 1.0
+#: Stacks are read up to this, then threads with the same stack are folded into one (a
+#: pool's idle threads are dozens of copies) and the result cut to STACKS_MAX.
+STACKS_READ_MAX = 4 * STACKS_MAX
+#: Thread headers: py-spy's ``Thread 123 (idle): "name"``, faulthandler's ``Thread 0x7f..
+#: (most recent call first):`` and ``Current thread 0x7f.. (most recent call first):``.
+_THREAD_HEADS = ("Thread ", "Current thread ")
 
 
 def op_evidence(request: EvidenceRequest) -> EvidenceReply:
@@ -829,6 +835,8 @@ def op_evidence(request: EvidenceRequest) -> EvidenceReply:
         notes.append(f"pid {pid} is {verdict}: no stacks to take")
     elif request.stacks != "none":
         stacks, via = take_stacks(spec, pid, request.stacks, deadline, notes)
+    if stacks is not None:
+        stacks = compact_stacks(stacks)
     return EvidenceReply(
         stacks=stacks,
         via=via,
@@ -836,6 +844,40 @@ def op_evidence(request: EvidenceRequest) -> EvidenceReply:
         notes=notes[:NOTES_MAX],
         elapsed_s=round(time.monotonic() - started, 3),
     )
+
+
+def compact_stacks(text: str) -> str:
+    """``text`` with the threads that share a stack shown once, under the first one's header
+    and a line counting the others, cut to STACKS_MAX. Lines before the first thread (py-spy's
+    process line) stay first; unindented lines among the threads (another thread's log line
+    written meanwhile) go last."""
+    head: list[str] = []
+    tail: list[str] = []
+    threads: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith(_THREAD_HEADS):
+            threads.append((line, []))
+        elif not threads:
+            head.append(line)
+        elif line[:1].isspace():
+            threads[-1][1].append(line)
+        elif line.strip():
+            tail.append(line)
+    same: dict[tuple[str, ...], list[str]] = {}
+    for header, frames in threads:
+        same.setdefault(tuple(frames), []).append(header)
+    out = list(head)
+    for stack, headers in same.items():
+        out.append(headers[0])
+        if len(headers) > 1:
+            out.append(f"  (and {len(headers) - 1} more threads with this same stack)")
+        out.extend(stack)
+    out.extend(tail)
+    compact = "\n".join(out) + "\n"
+    if len(compact) > STACKS_MAX:
+        marker = f"\n[cut: {len(compact)} characters, the first {STACKS_MAX} shown]\n"
+        compact = compact[: STACKS_MAX - len(marker)] + marker
+    return compact
 
 
 def log_tail_of(path: str, root: str | None, limit: int, notes: list[str]) -> str | None:
@@ -941,7 +983,7 @@ def py_spy_dump(spy: str, pid: int, deadline: float) -> tuple[str | None, str]:
     try:
         if stdout is None:  # stdout=PIPE always gives one; mypy cannot know
             raise OpError("py-spy has no output pipe")
-        data, complete = read_bounded(stdout.fileno(), timeout_s, STACKS_MAX)
+        data, complete = read_bounded(stdout.fileno(), timeout_s, STACKS_READ_MAX)
     finally:
         if stdout is not None:
             stdout.close()
@@ -1007,7 +1049,7 @@ def signal_dump(spec: dict[str, Any], pid: int, deadline: float) -> tuple[str | 
             time.sleep(POLL_S)
         if last == start:
             return None, f"nothing was written to the log after {STACKS_SIGNAL.name}"
-        data = os.pread(fd, min(last - start, STACKS_MAX), start)
+        data = os.pread(fd, min(last - start, STACKS_READ_MAX), start)
     except (OSError, OpError) as exc:
         return None, str(exc)
     finally:

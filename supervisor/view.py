@@ -472,9 +472,11 @@ def render_host(detail: Mapping[str, Any]) -> str:
     else:
         since = _duration(detail.get("since_s"))
         say(f"{name}: {detail.get('state')} for {since}: {detail.get('last_reason') or '-'}")
+    age = detail.get("heartbeat_age_s")
+    beat = "no heartbeat seen yet" if age is None else f"heartbeat {_age(age)} ago"
     say(
         f"shard {detail.get('shard')}, pid {_dash(detail.get('pid'))}, ssh {detail.get('ssh')}"
-        f" ({detail.get('address')}), heartbeat {_age(detail.get('heartbeat_age_s'))} ago",
+        f" ({detail.get('address')}), {beat}",
         2,
     )
     progress = detail.get("progress")
