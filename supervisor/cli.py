@@ -560,9 +560,16 @@ def cmd_events(args: argparse.Namespace) -> int:
 def _event_line(event: dict[str, Any]) -> str:
     """One event as a terminal line: a host's text in it is escaped, never obeyed."""
     if event.get("event") == "host.state":
+        evidence = event.get("evidence")
+        taken = ""
+        if isinstance(evidence, dict):
+            how = f"stacks by {evidence['via']}" if evidence.get("via") else "no stacks"
+            taken = (
+                f" [evidence of pid {evidence.get('pid')}: {how}; see status {event.get('host')}]"
+            )
         return terminal_text(
             f"{event.get('timestamp', '')} {event.get('host')}: {event.get('from')} -> "
-            f"{event.get('to')} ({event.get('reason')})"
+            f"{event.get('to')} ({event.get('reason')}){taken}"
         )
     return terminal_text(json.dumps(event, sort_keys=True))
 
