@@ -61,9 +61,9 @@ import asyncssh
 
 from bench.common import percentile, raise_nofile, read_json, start_time, write_atomic
 from supervisor import agent
+from supervisor.demo.sshserver import LocalSshServer
 from supervisor.remote import AGENT_PATH
 from supervisor.seedimport import render_toml
-from supervisor.sshserver import LocalSshServer
 
 # Heartbeat writes are grouped into ticks of this length; a host's write lands in its slot.
 TICK_S = 0.01
@@ -443,7 +443,7 @@ def daemon_config(
             "experiment": "bench",
             "trial": "scale",
             "run_id": "run-1",
-            "reward_fn": "supervisor.worker.exact_match",
+            "reward_fn": "supervisor.demo.worker.exact_match",
             # Shutdown leaves the fake workers to us: stopping 1000 is not what we measure.
             "on_exit": "detach",
         },
