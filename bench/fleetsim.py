@@ -102,7 +102,11 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
 
     def session_started(self) -> None:
         """Greet as the agent does."""
-        self._send({"hello": dataclasses.asdict(agent.hello())})
+        hello: Any = agent.hello()
+        # A typed message since the protocol module; a plain dict in an A/B's old arm.
+        if dataclasses.is_dataclass(hello) and not isinstance(hello, type):
+            hello = dataclasses.asdict(hello)
+        self._send({"hello": hello})
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         """Answer each complete request line in the thread pool."""
