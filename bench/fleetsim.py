@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -61,9 +62,13 @@ import asyncssh
 
 from bench.common import percentile, raise_nofile, read_json, start_time, write_atomic
 from supervisor import agent
-from supervisor.demo.sshserver import LocalSshServer
 from supervisor.remote import AGENT_PATH
 from supervisor.seedimport import render_toml
+
+try:
+    from supervisor.demo.sshserver import LocalSshServer
+except ImportError:  # an A/B's old arm, from before the demo subpackage
+    LocalSshServer = importlib.import_module("supervisor.sshserver").LocalSshServer  # type: ignore[misc]
 
 # Heartbeat writes are grouped into ticks of this length; a host's write lands in its slot.
 TICK_S = 0.01
