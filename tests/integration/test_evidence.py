@@ -44,7 +44,7 @@ def spec_for(root: Path, python: str = sys.executable, path: str = "") -> dict[s
         "host": HOST,
         "shard": 0,
         "python": python,
-        "argv": [python, "-m", "supervisor.worker", "--root", str(root), "--host", HOST],
+        "argv": [python, "-m", "supervisor.demo.worker", "--root", str(root), "--host", HOST],
         "env": {"PATH": path} if path else {},
         "log": str(root / "ctl" / f"{HOST}.log"),
         "launch_record": str(root / "ctl" / f"{HOST}.launch.json"),
@@ -62,7 +62,7 @@ def hung_worker(tmp_path: Path) -> Iterator[tuple[dict[str, Any], int]]:
     (root / "inbox" / "0" / "t1.json").write_text(json.dumps({"id": "t1", "answer": "1"}))
     log = root / "ctl" / f"{HOST}.log"
     env = {**os.environ, "REWARD_WORKER_FAULT": "hang_call:task=t1"}
-    argv = [sys.executable, "-m", "supervisor.worker", "--root", str(root), "--shard", "0"]
+    argv = [sys.executable, "-m", "supervisor.demo.worker", "--root", str(root), "--shard", "0"]
     argv += ["--host", HOST, "--concurrency", "2", "--heartbeat-interval", "0.1"]
     with log.open("ab") as out:
         worker = subprocess.Popen(
@@ -194,7 +194,7 @@ def test_a_worker_without_a_handler_is_never_sent_the_signal(tmp_path: Path) -> 
     (root / "ctl" / f"{HOST}.log").write_bytes(b"\xff\xfe not utf-8\nlast line\n")
     code = "import sys, time; time.sleep(600)"
     # Its command line matches the spec's argv, as a worker's does.
-    argv = [sys.executable, "-c", code, "supervisor.worker", "--host", HOST]
+    argv = [sys.executable, "-c", code, "supervisor.demo.worker", "--host", HOST]
     sleeper = subprocess.Popen(argv)
     try:
         spec = {**spec_for(root), "argv": argv}
