@@ -922,10 +922,12 @@ class Daemon:
         policy = core.health_policy
         host = core.hosts.get(name)
         if host is not None and name in self._links:
-            detail = view.host_detail(host, self._links[name].cfg, now, policy)
+            cfg = self._links[name].cfg
+            detail = view.host_detail(host, cfg, now, policy, wall_now=time.time())
         elif name in core.joining:
             joining = health.new_host(name, now, history=core.history(name))
-            detail = view.host_detail(joining, self._host_configs[name], now, policy)
+            cfg = self._host_configs[name]
+            detail = view.host_detail(joining, cfg, now, policy, wall_now=time.time())
         elif name in core.waiting:
             detail = {
                 "state": "waiting",

@@ -58,13 +58,19 @@ def host_row(
 
 
 def host_detail(
-    host: health.Host, cfg: HostConfig, now: float, policy: health.Policy
+    host: health.Host,
+    cfg: HostConfig,
+    now: float,
+    policy: health.Policy,
+    *,
+    wall_now: float | None = None,
 ) -> dict[str, Any]:
     """Everything ``status HOST`` shows of one host, as plain JSON: its row, then progress,
-    restarts, the last exit and the last evidence in full."""
+    restarts, the last exit and the last evidence in full. With ``wall_now`` (Unix time at
+    ``now``), each instant is also given as Unix time (``*_at``)."""
     row = host_row(host, cfg, now, policy)
     next_in = row["next_restart_in_s"]
-    return {
+    detail = {
         **row,
         "since_s": row["in_state_s"],
         "progress": progress_detail(host, now, policy),
@@ -86,6 +92,19 @@ def host_detail(
             )
         ),
     }
+    if wall_now is not None:
+        detail["restart"]["next_restart_at"] = _wall(wall_now, next_in, ahead=True)
+        for part in ("last_exit", "evidence"):
+            if detail[part] is not None:
+                detail[part]["at"] = _wall(wall_now, detail[part].get("age_s"), ahead=False)
+    return detail
+
+
+def _wall(wall_now: float, seconds: float | None, *, ahead: bool) -> float | None:
+    """Unix time ``seconds`` after (``ahead``) or before ``wall_now``."""
+    if seconds is None:
+        return None
+    return round(wall_now + seconds if ahead else wall_now - seconds, 3)
 
 
 def progress_detail(host: health.Host, now: float, policy: health.Policy) -> dict[str, Any]:
@@ -436,6 +455,7 @@ def offline_host_detail(
             "age_s": None
             if exit_record.exited_at is None
             else round(max(0.0, now_wall - exit_record.exited_at), 3),
+            "at": exit_record.exited_at,
             "log_tail": exit_record.log_tail,
         }
     return {

@@ -109,8 +109,9 @@ def test_the_last_exit_and_evidence_are_shown_in_full_and_escaped(tmp_path: Path
         restart_times_at=(4.5,),
         failures=1,
     )
-    detail = view.host_detail(host, cfg.hosts[0], 20.0, POLICY)
+    detail = view.host_detail(host, cfg.hosts[0], 20.0, POLICY, wall_now=1000.0)
     assert detail["last_exit"] == {
+        "at": 985.0,
         "pid": 6,
         "what": "exited with code 3",
         "exit_code": 3,
@@ -118,7 +119,8 @@ def test_the_last_exit_and_evidence_are_shown_in_full_and_escaped(tmp_path: Path
         "age_s": 15.0,
         "log_tail": None,
     }
-    assert detail["evidence"]["age_s"] == 16.0
+    assert (detail["evidence"]["age_s"], detail["evidence"]["at"]) == (16.0, 984.0)
+    assert detail["restart"]["next_restart_at"] is None
     assert detail["restart"]["in_window"] == 1 and detail["restart"]["total"] == 2
     detail["log"] = {"path": "/r/ctl/worker-0.log", "lines": ["one", "two\x07"], "error": None}
     text = view.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
