@@ -914,7 +914,11 @@ def take_stacks(
             notes.append("py-spy: not found beside the worker's python or on PATH")
         else:
             reserve = SIGNAL_RESERVE_S if mode == "auto" and handles else 0.0
-            text, trouble = py_spy_dump(spy, pid, deadline - reserve)
+            # py-spy pauses its target to read a consistent stack, and cannot pause one that
+            # is stopped already (SIGSTOP, a debugger): that one it reads as it is.
+            stat = proc_stat(pid)
+            stopped = stat is not None and stat[0] in ("T", "t")
+            text, trouble = py_spy_dump(spy, pid, deadline - reserve, nonblocking=stopped)
             if text is not None:
                 return text, "py-spy"
             notes.append(f"py-spy: {trouble}"[:TEXT_MAX])
@@ -961,7 +965,9 @@ def find_py_spy(spec: dict[str, Any]) -> str | None:
     return None
 
 
-def py_spy_dump(spy: str, pid: int, deadline: float) -> tuple[str | None, str]:
+def py_spy_dump(
+    spy: str, pid: int, deadline: float, nonblocking: bool = False
+) -> tuple[str | None, str]:
     """``py-spy dump --pid PID``'s output, or None and why (it failed, or was killed at
     ``deadline``); at most STACKS_MAX bytes are read."""
     timeout_s = deadline - time.monotonic()
@@ -969,7 +975,7 @@ def py_spy_dump(spy: str, pid: int, deadline: float) -> tuple[str | None, str]:
         return None, "no time left"
     try:
         dump = subprocess.Popen(
-            [spy, "dump", "--pid", str(pid)],
+            [spy, "dump", "--pid", str(pid), *(["--nonblocking"] if nonblocking else [])],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -120,6 +120,27 @@ def test_py_spy_beside_the_worker_s_python_is_preferred_and_shows_the_hung_call(
     assert log.stat().st_size == before
 
 
+def test_a_stopped_worker_s_stacks_are_read_by_py_spy_as_they_are(
+    hung_worker: tuple[dict[str, Any], int],
+) -> None:
+    """A SIGSTOPped worker cannot answer the signal, and py-spy cannot pause it: py-spy
+    reads it without pausing, and it is left stopped (the terminate continues it)."""
+    spec, pid = hung_worker
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: (agent.proc_stat(pid) or ("?",))[0] in ("T", "t"), "the worker to stop")
+    reply = op_evidence(EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S))
+    assert reply.via == "py-spy", reply.notes
+    assert reply.stacks is not None and "hung_reward_call" in reply.stacks
+    assert (agent.proc_stat(pid) or ("?",))[0] in ("T", "t")
+    signal_only = op_evidence(
+        EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S, stacks="signal")
+    )
+    assert signal_only.stacks is None
+    assert signal_only.notes == [
+        "faulthandler: the worker is stopped (SIGSTOP or a debugger): it cannot answer"
+    ]
+
+
 def test_auto_without_py_spy_falls_back_to_the_signal_and_says_why(
     hung_worker: tuple[dict[str, Any], int], tmp_path: Path
 ) -> None:
