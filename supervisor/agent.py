@@ -933,6 +933,8 @@ def take_stacks(
         if text is not None:
             return text, "faulthandler"
         notes.append(f"faulthandler: {trouble}"[:TEXT_MAX])
+    elif mode != "py-spy":
+        notes.append(f"unknown way to take stacks {mode[:40]!r}: none taken")
     return None, None
 
 

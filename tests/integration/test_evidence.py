@@ -248,6 +248,10 @@ def test_the_log_tail_is_bounded_starts_at_a_whole_line_and_refuses_a_symlink(
     assert reply.log_tail is not None and reply.log_tail.endswith("line 9999\n")
     assert reply.log_tail.startswith("line ") and len(reply.log_tail) <= 100
     assert reply.stacks is None and reply.notes[-1].startswith("pid 1 is ")
+    # A mode the agent does not know takes no stacks, and says so.
+    notes: list[str] = []
+    assert agent.take_stacks(spec, os.getpid(), "gdb", time.monotonic() + 1, notes) == (None, None)
+    assert notes == ["unknown way to take stacks 'gdb': none taken"]
     log.unlink()
     (tmp_path / "secret").write_text("not for the daemon\n")
     log.symlink_to(tmp_path / "secret")
