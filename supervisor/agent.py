@@ -1041,6 +1041,10 @@ def signal_dump(spec: dict[str, Any], pid: int, deadline: float) -> tuple[str | 
         stat = proc_stat(pid)
         if stat is not None and stat[0] in ("T", "t"):
             return None, "the worker is stopped (SIGSTOP or a debugger): it cannot answer"
+        if deadline - time.monotonic() < STACKS_QUIET_S:
+            # Its answer could not be read in time; asked anyway, it would land in the log
+            # with nobody to collect it.
+            return None, "no time left to ask"
         _signal(pid, False, STACKS_SIGNAL)
         grown_at = None
         while True:
