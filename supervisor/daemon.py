@@ -42,6 +42,7 @@ from supervisor.statusfiles import (
     StatusObserved,
     StatusProblem,
 )
+from supervisor.terminal import terminal_text
 from supervisor.watch import Watcher, WatcherProtocol
 
 log = structlog.get_logger("supervisor.daemon")
@@ -831,9 +832,10 @@ class Daemon:
             text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
         for signature in self._fleet.signatures.values():
             held = sum(1 for s in self._fleet.held.values() if s == signature.signature)
+            # The signature quotes a worker's log line: escaped, as systemctl prints it raw.
             text = (
-                f"CRASH SIGNATURE ({signature.signature}): restarts held on {held} hosts,"
-                f" canary {signature.canary}; {text}"
+                f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
+                f" {held} hosts, canary {signature.canary}; {text}"
             )
         if text != self._summary or force:
             self._summary = text

@@ -39,6 +39,9 @@ def host_row(
         "restarts_in_window": health.restarts_in_window(host, now, policy),
         "failures": host.failures,
         "last_reason": host.reason,
+        #: Why the worker was last found unhealthy, as a code (``health.Cause``), kept after
+        #: it recovers: metrics and alerts read the code, never ``last_reason``'s words.
+        "last_cause": None if host.cause_code is None else host.cause_code.value,
         "next_restart_in_s": None if next_in is None else round(next_in, 3),
         "in_state_s": round(max(0.0, now - host.since_at), 3),
         "address": f"{cfg.address}:{cfg.port}",
@@ -93,6 +96,7 @@ def render_table(status: Mapping[str, Any]) -> str:
                 f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
             )
         )
+        lines += [terminal_text(line) for line in crash_signature_lines(daemon)]
         pointer = daemon.get("pointer")
         if isinstance(pointer, Mapping) and pointer.get("error"):
             retry = pointer.get("retry_in_s")
@@ -127,6 +131,22 @@ def render_table(status: Mapping[str, Any]) -> str:
     if any(r[2] == "ready*" for r in rows[1:]):
         lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
     return "\n".join(lines)
+
+
+def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
+    """One line per crash signature that holds restarts (``status --json``'s
+    ``crash_signatures``), with what releases it; unescaped (the signature quotes a log)."""
+    lines = []
+    for sig in daemon.get("crash_signatures") or ():
+        held = sig.get("held") or []
+        lines.append(
+            f"CRASH SIGNATURE for {_duration(sig.get('since_s'))}:"
+            f" {len(sig.get('hosts') or [])} hosts crashed the same way"
+            f" ({sig.get('signature')}); restarts held on {len(held)},"
+            f" canary {sig.get('canary')}; a reload that changes the worker, or"
+            " `reward-supervisor unfreeze`, releases them"
+        )
+    return lines
 
 
 def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -1,0 +1,94 @@
+"""The gauges the alert rules read, rendered from status snapshots as the daemon builds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from supervisor import health, view
+from supervisor.config import HostConfig
+from supervisor.health import Cause, HostState
+from supervisor.metrics import Metrics
+
+S = HostState
+
+
+def scrape(status: dict[str, Any]) -> dict[str, float]:
+    """Render ``status`` as the endpoint would and parse it: ``{'name{labels}': value}``."""
+    body, _ = Metrics(lambda: status).render("text/plain", "")
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def row(state: HostState, cause: Cause | None) -> dict[str, Any]:
+    """A host's status row from a core host in ``state`` last found unhealthy for ``cause``."""
+    host = health.Host(name="w", state=state, reason="r", since_at=0.0, cause_code=cause)
+    cfg = HostConfig(name="w", shard=0, address="127.0.0.1")
+    return view.host_row(host, cfg, 10.0, health.Policy())
+
+
+@pytest.mark.parametrize(
+    ("state", "cause", "stuck"),
+    [
+        (S.STALE, Cause.STUCK, 1),  # found stuck, being terminated
+        (S.COOLING_DOWN, Cause.STUCK, 1),  # waiting out its backoff or a held restart
+        (S.FAILED, Cause.STUCK, 1),  # given up on
+        (S.STARTING, Cause.STUCK, 0),  # replaced: the new worker is not stuck
+        (S.READY, Cause.STUCK, 0),  # recovered by finishing a task
+        (S.STOPPED, Cause.STUCK, 0),
+        (S.STALE, Cause.HEARTBEAT_STALE, 0),
+        (S.COOLING_DOWN, Cause.EXITED, 0),
+        (S.READY, None, 0),
+    ],
+)
+def test_host_stuck_is_one_only_while_a_stuck_worker_is_not_replaced(
+    state: HostState, cause: Cause | None, stuck: int
+) -> None:
+    """``reward_supervisor_host_stuck`` reads the cause code and the state, never the
+    reason's words; the row carries the code as ``last_cause``."""
+    r = row(state, cause)
+    assert r["last_cause"] == (None if cause is None else cause.value)
+    metrics = scrape({"hosts": {"w": r}, "daemon": {}})
+    assert metrics['reward_supervisor_host_stuck{host="w"}'] == stuck
+
+
+def test_crash_signature_gauges_count_signatures_and_held_hosts() -> None:
+    """Two active signatures holding 3 and 1 hosts: 2 signatures, 4 held; none: both 0."""
+    signatures = [
+        {"signature": "exit 2: a", "hosts": ["a", "b", "c", "d"], "canary": "a",
+         "held": ["b", "c", "d"], "since_s": 1.0},
+        {"signature": "signal 11", "hosts": ["e", "f", "g"], "canary": "e", "held": ["f"],
+         "since_s": 2.0},
+    ]  # fmt: skip
+    metrics = scrape({"hosts": {}, "daemon": {"crash_signatures": signatures}})
+    assert metrics["reward_supervisor_crash_signatures"] == 2
+    assert metrics["reward_supervisor_restarts_held"] == 4
+    quiet = scrape({"hosts": {}, "daemon": {"crash_signatures": []}})
+    assert quiet["reward_supervisor_crash_signatures"] == 0
+    assert quiet["reward_supervisor_restarts_held"] == 0
+
+
+def test_status_table_names_the_signature_escaped_with_what_releases_it() -> None:
+    """``status`` shows each crash signature, its held hosts and canary, and the way out; the
+    log line inside it cannot drive the terminal."""
+    daemon = {
+        "running": True,
+        "pid": 1,
+        "uptime_s": 5,
+        "summary": "0/3 ready",
+        "crash_signatures": [
+            {"signature": "exit 2: boom\x1b[2J", "hosts": ["a", "b", "c"], "canary": "a",
+             "held": ["b", "c"], "since_s": 75.0}
+        ],
+    }  # fmt: skip
+    table = view.render_table({"daemon": daemon, "hosts": {}})
+    line = next(x for x in table.splitlines() if x.startswith("CRASH SIGNATURE"))
+    assert "3 hosts crashed the same way (exit 2: boom\\x1b[2J)" in line
+    assert "restarts held on 2, canary a" in line
+    assert "for 1m15s" in line and "unfreeze" in line
+    assert "\x1b" not in table
