@@ -27,7 +27,10 @@ def host_row(
 ) -> dict[str, Any]:
     """The status of one host as plain JSON (DESIGN §7 fields, plus more)."""
     age = health.heartbeat_age_s(host, now)
-    next_in = None if host.next_restart_at is None else max(0.0, host.next_restart_at - now)
+    # A held restart has no time: it waits for the hold's release (its backoff is kept for then).
+    held = host.held is not None
+    next_at = None if held else host.next_restart_at
+    next_in = None if next_at is None else max(0.0, next_at - now)
     return {
         "state": host.state.value,
         "shard": cfg.shard,
@@ -43,6 +46,8 @@ def host_row(
         #: it recovers: metrics and alerts read the code, never ``last_reason``'s words.
         "last_cause": None if host.cause_code is None else host.cause_code.value,
         "next_restart_in_s": None if next_in is None else round(next_in, 3),
+        #: A crash signature holds the host's automatic restarts (``last_reason`` says which).
+        "restart_held": held,
         "in_state_s": round(max(0.0, now - host.since_at), 3),
         "address": f"{cfg.address}:{cfg.port}",
         "last_pid": host.last_pid,
@@ -121,7 +126,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             str(row.get("ssh", "")),
             _age(row.get("heartbeat_age_s")),
             _dash(row.get("restarts")),
-            _age(row.get("next_restart_in_s")),
+            "held" if row.get("restart_held") else _age(row.get("next_restart_in_s")),
             str(row.get("last_reason") or row.get("last_error") or ""),
         )
         # Escaped before measuring, so widths are those of what is shown.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -92,3 +93,23 @@ def test_status_table_names_the_signature_escaped_with_what_releases_it() -> Non
     assert "restarts held on 2, canary a" in line
     assert "for 1m15s" in line and "unfreeze" in line
     assert "\x1b" not in table
+
+
+def test_a_held_restart_shows_no_time_but_held() -> None:
+    """A host whose restart a crash signature holds keeps its backoff time in the core (for
+    after the release) but shows no next restart time: ``restart_held`` and "held" instead."""
+    host = health.Host(
+        name="w",
+        state=S.COOLING_DOWN,
+        reason="exited with code 2; restart held: 3 hosts crashed the same way (exit 2)",
+        since_at=0.0,
+        next_restart_at=5.0,
+        held="3 hosts crashed the same way (exit 2)",
+    )
+    cfg = HostConfig(name="w", shard=0, address="127.0.0.1")
+    r = view.host_row(host, cfg, 10.0, health.Policy())
+    assert (r["restart_held"], r["next_restart_in_s"]) == (True, None)
+    free = view.host_row(replace(host, held=None), cfg, 1.0, health.Policy())
+    assert (free["restart_held"], free["next_restart_in_s"]) == (False, 4.0)
+    table = view.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
+    assert table.splitlines()[-1].split()[7] == "held"
