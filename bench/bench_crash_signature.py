@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -91,7 +92,7 @@ async def imported_by(arm: Arm) -> str:
 
 
 async def run_arms(
-    arms: list[Arm], openssh: OpenSsh, tmp: Path, hosts: int, seconds: float
+    arms: list[Arm], openssh: OpenSsh, tmp: Path, hosts: int, seconds: float, logs: Path | None
 ) -> None:
     """Start every arm's daemon at once, let them run ``seconds``, stop them."""
     for arm in arms:
@@ -109,6 +110,12 @@ async def run_arms(
     for arm in arms:
         assert arm.daemon is not None
         assert arm.daemon.process is not None
+        if arm.daemon.process.returncode is not None:
+            arm.notes.append(
+                f"the daemon exited early, code {arm.daemon.process.returncode}:"
+                f" {arm.daemon.tail()}"
+            )
+            continue
         arm.cpu_s = cpu_seconds(arm.daemon.process.pid)
         arm.daemon.send_signal(signal.SIGTERM)
     for arm in arms:
@@ -118,6 +125,9 @@ async def run_arms(
         except AssertionError as exc:
             arm.notes.append(f"did not stop in {STOP_S:g} s: {exc}")
         await arm.daemon.aclose()
+        if logs is not None:  # the daemon's every line, for a post-mortem
+            with (logs / f"{arm.name}.jsonl").open("w") as out:
+                out.writelines(json.dumps(line) + "\n" for line in arm.daemon.lines)
 
 
 def report(arms: list[Arm], args: argparse.Namespace, started: str) -> str:
@@ -173,7 +183,7 @@ async def main_async(args: argparse.Namespace) -> str:
         tmp = Path(name)
         openssh = OpenSsh.create(tmp / "sshd")
         try:
-            await run_arms(arms, openssh, tmp, args.hosts, args.minutes * 60)
+            await run_arms(arms, openssh, tmp, args.hosts, args.minutes * 60, args.logs)
         finally:
             openssh.stop()
     if arms[0].imported == arms[1].imported:
@@ -188,7 +198,11 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=20)
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--logs", type=Path, help="write each daemon's log lines here")
     args = parser.parse_args()
+    if args.logs is not None:
+        args.logs = args.logs.resolve()
+        args.logs.mkdir(parents=True, exist_ok=True)
     args.old = Path(args.old).resolve()  # before the chdir below
     os.chdir(neutral_directory())  # `python -m` puts the cwd first: no `supervisor` there
     text = asyncio.run(main_async(args))
