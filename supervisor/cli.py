@@ -769,7 +769,7 @@ def cmd_alert_rules(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``demo``: the embedded demo."""
-    from supervisor import demo
+    from supervisor.demo import run as demo
 
     return demo.main(
         hosts=args.hosts,
@@ -782,7 +782,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """``worker --root R --shard S --host H --concurrency C``: the reference worker."""
-    from supervisor import worker
+    from supervisor.demo import worker
 
     return worker.main(args.worker_args)
 
