@@ -85,6 +85,24 @@ def summary(states: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
+def status_line(core: fleet.Fleet) -> str:
+    """The one line for ``STATUS=`` (``systemctl status``) and ``status``'s ``summary``: the
+    states, led by what holds restarts (a freeze, crash signatures). A signature quotes a
+    worker's log line, and systemctl prints the line raw: it is escaped here."""
+    text = summary(h.state.value for h in core.hosts.values())
+    freeze = core.freeze
+    if freeze.frozen:
+        finding = f"{core.finding}; " if core.finding else ""
+        text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
+    for signature in core.signatures.values():
+        held = sum(1 for s in core.held.values() if s == signature.signature)
+        text = (
+            f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
+            f" {held} hosts, canary {signature.canary}; {text}"
+        )
+    return text
+
+
 def render_table(status: Mapping[str, Any]) -> str:
     """The status JSON as an aligned text table with a header line, for a terminal: every
     value is escaped (``terminal_text``), so a host's text cannot drive the screen."""

@@ -1,4 +1,5 @@
-"""The gauges the alert rules read, rendered from status snapshots as the daemon builds them."""
+"""What operators and alerts see of crash signatures and stuck workers: the gauges, the status
+rows, the table and the STATUS= line, from the core's own objects."""
 
 from __future__ import annotations
 
@@ -113,3 +114,24 @@ def test_a_held_restart_shows_no_time_but_held() -> None:
     assert (free["restart_held"], free["next_restart_in_s"]) == (False, 4.0)
     table = view.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
     assert table.splitlines()[-1].split()[7] == "held"
+
+
+def test_status_line_leads_with_the_crash_signature_escaped() -> None:
+    """``STATUS=`` (and ``summary``) name each crash signature, the hosts it holds and its
+    canary before the states; a log line carrying an escape sequence is shown escaped, as
+    systemctl would print it raw."""
+    from tests.unit.test_fleet_core import bad_deploy, crash
+
+    s = bad_deploy(5)
+    assert view.status_line(s.core) == "5/5 ready"
+    for i in range(3):
+        crash(s, f"w{i}", 100 + i, tail="boom \x1b[2J\n")
+    [signature] = s.core.signatures.values()
+    held = sum(1 for sig in s.core.held.values() if sig == signature.signature)
+    line = view.status_line(s.core)
+    assert line.startswith(
+        f"CRASH SIGNATURE (exit 2: boom \\x1b[NJ): restarts held on {held} hosts,"
+        f" canary {signature.canary}; "
+    )
+    assert "\x1b" not in line
+    assert line.endswith(view.summary(h.state.value for h in s.core.hosts.values()))
