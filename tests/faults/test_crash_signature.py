@@ -5,6 +5,7 @@ kill -9 is no signature and keeps its ordinary restart."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import signal
 import time
@@ -23,6 +24,7 @@ from tests.faults.harness import (
     kill,
     pid_of,
     wait_event,
+    wall,
 )
 from tests.system.daemonproc import all_ready
 from tests.system.test_metrics import free_port, scrape
@@ -34,6 +36,9 @@ HOSTS = 20
 THRESHOLD = 3
 #: Longer than the backoff cap (2 s): a held host that were restarted would show in it.
 HOLD_S = 6.0
+#: The harness's restart_cooldown_s, and how much later a log stamp may be than the core's clock.
+COOLDOWN_S = 0.5
+STAMP_SLACK_S = 0.05
 #: A reward module that is not installed: the reference worker exits 2 (EXIT_FATAL).
 BAD_REWARD_FN = "reward_v2.math_verify.reward_fn"
 
@@ -93,8 +98,12 @@ async def test_bad_deploy_holds_restarts_on_one_signature_until_a_fixed_reload(
     await hold_for(HOLD_S, only_the_canary_restarts)
     before = [r for r in restarts_of(daemon) if daemon.lines.index(r) < mark]
     assert len([r for r in before if r["host"] != canary]) <= THRESHOLD, before
-    # The canary keeps trying, under its own backoff (cooldown 0.5 s doubling to 2 s).
-    assert len(events(daemon, "host.launch", host=canary)) > canary_launches_before
+    # The canary keeps trying, under its own backoff (cooldown 0.5 s doubling to 2 s): after
+    # its first restart (at once), never two launches closer than the cooldown.
+    canary_times = [wall(x) for x in events(daemon, "host.launch", host=canary)]
+    assert len(canary_times) > canary_launches_before
+    gaps = [b - a for a, b in itertools.pairwise(canary_times)]
+    assert all(gap >= COOLDOWN_S - STAMP_SLACK_S for gap in gaps[1:]), gaps
     assert len(events(daemon, "fleet.crash_signature")) == 1
 
     # Shown where an operator looks: status (JSON and table), STATUS= and the metrics.
