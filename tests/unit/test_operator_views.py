@@ -135,3 +135,21 @@ def test_status_line_leads_with_the_crash_signature_escaped() -> None:
     )
     assert "\x1b" not in line
     assert line.endswith(view.summary(h.state.value for h in s.core.hosts.values()))
+
+
+def test_a_scrape_without_a_snapshot_has_no_up_gauge_for_the_absent_alert() -> None:
+    """When the daemon's loop does not hand over a status (timeout), the scrape still answers
+    with the counters but without ``reward_supervisor_up``: RewardSupervisorAbsent's second
+    condition (a target that answers, without ``reward_supervisor_up``) depends on it."""
+    import concurrent.futures
+
+    def blocked() -> dict[str, Any]:
+        """A snapshot the event loop never delivered."""
+        raise concurrent.futures.TimeoutError
+
+    metrics = Metrics(blocked)
+    metrics.reloads.labels(result="ok").inc()
+    body = metrics.render("text/plain", "")[0].decode()
+    assert 'reward_supervisor_reloads_total{result="ok"} 1.0' in body
+    assert "reward_supervisor_up" not in body
+    assert "reward_supervisor_up 1.0" in Metrics(lambda: {}).render("text/plain", "")[0].decode()
