@@ -1568,6 +1568,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         "exited_at": time.time(),
         "host": spec["host"],
         "shard": spec["shard"],
+        "log_tail": _log_tail(log_fd),
     }
     try:
         write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n", spec["root"])
@@ -1579,6 +1580,29 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         )
         os.close(lock_fd)  # releases the shard lock (the process exit would too)
     return 0
+
+
+#: An exit record carries at most this much of the log's end: enough for a traceback's last
+#: lines, which is what a crash signature and a permanent exit's reason quote.
+LOG_TAIL_BYTES = 4096
+
+
+def _log_tail(log_fd: int) -> str | None:
+    """The end of what the worker wrote to its log, from the descriptor it wrote to (None if
+    unreadable or empty): at most LOG_TAIL_BYTES, a line cut by that limit dropped, the
+    shepherds' own lines left out (they can land after the worker's last words, and say
+    nothing about why it ended), undecodable bytes replaced."""
+    try:
+        size = os.fstat(log_fd).st_size
+        start = max(0, size - LOG_TAIL_BYTES)
+        data = os.pread(log_fd, LOG_TAIL_BYTES, start)
+    except OSError:
+        return None
+    if start > 0:
+        data = data.partition(b"\n")[2]
+    lines = data.splitlines(keepends=True)
+    kept = b"".join(line for line in lines if not line.startswith(_SHEPHERD_LINE))
+    return kept.decode("utf-8", "replace") or None
 
 
 def _name_process(name: str) -> None:
@@ -1605,7 +1629,11 @@ def _report(message: dict[str, Any]) -> bool:
 def _log(fd: int, text: str) -> None:
     """One line from the shepherd in the worker's log."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    os.write(fd, f"[shepherd {os.getpid()} {stamp}] {text}\n".encode())
+    os.write(fd, f"{_SHEPHERD_LINE.decode()}{os.getpid()} {stamp}] {text}\n".encode())
+
+
+#: How the shepherd's own lines in a worker's log begin.
+_SHEPHERD_LINE = b"[shepherd "
 
 
 def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes]]:
@@ -1635,7 +1663,8 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             recorded,
         )
     _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]), root)
-    log_fd = open_file(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, root, single_link=True)
+    # Read-write: at the worker's exit the shepherd reads the log's end back from it.
+    log_fd = open_file(spec["log"], os.O_RDWR | os.O_APPEND | os.O_CREAT, root, single_link=True)
     # The worker inherits it as stdout: a plain blocking descriptor, as it expects.
     fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     env = dict(os.environ)

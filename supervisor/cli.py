@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    if args.command not in ("run", "demo", "worker"):
+    # run, demo and worker configure their own logs; alert-rules prints a file and logs nothing.
+    if args.command not in ("run", "demo", "worker", "alert-rules"):
         # Stdout is the command's answer (often JSON for a script): library log lines, such
         # as cleanup's SSH probe connecting, go to stderr, and only when they matter.
         from supervisor import logs
@@ -259,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=120.0,
         help="seconds to wait for the old watch loop to exit (default 120)",
+    )
+
+    command(
+        "alert-rules",
+        cmd_alert_rules,
+        "print the Prometheus alert rules shipped with the package (docs/OPERATIONS.md)",
     )
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
@@ -798,6 +805,23 @@ def cmd_disarm_seed(args: argparse.Namespace) -> int:
     else:
         print("\n".join(report.lines()))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+#: The alert rules' file inside the package (package data).
+ALERT_RULES: Final = "alerts.yml"
+
+
+def alert_rules_text() -> str:
+    """The Prometheus alert rules shipped with the package, as installed."""
+    from importlib import resources
+
+    return resources.files("supervisor").joinpath(ALERT_RULES).read_text(encoding="utf-8")
+
+
+def cmd_alert_rules(args: argparse.Namespace) -> int:
+    """``alert-rules``: the shipped Prometheus rules on stdout, for a rules directory."""
+    sys.stdout.write(alert_rules_text())
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -872,17 +872,7 @@ class Daemon:
 
     def _publish_status(self, *, force: bool = False) -> None:
         self._publish_pending = False
-        text = view.summary(h.state.value for h in self._fleet.hosts.values())
-        freeze = self._fleet.freeze
-        if freeze.frozen:
-            finding = f"{self._fleet.finding}; " if self._fleet.finding else ""
-            text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
-        for signature in self._fleet.signatures.values():
-            held = sum(1 for s in self._fleet.held.values() if s == signature.signature)
-            text = (
-                f"CRASH SIGNATURE ({signature.signature}): restarts held on {held} hosts,"
-                f" canary {signature.canary}; {text}"
-            )
+        text = view.status_line(self._fleet)
         if text != self._summary or force:
             self._summary = text
             if self._ready:

@@ -27,7 +27,10 @@ def host_row(
 ) -> dict[str, Any]:
     """The status of one host as plain JSON (DESIGN §7 fields, plus more)."""
     age = health.heartbeat_age_s(host, now)
-    next_in = None if host.next_restart_at is None else max(0.0, host.next_restart_at - now)
+    # A held restart has no time: it waits for the hold's release (its backoff is kept for then).
+    held = host.held is not None
+    next_at = None if held else host.next_restart_at
+    next_in = None if next_at is None else max(0.0, next_at - now)
     return {
         "state": host.state.value,
         "shard": cfg.shard,
@@ -39,7 +42,12 @@ def host_row(
         "restarts_in_window": health.restarts_in_window(host, now, policy),
         "failures": host.failures,
         "last_reason": host.reason,
+        #: Why the worker was last found unhealthy, as a code (``health.Cause``), kept after
+        #: it recovers: metrics and alerts read the code, never ``last_reason``'s words.
+        "last_cause": None if host.cause_code is None else host.cause_code.value,
         "next_restart_in_s": None if next_in is None else round(next_in, 3),
+        #: A crash signature holds the host's automatic restarts (``last_reason`` says which).
+        "restart_held": held,
         "in_state_s": round(max(0.0, now - host.since_at), 3),
         "address": f"{cfg.address}:{cfg.port}",
         "last_pid": host.last_pid,
@@ -227,6 +235,24 @@ def summary(states: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
+def status_line(core: fleet.Fleet) -> str:
+    """The one line for ``STATUS=`` (``systemctl status``) and ``status``'s ``summary``: the
+    states, led by what holds restarts (a freeze, crash signatures). A signature quotes a
+    worker's log line, and systemctl prints the line raw: it is escaped here."""
+    text = summary(h.state.value for h in core.hosts.values())
+    freeze = core.freeze
+    if freeze.frozen:
+        finding = f"{core.finding}; " if core.finding else ""
+        text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
+    for signature in core.signatures.values():
+        held = sum(1 for s in core.held.values() if s == signature.signature)
+        text = (
+            f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
+            f" {held} hosts, canary {signature.canary}; {text}"
+        )
+    return text
+
+
 def render_table(status: Mapping[str, Any]) -> str:
     """The status JSON as an aligned text table with a header line, for a terminal: every
     value is escaped (``terminal_text``), so a host's text cannot drive the screen."""
@@ -243,6 +269,7 @@ def render_table(status: Mapping[str, Any]) -> str:
                 f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
             )
         )
+        lines += [terminal_text(line) for line in crash_signature_lines(daemon)]
         pointer = daemon.get("pointer")
         if isinstance(pointer, Mapping) and pointer.get("error"):
             retry = pointer.get("retry_in_s")
@@ -267,7 +294,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             str(row.get("ssh", "")),
             _age(row.get("heartbeat_age_s")),
             _dash(row.get("restarts")),
-            _age(row.get("next_restart_in_s")),
+            "held" if row.get("restart_held") else _age(row.get("next_restart_in_s")),
             str(row.get("last_reason") or row.get("last_error") or ""),
         )
         # Escaped before measuring, so widths are those of what is shown.
@@ -277,6 +304,22 @@ def render_table(status: Mapping[str, Any]) -> str:
     if any(r[2] == "ready*" for r in rows[1:]):
         lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
     return "\n".join(lines)
+
+
+def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
+    """One line per crash signature that holds restarts (``status --json``'s
+    ``crash_signatures``), with what releases it; unescaped (the signature quotes a log)."""
+    lines = []
+    for sig in daemon.get("crash_signatures") or ():
+        held = sig.get("held") or []
+        lines.append(
+            f"CRASH SIGNATURE for {_duration(sig.get('since_s'))}:"
+            f" {len(sig.get('hosts') or [])} hosts crashed the same way"
+            f" ({sig.get('signature')}); restarts held on {len(held)},"
+            f" canary {sig.get('canary')}; a reload that changes the worker, or"
+            " `reward-supervisor unfreeze`, releases them"
+        )
+    return lines
 
 
 def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
