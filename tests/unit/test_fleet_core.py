@@ -898,3 +898,21 @@ def test_a_silent_worker_s_terminate_asks_for_evidence_and_the_restart_carries_i
     changes = s.of(out, f.HostStateChanged)
     assert [(c.to, c.evidence) for c in changes] == [(S.STARTING, evidence)]
     assert s.core.hosts["w0"].evidence == evidence
+
+
+def test_a_host_removed_again_while_still_stopping_is_retired_once() -> None:
+    """Removed, added back (it waits for its old self) and removed again before its old
+    worker is gone: one terminate, one retirement, and it never joins."""
+    s = shell(("a", 0), ("b", 1))
+    s.boot()
+    s.run_worker("a", 100)
+    s.run_worker("b", 200)
+    only_a = (f.Member(name="a", shard=0),)
+    both = (f.Member(name="a", shard=0), f.Member(name="b", shard=1))
+    out = s.feed(f.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
+    assert [a.host for a in s.of(out, f.Terminate)] == ["b"]
+    out = s.feed(f.Reconfigured(members=both, health=HEALTH, policy=POLICY, token=s.token()))
+    out += s.feed(f.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
+    assert not s.of(out, f.Terminate) and s.state("b") is S.STOPPING
+    out = s.on("b", h.TerminateConfirmed(pid=200))
+    assert "b" not in s.core.hosts and not s.of(out, f.ScanFiles)
