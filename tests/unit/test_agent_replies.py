@@ -12,6 +12,7 @@ from supervisor import agent as protocol
 from supervisor.remote import (
     MAX_REPLY_CHARS,
     TokenBucket,
+    evidence_of,
     host_text,
     parse_reply,
 )
@@ -255,3 +256,23 @@ def test_an_evidence_request_out_of_bounds_is_refused(timeout_s: float) -> None:
     with pytest.raises(protocol.ProtocolError, match="out of range") as failed:
         protocol.read_request(request)
     assert failed.value.rid == 3
+
+
+_ANY = st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.lists(st.text())
+
+
+@given(
+    st.dictionaries(st.sampled_from(["stacks", "via", "log_tail", "notes", "elapsed_s", "x"]), _ANY)
+)
+def test_any_evidence_result_reads_or_is_a_protocol_error(result: dict[str, object]) -> None:
+    """Whatever a host sends as evidence, reading it gives a bounded EvidenceReply that the
+    daemon can turn into the core's record, or a ProtocolError."""
+    try:
+        reply = protocol.read_reply({"ok": True, "result": result}, protocol.EvidenceReply)
+    except protocol.ProtocolError:
+        return
+    assert isinstance(reply, protocol.EvidenceReply)
+    evidence = evidence_of(9, reply)
+    assert len(evidence.stacks or "") <= protocol.STACKS_MAX
+    assert len(evidence.notes) <= protocol.NOTES_MAX
+    assert all(isinstance(note, str) for note in evidence.notes)
