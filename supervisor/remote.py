@@ -51,6 +51,7 @@ from supervisor import health
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
+from supervisor.measured import remote_program
 
 log = structlog.get_logger()
 
@@ -203,7 +204,8 @@ def agent_source() -> str:
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
     # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
-    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(agent_source())} agent"
+    program = remote_program(agent_source(), AGENT_PATH)  # the source, but in ./dev test
+    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(program)} agent"
 
 
 def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
