@@ -68,10 +68,12 @@ def on_pythonpath(path: str) -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
 
 
-async def one_round(arm: Arm, hosts: int, window_s: float, starts: int) -> None:
+async def one_round(
+    arm: Arm, hosts: int, window_s: float, starts: int, modes: tuple[str, ...]
+) -> None:
     """Every measurement once for ``arm``."""
     with on_pythonpath(arm.pythonpath):
-        for mode in ("inotify", "poll"):
+        for mode in modes:
             result = await scale.run_scale(hosts, mode, window_s=window_s, floor_parts=())
             arm.errors += [f"scale {mode}: {e}" for e in result.errors]
             if result.cpu is not None:
@@ -86,6 +88,8 @@ async def one_round(arm: Arm, hosts: int, window_s: float, starts: int) -> None:
                 if samples:
                     arm.add(f"{mode}: {label}, p50 ms", 1000 * percentile(samples, 50))
                     arm.add(f"{mode}: {label}, p99 ms", 1000 * percentile(samples, 99))
+        if starts <= 0:
+            return
         start = await simstart.run_simstart(50, starts)
         arm.errors += [f"simstart: {e}" for e in start.errors]
         for value in start.all_ready:
@@ -124,7 +128,8 @@ def report(old: Arm, new: Arm, args: argparse.Namespace, started: str) -> str:
         f"The old arm imports `{old.imported}`, the new arm `{new.imported}`.",
         "",
         f"Started {started}; {args.rounds} rounds, alternated; {args.hosts} simulated hosts,"
-        f" {args.window:g} s CPU windows; load average at the end {load_average()}.",
+        f" {args.window:g} s CPU windows, watch modes {args.modes}; load average at the end"
+        f" {load_average()}.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
         "",
         "| measurement | old | new | new / old |",
@@ -153,9 +158,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both arms")
     parser.add_argument("--hosts", type=int, default=1000, help="simulated hosts for scale")
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, seconds")
-    parser.add_argument("--starts", type=int, default=3, help="simstart samples per round")
+    parser.add_argument(
+        "--starts", type=int, default=3, help="simstart samples per round (0: none)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="inotify,poll",
+        help="watch modes of the scale runs, comma-separated (inotify, poll)",
+    )
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args()
+    unknown = set(args.modes.split(",")) - {"inotify", "poll"}
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(sorted(unknown))} (inotify, poll)")
     old = Arm("old", os.path.realpath(args.old))
     new = Arm("new", str(ROOT))
     scratch = neutral_directory()
@@ -176,10 +191,11 @@ def main() -> None:
 
 async def run(old: Arm, new: Arm, args: argparse.Namespace) -> None:
     """Both arms, ``args.rounds`` times, alternating which goes first."""
+    modes = tuple(m for m in args.modes.split(",") if m)
     for round_ in range(args.rounds):
         for arm in (old, new) if round_ % 2 == 0 else (new, old):
             print(f"round {round_ + 1}: {arm.name}", file=sys.stderr, flush=True)
-            await one_round(arm, args.hosts, args.window, args.starts)
+            await one_round(arm, args.hosts, args.window, args.starts, modes)
 
 
 if __name__ == "__main__":
