@@ -41,6 +41,14 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
    held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
    written before the host is stopped and start-host has it removed before the host starts,
    so the file, which outlives the daemon, always agrees with what was done.
+10. Leadership. The fleet acts under the leadership it booted with (``Booted.epoch``, the
+   number the shell wrote to ``ctl/supervisor.epoch`` under the run lock). It is deposed
+   when a check finds the lock lost, or an epoch on disk other than its own (a standby took
+   over and wrote a higher one), or when a host's agent fenced one of its requests (the
+   agent saw a higher epoch). Deposed means ``Deposed`` and nothing more, at once and in
+   every phase: no stop, no launch, no reply, no history write (the new leader owns it).
+   An epoch file that cannot be read deposes no one: the lock is the election, the epoch
+   only the fence.
 
 Theory of operation. ``Fleet`` is a sans-I/O state machine in the manner of h11's
 connection: the shell feeds batches of events with ``now`` (a monotonic reading) and
@@ -111,6 +119,27 @@ class Booted:
     daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
 
     histories: Mapping[str, health.History] = field(default_factory=dict)
+    #: This leadership's epoch (``ctl/supervisor.epoch``); 0 where nothing fences.
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeadershipChecked:
+    """The shell looked at the run lock and the epoch file: ``held`` is whether this daemon
+    still holds the lock, ``epoch_on_disk`` the epoch recorded there (None: unreadable)."""
+
+    held: bool
+    epoch_on_disk: int | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fenced:
+    """A host's agent refused a launch or terminate of ``host``: the run directory's epoch
+    is higher than this leadership's."""
+
+    host: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +259,8 @@ FleetEvent = (
     | StopSentinelDeleted
     | PointerWritten
     | FilesystemDiagnosed
+    | LeadershipChecked
+    | Fenced
 )
 Event = HostObserved | FleetEvent
 
@@ -445,6 +476,16 @@ class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deposed:
+    """Another daemon leads now: stop acting at once (touch no worker, write no file) and
+    exit, so the service manager restarts this one as a standby."""
+
+    epoch: int
+    epoch_on_disk: int | None
+    reason: str
+
+
 Action = (
     ScanFiles
     | Connect
@@ -470,6 +511,7 @@ Action = (
     | CrashSignatureFound
     | CrashSignatureCleared
     | HistoryChanged
+    | Deposed
 )
 
 _HISTORY_CHANGED: Final = HistoryChanged()
@@ -532,6 +574,9 @@ class Fleet:
         self.held: dict[str, str] = {}
         #: The names of joined and joining hosts; a new object whenever they change.
         self.names: frozenset[str] = frozenset()
+        #: This leadership's epoch (from ``Booted``) and whether it was deposed.
+        self.epoch = 0
+        self.deposed = False
 
     # --- queries -----------------------------------------------------------------------
 
@@ -612,11 +657,16 @@ class Fleet:
         out: list[Action] = []
         for event in events:
             if self._finished:
-                return out  # nothing happens after shutdown
+                break  # nothing happens after shutdown
             if isinstance(event, HostObserved):
                 self._observed(event.host, event.event, now, out)
             else:
                 self._fleet_event(event, now, out)
+        if self.deposed:
+            # Whatever this batch asked for before the news came is not done either.
+            return [a for a in out if type(a) is Deposed]
+        if self._finished:
+            return out
         # A batch matters to the freeze only if the fleet is frozen (heartbeats thaw it) or
         # a host changed state (the count of hosts that should run sets the threshold):
         # heartbeats alone only shorten silences, so they cannot freeze it.
@@ -665,6 +715,10 @@ class Fleet:
                 if self.freeze.frozen:  # thawed meanwhile: old news
                     self.finding = event.finding
                     out.append(FreezeExplained(finding=event.finding, free_bytes=event.free_bytes))
+            case LeadershipChecked():
+                self._leadership_checked(event, out)
+            case Fenced():
+                self._depose(None, f"{event.host}: fenced: {event.reason}", out)
             case _:
                 assert_never(event)
 
@@ -792,6 +846,7 @@ class Fleet:
         if self._booted:
             return
         self._booted = True
+        self.epoch = event.epoch
         self._histories = dict(event.histories)
         self._admit(now, out)
         self._at_boot = set(self._joining)
@@ -1008,6 +1063,22 @@ class Fleet:
             # promise kept for workers that may well run on.
             unreachable = tuple(n for n, h in self._hosts.items() if h.state is not S.STOPPED)
             out.append(ShutdownDone(unreachable=unreachable))
+
+    # --- leadership ------------------------------------------------------------------------------
+
+    def _leadership_checked(self, event: LeadershipChecked, out: list[Action]) -> None:
+        if not event.held:
+            self._depose(event.epoch_on_disk, event.reason or "the run lock is lost", out)
+        elif event.epoch_on_disk is not None and event.epoch_on_disk != self.epoch:
+            reason = f"the run directory's epoch is {event.epoch_on_disk}, ours {self.epoch}"
+            self._depose(event.epoch_on_disk, reason, out)
+
+    def _depose(self, epoch_on_disk: int | None, reason: str, out: list[Action]) -> None:
+        """Stop at once: ``Deposed`` is the last action, whatever was under way."""
+        self.deposed = True
+        self._finished = True
+        self._joining.clear()
+        out.append(Deposed(epoch=self.epoch, epoch_on_disk=epoch_on_disk, reason=reason))
 
     # --- crash signatures ------------------------------------------------------------------------
 
