@@ -408,8 +408,6 @@ def check_lock(fd: int, path: Path, *, root: Path) -> str | None:
         ours = os.fstat(fd)
     except OSError as exc:
         return f"the lock descriptor failed: {exc}"
-    if ours.st_nlink == 0:
-        return f"{path} was removed"
     try:
         dir_fd, name = _open_parent(path, root)
     except OSError as exc:
@@ -424,6 +422,8 @@ def check_lock(fd: int, path: Path, *, root: Path) -> str | None:
         os.close(dir_fd)
     if (now.st_dev, now.st_ino) != (ours.st_dev, ours.st_ino):
         return f"{path} was replaced by another file"
+    if ours.st_nlink == 0:
+        return f"{path} was removed"
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
