@@ -113,7 +113,7 @@ async def test_leader_that_lost_its_lock_is_fenced_and_deposed(fault_run: FaultR
     standby locks the new file and takes over. The old leader, asked to restart a host before
     its next check, is refused by the agent (fenced): the worker lives on, the old leader
     logs ``ha.deposed`` and exits 3; the new leader keeps every worker."""
-    first, second = configs(fault_run, ha={"check_interval_s": 30.0})
+    first, _ = configs(fault_run, ha={"check_interval_s": 30.0})
     leader = await fault_run.start(first, ready=HOSTS)
     before = host_pids(await leader.status())
     # The standby by flag and its own socket, on a config that says nothing of it.
