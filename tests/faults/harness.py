@@ -122,7 +122,9 @@ class FaultRun:
     ) -> DaemonProcess:
         """Start ``reward-supervisor run`` (with ``args``, answering on ``socket`` if given);
         with ``ready=N``, return once N hosts are ready."""
-        daemon = DaemonProcess(config or self.config_path, self.tmp_path, args=args, socket=socket)
+        daemon = DaemonProcess(
+            config or self.config_path, self.tmp_path, args=args, control_socket=socket
+        )
         self.daemons.append(daemon)
         await daemon.start()
         if ready is not None:

@@ -67,15 +67,15 @@ class DaemonProcess:
         workdir: Path,
         *,
         args: Sequence[str] = (),
-        socket: Path | None = None,
+        control_socket: Path | None = None,
     ) -> None:
         self.config_path = config_path
         self.workdir = workdir
         #: More arguments of ``run`` (``--standby``, ``--control-socket PATH``: then pass
-        #: ``socket`` too, the one the daemon will answer on).
+        #: ``control_socket`` too, the one the daemon will answer on).
         self.args = tuple(args)
         # Read once: a test may break the file later to exercise a failed reload.
-        self.socket = socket or load(config_path).control.socket
+        self.socket = control_socket or load(config_path).control.socket
         self.lines: list[dict[str, Any]] = []
         self.bad_lines: list[str] = []
         self.notifications: list[str] = []
