@@ -77,6 +77,9 @@ EXIT_DEPOSED: Final = 3
 #: A leader that cannot tell for this long whether it still holds the lock (the run root
 #: hangs) steps down: well within the NFS lease (90 s) after which a standby may take over.
 LEADERSHIP_CHECK_TIMEOUT_S: Final = 30.0
+#: A standby is healthy (the watchdog is pinged) while its wait for the lock turned within
+#: this long, or four poll intervals if longer.
+STANDBY_HEALTH_MIN_S: Final = 10.0
 #: A standby re-reads the run directory for its ``status`` at most this often.
 STANDBY_VIEW_INTERVAL_S: Final = 2.0
 
@@ -260,6 +263,7 @@ class Daemon:
         self._handing_over = False
         self._standby_view: dict[str, Any] = {}
         self._lock_taken_at: float | None = None
+        self._standby_tick_at = 0.0
         self._takeover_started_at: float | None = None
 
     # ------------------------------------------------------------------------------------
@@ -378,6 +382,7 @@ class Daemon:
         view_at = loop.time()
         leader = self._leader
         while True:
+            self._standby_tick_at = loop.time()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(ha.poll_interval_s):
                     await self._stop_wanted.wait()
@@ -1057,7 +1062,13 @@ class Daemon:
             return
         loop = asyncio.get_running_loop()
         while True:
-            if self._watcher.healthy(loop.time()):
+            if self._role == "standby":
+                # A standby's one job is its wait for the lock: healthy while that loop turns.
+                window = max(STANDBY_HEALTH_MIN_S, 4 * self._config.ha.poll_interval_s)
+                healthy = loop.time() - self._standby_tick_at <= window
+            else:
+                healthy = self._watcher.healthy(loop.time())
+            if healthy:
                 self._notifier.watchdog()
             else:
                 log.warning("daemon.watchdog_withheld", reason="file watcher not healthy")

@@ -119,6 +119,7 @@ class FaultRun:
         ready: int | None = None,
         args: Sequence[str] = (),
         socket: Path | None = None,
+        watchdog_usec: int | None = None,
     ) -> DaemonProcess:
         """Start ``reward-supervisor run`` (with ``args``, answering on ``socket`` if given);
         with ``ready=N``, return once N hosts are ready."""
@@ -126,7 +127,7 @@ class FaultRun:
             config or self.config_path, self.tmp_path, args=args, control_socket=socket
         )
         self.daemons.append(daemon)
-        await daemon.start()
+        await daemon.start(watchdog_usec=watchdog_usec)
         if ready is not None:
             await daemon.wait_status(lambda s: all_ready(s, ready), READY_S, f"{ready} ready")
         return daemon

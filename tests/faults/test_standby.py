@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from supervisor import control
+from supervisor.errors import ControlError
 from tests.faults.harness import (
     READY_S,
     FaultRun,
@@ -158,8 +160,12 @@ async def test_handover_moves_the_fleet_with_zero_restarts(fault_run: FaultRun) 
     first, second = configs(fault_run)
     leader = await fault_run.start(first, ready=HOSTS)
     before = host_pids(await leader.status())
-    standby = await fault_run.start(second)
+    standby = await fault_run.start(second, watchdog_usec=1_000_000)
     await standby_ready(standby)
+    # A healthy standby pings the watchdog (systemd would kill a silent one).
+    await standby.wait_notify("WATCHDOG=1", READY_S)
+    with pytest.raises(ControlError, match="standby; the leader is"):
+        await control.request(standby.socket, "restart-host", host="worker-0")
 
     proc = await asyncio.create_subprocess_exec(
         *_cli("handover", "-c", str(first), "--json"),
