@@ -25,7 +25,12 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
 5. Start-up settles when every host has answered (its probe and any launch it led to) or
    could not be reached, or at the start-up deadline, whichever is first.
 6. Shutdown completes when every host is stopped, or unreachable with nothing in flight,
-   or at the shutdown deadline; the hosts left unstopped are named.
+   or at the shutdown deadline; the hosts left unstopped are named. "Unreachable" means its
+   connection's first outcome came and was a failure: a host still connecting (a daemon
+   stopped during its start-up, a standby that just took over) is waited for, so that the
+   workers it runs are found and stopped, not left behind. For the same reason hosts whose
+   files are being read when a stop begins still join, only to be stopped; a detach lets
+   nobody join.
 7. The pointer file (``run.pointer_file``, the seed's "this run's workers are up" marker) is
    written once, when the fleet is first all ready; a failed write is retried with a
    doubling delay whatever the fleet does meanwhile, and never stops anything.
@@ -825,7 +830,7 @@ class Fleet:
             if not self._unsettled and self._booted and not self._joining:
                 self._settle((), out)
         if self._shutting_down:
-            if _stop_done(host):
+            if self._stop_done(name, host):
                 self._stop_pending.discard(name)
             else:
                 self._stop_pending.add(name)
@@ -871,15 +876,19 @@ class Fleet:
             out.append(ScanFiles(hosts=tuple(joining)))
 
     def _files_scanned(self, event: FilesScanned, now: float, out: list[Action]) -> None:
-        if self._shutting_down:
-            return  # nobody joins a fleet that is stopping
+        # A stop under way (a detach has finished already): they join only to be stopped,
+        # so that a worker already running there is found and stopped, not left behind.
+        stopping = self._shutting_down
         if self._startup_deadline_at is None:
             self._startup_deadline_at = now + self._policy.startup_timeout_s
         # In the order they joined, which is the config's: hosts connect as listed.
         for name in [n for n in self._joining if n in event.hosts]:
             member = self._joining.pop(name)
             if self._configured.get(name) != member:
-                continue  # a reload removed or changed it meanwhile: admitted afresh below
+                # A reload removed or changed it meanwhile: admitted afresh below (not while
+                # stopping: commands are refused then, so it changed before the stop).
+                self._stop_pending.discard(name)
+                continue
             host = health.new_host(
                 name,
                 now,
@@ -893,10 +902,16 @@ class Fleet:
             added = name not in self._at_boot
             self._at_boot.discard(name)
             out.append(Connect(host=name, shard=member.shard, added=added))
-            if self.freeze.frozen:
+            if stopping:
+                self._feed(name, _SHUTDOWN_STOP, now, out)
+            elif self.freeze.frozen:
                 self._feed(name, health.FleetFrozen(reason=self.freeze.reason), now, out)
             self._arm(name, self._hosts[name].deadline_at)
         self._names_changed()
+        if stopping:
+            if not self._stop_pending:
+                self._finish(out)
+            return
         self._admit(now, out)
         if not self._settled and not self._unsettled and not self._joining:
             self._settle((), out)
@@ -961,6 +976,10 @@ class Fleet:
         if name in self._joining:
             del self._joining[name]  # never connected: nothing to stop
             self._names_changed()
+            if self._shutting_down:  # a stop waited for it to join: no longer
+                self._stop_pending.discard(name)
+                if not self._stop_pending:
+                    self._finish(out)
             return
         if name not in self._hosts or name in self._retiring:
             return
@@ -1036,7 +1055,8 @@ class Fleet:
             self._finish(out, detached=True)  # workers keep running; the next daemon adopts them
             return
         self._shutdown_deadline_at = now + self._policy.shutdown_timeout_s
-        self._stop_pending = set(self._hosts)
+        # Hosts whose files are being read join once they are, only to be stopped.
+        self._stop_pending = set(self._hosts) | set(self._joining)
         for name in list(self._hosts):
             # Feeding one host can only drop that host (a removed one, now stopped).
             self._feed(name, _SHUTDOWN_STOP, now, out)
@@ -1044,9 +1064,16 @@ class Fleet:
         if not self._stop_pending:
             self._finish(out)
 
+    def _stop_done(self, name: str, host: Host) -> bool:
+        """Shutdown is done with this host: stopped, or unreachable (its connection's first
+        outcome came, a failure) with nothing in flight."""
+        if host.state is S.STOPPED:
+            return True
+        return not host.ssh_up and host.op is None and name in self._connect_seen
+
     def _track_stop(self, name: str) -> None:
         host = self._hosts.get(name)
-        if host is not None and _stop_done(host):
+        if host is not None and self._stop_done(name, host):
             self._stop_pending.discard(name)
 
     def _finish(self, out: list[Action], *, detached: bool = False) -> None:
@@ -1264,9 +1291,6 @@ _SHUTDOWN_STOP: Final = health.StopRequested(
 )
 
 
-def _stop_done(host: Host) -> bool:
-    """Shutdown is done with this host: stopped, or unreachable with nothing in flight."""
-    return host.state is S.STOPPED or (not host.ssh_up and host.op is None)
 
 
 # --------------------------------------------------------------------------------------

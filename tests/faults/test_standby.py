@@ -29,7 +29,7 @@ from tests.faults.harness import (
     events,
     kill,
 )
-from tests.system.daemonproc import DaemonProcess, all_ready, host_pids
+from tests.system.daemonproc import DaemonProcess, all_ready, host_pids, poll_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.system, pytest.mark.openssh]
 
@@ -250,3 +250,24 @@ async def _storm(fault_run: FaultRun, rng: random.Random, stop: asyncio.Event) -
 def _cli(*args: str) -> list[str]:
     """The CLI's argv."""
     return [sys.executable, "-m", "supervisor.cli", *args]
+
+
+async def test_a_standby_stopped_as_it_takes_over_leaves_no_worker_behind(
+    fault_run: FaultRun,
+) -> None:
+    """The leader SIGKILLed, and the standby SIGTERMed the moment it has taken the lock (its
+    start-up as leader under way: files being read, hosts being adopted). With ``on_exit =
+    "stop"`` every worker is found and stopped before it exits: none is left running."""
+    first, second = configs(fault_run)
+    leader = await fault_run.start(first, ready=HOSTS)
+    standby = await fault_run.start(second)
+    await standby_ready(standby)
+    assert len(fault_run.monitor.live()) == HOSTS
+    leader.send_signal(signal.SIGKILL)
+    assert await leader.wait_exit() == -signal.SIGKILL
+    await standby.wait_log("ha.leading", READY_S)
+    standby.send_signal(signal.SIGTERM)
+    assert await standby.wait_exit(READY_S) == 0
+    assert events(standby, "daemon.stop_incomplete") == []
+    assert launches(standby) == []
+    await poll_until(lambda: not fault_run.monitor.live(), READY_S, "every worker stopped")
