@@ -556,12 +556,12 @@ def test_a_stop_waits_for_a_host_s_first_connection_outcome() -> None:
     s = shell(("a", 0), ("b", 1))
     s.boot()
     s.feed(f.ShutdownRequested(detach=False))
-    assert not s.core.finished
+    assert not s.finished()
     s.on("a", h.SshLost(reason="refused"))
-    assert not s.core.finished
+    assert not s.finished()
     s.on("b", h.SshRestored())
     s.on("b", h.ProbeResult(pid=None))
-    assert s.core.finished
+    assert s.finished()
     done = s.last(f.ShutdownDone)
     assert done == f.ShutdownDone(unreachable=("a",))
 
