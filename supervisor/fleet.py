@@ -1291,8 +1291,6 @@ _SHUTDOWN_STOP: Final = health.StopRequested(
 )
 
 
-
-
 # --------------------------------------------------------------------------------------
 # Crash signatures
 

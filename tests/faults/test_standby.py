@@ -126,6 +126,18 @@ async def test_leader_that_lost_its_lock_is_fenced_and_deposed(fault_run: FaultR
         plain, args=["--standby", "--control-socket", str(socket)], socket=socket
     )
     await standby_ready(standby)
+    # `status --control-socket` asks the standby: who leads, and the hosts from the files.
+    asked = await asyncio.create_subprocess_exec(
+        *_cli("status", "-c", str(plain), "--control-socket", str(socket)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(asked.communicate(), READY_S)
+    assert asked.returncode == 0, err
+    shown = out.decode()
+    leader_pid = leader.process.pid  # type: ignore[union-attr]
+    assert f"leader: {os.uname().nodename} pid {leader_pid}, epoch 1" in shown, shown
+    assert all(f"worker-{i}" in shown for i in range(HOSTS)), shown
 
     lock = fault_run.root / "ctl" / "supervisor.lock"
     planted = lock.with_name("planted")
@@ -187,7 +199,7 @@ async def test_handover_moves_the_fleet_with_zero_restarts(fault_run: FaultRun) 
     # Restarted by systemd, the old leader is now the standby.
     again = await fault_run.start(first)
     await standby_ready(again)
-    await fault_run.stop(again)
+    assert await fault_run.stop(again) == 0  # a standby stops at once, touching nothing
 
 
 async def test_leader_sigkilled_at_random_moments_of_a_restart_storm(
