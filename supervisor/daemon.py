@@ -1111,11 +1111,23 @@ class Daemon:
             loop = asyncio.get_running_loop()
             snapshot = self._history_snapshot(time.time() - loop.time())
             try:
-                await asyncio.to_thread(self._write_history, snapshot)
+                saved = await asyncio.to_thread(self._write_history, snapshot)
             except OSError as exc:
                 self._history_dirty.set()
                 self._check_now.set()  # an I/O error on the run root: do we still lead?
                 log.error("history.not_saved", reason=str(exc))
+            else:
+                if not saved:
+                    self._check_now.set()  # another epoch on disk: the check deposes us
+
+    def _not_ours(self) -> str | None:
+        """Why this daemon must not write the run's files (another leadership's epoch is on
+        disk), or None. In a thread."""
+        run = layout.layout_of(self._config)
+        on_disk = runfiles.read_epoch(run.epoch_file, root=run.root)
+        if on_disk is not None and on_disk != self._epoch:
+            return f"the run directory's epoch is {on_disk}, ours {self._epoch}"
+        return None
 
     def _history_snapshot(self, wall_minus_mono: float) -> dict[str, Any]:
         """Every host's restart history with instants converted to wall-clock time."""
@@ -1138,9 +1150,16 @@ class Daemon:
             "hosts": hosts,
         }
 
-    def _write_history(self, snapshot: dict[str, Any]) -> None:
+    def _write_history(self, snapshot: dict[str, Any]) -> bool:
+        """Save the restart history, unless another leader's epoch is on disk (then it owns
+        the file: False). In a thread."""
+        why = self._not_ours()
+        if why is not None:
+            log.error("history.not_saved", reason=f"{why}: another supervisor leads")
+            return False
         run = layout.layout_of(self._config)
         runfiles.write_json_atomic(run.state_file, snapshot, root=run.root)
+        return True
 
     def _load_history(self) -> dict[str, health.History]:
         run = layout.layout_of(self._config)
