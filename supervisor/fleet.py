@@ -30,7 +30,7 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
    stopped during its start-up, a standby that just took over) is waited for, so that the
    workers it runs are found and stopped, not left behind. For the same reason hosts whose
    files are being read when a stop begins still join, only to be stopped; a detach lets
-   nobody join.
+   nobody join. A stop asked for before the boot is begun right after it.
 7. The pointer file (``run.pointer_file``, the seed's "this run's workers are up" marker) is
    written once, when the fleet is first all ready; a failed write is retried with a
    doubling delay whatever the fleet does meanwhile, and never stops anything.
@@ -547,6 +547,8 @@ class Fleet:
         self._joining: dict[str, Member] = {}
         self._retiring: set[str] = set()
         self._booted = False
+        #: A stop (not a detach) asked for before the boot: done right after it.
+        self._stop_at_boot = False
         #: Joining as the daemon starts (not "added" by a reload).
         self._at_boot: set[str] = set()
         self.freeze = Freeze()
@@ -712,6 +714,10 @@ class Fleet:
                 if change is not None:
                     self._apply_freeze(change, now, out)
                 out.append(Reply(token=event.token, result={"frozen": False, "was_frozen": was}))
+            case ShutdownRequested() if not self._booted and not event.detach:
+                # Before the boot (a signal while the shell read the history): the stop
+                # comes once the members are known, so their workers are found and stopped.
+                self._stop_at_boot = True
             case ShutdownRequested():
                 self._shutdown(event.detach, now, out)
             case PointerWritten():
@@ -855,6 +861,9 @@ class Fleet:
         self._histories = dict(event.histories)
         self._admit(now, out)
         self._at_boot = set(self._joining)
+        if self._stop_at_boot:
+            self._shutdown(False, now, out)
+            return
         if not self._joining:
             self._settle((), out)
 

@@ -550,6 +550,30 @@ def test_hosts_whose_files_arrive_during_a_stop_join_only_to_be_stopped() -> Non
     assert "c" in s2.core.hosts
 
 
+def test_a_stop_before_the_boot_stops_the_workers_found_after_it() -> None:
+    """A SIGTERM while the shell still reads the history (before ``Booted``): the fleet
+    boots, its hosts join only to be stopped, and the worker found is stopped; a detach
+    before the boot just ends it."""
+    s = shell(("a", 0))
+    assert s.feed(f.ShutdownRequested(detach=False)) == []
+    out = s.feed(f.Booted())
+    assert s.of(out, f.ShutdownBegan) == [f.ShutdownBegan(detach=False)]
+    scan = s.last(f.ScanFiles)
+    assert scan == f.ScanFiles(hosts=("a",))
+    s.scanned(scan)
+    s.on("a", h.SshRestored())
+    s.on("a", h.ProbeResult(pid=100))
+    assert s.last(f.Terminate, "a") is not None
+    assert s.last(f.Launch, "a") is None
+    out = s.on("a", h.TerminateConfirmed(pid=100))
+    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+
+    d = shell(("a", 0))
+    out = d.feed(f.ShutdownRequested(detach=True))
+    assert d.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert d.feed(f.Booted()) == []
+
+
 def test_a_stop_waits_for_a_host_s_first_connection_outcome() -> None:
     """A host whose connection has not come up yet is not "unreachable": the stop waits for
     it (up: probe and stop; down: unreachable, named), or for its deadline."""
