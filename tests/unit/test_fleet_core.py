@@ -962,3 +962,15 @@ def test_a_reload_during_shutdown_lets_nobody_join() -> None:
         )
     )
     assert not s.of(out, f.ScanFiles) and "b" not in s.core.joining
+
+
+def test_a_joining_host_removed_by_a_reload_during_a_stop_is_not_waited_for() -> None:
+    """A stop waits for the hosts being read; a reload that removes the only one of them
+    ends the wait: the shutdown is done."""
+    s = shell(("a", 0))
+    s.feed(f.Booted())
+    s.feed(f.ShutdownRequested(detach=False))
+    assert not s.finished()
+    out = s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=1))
+    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert s.finished()
