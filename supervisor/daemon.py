@@ -289,6 +289,8 @@ class Daemon:
         except (OSError, RunLocked) as exc:
             log.error("daemon.cannot_start", reason=str(exc))
             return 1
+        if self._role == "leader":
+            log.info("ha.leading", epoch=self._epoch, leader=self._leader)
         control = ControlServer(self._config.control.socket, self)
         try:
             await control.start()
@@ -397,17 +399,19 @@ class Daemon:
             if took:
                 self._takeover_started_at = free_seen_at
                 break
-            if self._leader != leader:
+            changed = self._leader != leader
+            if changed:
                 leader = self._leader
                 log.info("ha.leader_changed", leader=leader)
                 self._notifier.status(f"standby, leader: {leader or 'unknown'}")
-            if loop.time() - view_at >= STANDBY_VIEW_INTERVAL_S:
+            if changed or loop.time() - view_at >= STANDBY_VIEW_INTERVAL_S:
                 self._standby_view = await asyncio.to_thread(self._read_standby_view)
                 view_at = loop.time()
         self._role = "leader"
         log.info(
             "ha.leading",
             epoch=self._epoch,
+            leader=self._leader,
             warm=sum(1 for w in self._warm.values() if w.up),
             probed=sum(1 for w in self._warm.values() if w.probed),
             hosts=len(self._warm),

@@ -283,3 +283,43 @@ async def test_a_standby_stopped_as_it_takes_over_leaves_no_worker_behind(
     assert events(standby, "daemon.stop_incomplete") == []
     assert launches(standby) == []
     await poll_until(lambda: not fault_run.monitor.live(), READY_S, "every worker stopped")
+
+
+async def test_two_standbys_wait_and_exactly_one_takes_over(fault_run: FaultRun) -> None:
+    """A leader and two standbys: the leader SIGKILLed, one standby takes over (epoch + 1),
+    the other stays a standby and names the new leader; the fleet is adopted once."""
+    first, second = configs(fault_run)
+    raw = fault_run.raw(HOSTS, ha={"standby": True, **HA})
+    raw["control"]["socket"] = str(fault_run.tmp_path / "third.sock")
+    third = fault_run.write(raw, fault_run.tmp_path / "rs-c.toml")
+    leader = await fault_run.start(first, ready=HOSTS)
+    before = host_pids(await leader.status())
+    epoch = (await leader.status())["daemon"]["epoch"]
+    standbys = [await fault_run.start(second), await fault_run.start(third)]
+    for standby in standbys:
+        await standby_ready(standby)
+    leader.send_signal(signal.SIGKILL)
+    assert await leader.wait_exit() == -signal.SIGKILL
+
+    def one_leads() -> bool:
+        """Exactly one of the standbys has logged that it is in charge."""
+        return sum(1 for s in standbys if events(s, "ha.in_charge")) >= 1
+
+    await poll_until(one_leads, READY_S, "a standby in charge")
+    [new] = [s for s in standbys if events(s, "ha.in_charge")]
+    [other] = [s for s in standbys if s is not new]
+    status = await new.wait_status(lambda s: all_ready(s, HOSTS), READY_S, "all ready")
+    assert host_pids(status) == before
+    assert status["daemon"]["epoch"] == epoch + 1
+    assert launches(new) == []
+    name = f"{os.uname().nodename} pid {new.process.pid}"  # type: ignore[union-attr]
+    # (The holder's name is in the lock file a moment before the epoch is bumped; a
+    # standby's view of the files is re-read every 2 s.)
+    view = await other.wait_status(
+        lambda s: s["daemon"]["leader"] == name and s["daemon"]["epoch"] == epoch + 1,
+        READY_S,
+        "the other names the new leader and its epoch",
+    )
+    assert view["daemon"]["role"] == "standby"
+    assert events(other, "ha.leading") == []
+    assert await fault_run.stop(other) == 0
