@@ -80,6 +80,9 @@ LEADERSHIP_CHECK_TIMEOUT_S: Final = 30.0
 #: A standby is healthy (the watchdog is pinged) while its wait for the lock turned within
 #: this long, or four poll intervals if longer.
 STANDBY_HEALTH_MIN_S: Final = 10.0
+#: A standby's warm-up probe that failed (the host's python broken, say) is tried again
+#: after this pause, while its connection is up.
+WARM_RETRY_S: Final = 5.0
 #: A standby re-reads the run directory for its ``status`` at most this often.
 STANDBY_VIEW_INTERVAL_S: Final = 2.0
 
@@ -389,6 +392,7 @@ class Daemon:
                 async with asyncio.timeout(ha.poll_interval_s):
                     await self._stop_wanted.wait()
             if self._stop_wanted.is_set():
+                self._notifier.stopping()
                 return False
             free_seen_at = time.monotonic()
             try:
@@ -417,7 +421,10 @@ class Daemon:
             hosts=len(self._warm),
         )
         if self._stop_wanted.is_set():
-            return False  # asked to stop as the lock came: lead nothing, the next one will
+            # Asked to stop (as a standby) just as the lock came: lead nothing, release it
+            # for the next one. From here on a stop is a leader's stop.
+            self._notifier.stopping()
+            return False
         self._notifier.status(f"taking over (epoch {self._epoch})")
         return True
 
@@ -448,7 +455,7 @@ class Daemon:
                     log.info("ha.warm_probe_failed", host=warm.cfg.name, reason=exc.reason)
                 else:
                     log.exception("ha.warm_probe_failed", host=warm.cfg.name)
-                await asyncio.sleep(self._config.ha.poll_interval_s)
+                await asyncio.sleep(WARM_RETRY_S)
                 warm.changed.set()  # try again while the connection is up
                 continue
             warm.probed = probed_up = True
