@@ -323,3 +323,23 @@ async def test_two_standbys_wait_and_exactly_one_takes_over(fault_run: FaultRun)
     assert view["daemon"]["role"] == "standby"
     assert events(other, "ha.leading") == []
     assert await fault_run.stop(other) == 0
+
+
+async def test_without_standby_a_second_daemon_exits_naming_the_leader(
+    fault_run: FaultRun,
+) -> None:
+    """No ``[ha] standby``: a second daemon on a led run exits 1 at once, naming who holds
+    the run lock and how to wait instead; the leader and its workers are untouched."""
+    raw = fault_run.raw(HOSTS)
+    first = fault_run.write(raw)
+    raw["control"]["socket"] = str(fault_run.tmp_path / "second.sock")
+    second = fault_run.write(raw, fault_run.tmp_path / "rs-2.toml")
+    leader = await fault_run.start(first, ready=HOSTS)
+    before = host_pids(await leader.status())
+    other = await fault_run.start(second)
+    assert await other.wait_exit(READY_S) == 1
+    [refused] = events(other, "daemon.cannot_start")
+    holder = f"{os.uname().nodename} pid {leader.process.pid}"  # type: ignore[union-attr]
+    assert holder in refused["reason"] and "--standby" in refused["reason"], refused
+    assert host_pids(await leader.status()) == before
+    assert (await leader.status())["daemon"]["epoch"] == 1
