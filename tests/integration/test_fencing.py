@@ -102,8 +102,8 @@ async def test_a_symlinked_epoch_file_is_not_followed(
 
 
 def test_epoch_bumps_from_nothing_and_from_what_is_there(tmp_path: Path) -> None:
-    """No file: 0, and the first bump writes 1; each bump adds one; garbage reads as None
-    and bumps to 1; a symlink is replaced, never followed."""
+    """No file: 0, and the first bump writes 1; each bump adds one; garbage, a FIFO or an
+    oversized file reads as None and bumps to 1; a symlink is replaced, never followed."""
     root = tmp_path / "run"
     (root / "ctl").mkdir(parents=True)
     path = root / "ctl" / "supervisor.epoch"
@@ -121,6 +121,12 @@ def test_epoch_bumps_from_nothing_and_from_what_is_there(tmp_path: Path) -> None
     assert runfiles.read_epoch(path, root=root) is None
     assert runfiles.bump_epoch(path, root=root) == 1
     assert outside.read_text() == "7\n" and not path.is_symlink()
+    path.unlink()
+    os.mkfifo(path)  # read without blocking, refused; replaced by the bump
+    assert runfiles.read_epoch(path, root=root) is None
+    assert runfiles.bump_epoch(path, root=root) == 1
+    path.write_bytes(b"9" * 100)  # more than an epoch file holds
+    assert runfiles.read_epoch(path, root=root) is None
 
 
 def test_check_lock_sees_a_replaced_or_removed_lock_file(tmp_path: Path) -> None:
