@@ -165,6 +165,40 @@ async def test_leader_that_lost_its_lock_is_fenced_and_deposed(fault_run: FaultR
     assert launches(standby) == []
 
 
+async def test_leader_that_lost_its_lock_cannot_launch_either(fault_run: FaultRun) -> None:
+    """As above, but the old leader is made to launch: a worker is killed, both daemons see
+    its exit record, the old leader's relaunch is fenced by the agent (it logs
+    ``host.fenced`` for the launch and exits 3) and only the new leader's worker runs."""
+    first, second = configs(fault_run, ha={"check_interval_s": 30.0})
+    leader = await fault_run.start(first, ready=HOSTS)
+    before = host_pids(await leader.status())
+    standby = await fault_run.start(second)
+    await standby_ready(standby)
+    lock = fault_run.root / "ctl" / "supervisor.lock"
+    planted = lock.with_name("planted")
+    planted.write_text("")
+    os.replace(planted, lock)
+    await standby.wait_log("ha.in_charge", READY_S)
+    await standby.wait_status(lambda s: all_ready(s, HOSTS), READY_S, "all ready")
+
+    victim = "worker-1"
+    old_pid = before[victim]
+    assert old_pid is not None
+    kill(old_pid)
+    fenced = await leader.wait_log("host.fenced", READY_S, host=victim, op="launch")
+    assert "epoch" in fenced["reason"]
+    assert await leader.wait_exit() == 3
+    await leader.wait_log("ha.deposed", READY_S)
+    status = await standby.wait_status(
+        lambda s: all_ready(s, HOSTS) and s["hosts"][victim]["pid"] != old_pid,
+        READY_S,
+        "the victim replaced by the new leader",
+    )
+    new_pid = status["hosts"][victim]["pid"]
+    assert [w.pid for w in fault_run.monitor.live() if w.host == victim] == [new_pid]
+    assert [e["host"] for e in launches(standby)] == [victim]
+
+
 async def test_handover_moves_the_fleet_with_zero_restarts(fault_run: FaultRun) -> None:
     """``reward-supervisor handover``: the leader detaches (whatever its on_exit) and
     releases the lock, the standby takes over and adopts every worker, the command names
