@@ -47,6 +47,7 @@ import asyncssh
 import structlog
 
 from supervisor import agent as protocol
+from supervisor import health
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import Fenced, RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
@@ -60,6 +61,8 @@ AGENT_PATH: Final = Path(__file__).with_name("agent.py")
 RPC_TIMEOUT_S: Final = 75.0
 #: Terminate may wait ``grace_s``, then 10 s for SIGKILL to be confirmed, then answer.
 TERMINATE_SLACK_S: Final = 20.0
+#: The agent bounds an evidence capture itself; this covers the round trip around it.
+EVIDENCE_SLACK_S: Final = 1.0
 #: Starting the agent: the user's shell and rc files, then python's startup and imports.
 AGENT_START_TIMEOUT_S: Final = 30.0
 #: A connection that stayed up this long resets the reconnect backoff; one that drops
@@ -233,6 +236,20 @@ def host_text(value: object, limit: int = MAX_NOISE_CHARS) -> str | None:
     if not isinstance(value, str):
         return None
     return _SURROGATES.sub("\ufffd", value[:limit])
+
+
+def evidence_of(pid: int, reply: protocol.EvidenceReply) -> health.Evidence:
+    """The core's record of an agent's evidence reply: every text as the host sent it, cut
+    to its bound and safe to encode (``host_text``)."""
+    notes = (host_text(note, protocol.TEXT_MAX) for note in reply.notes)
+    return health.Evidence(
+        pid=pid,
+        stacks=host_text(reply.stacks, protocol.STACKS_MAX),
+        stacks_via=host_text(reply.via, 40),
+        log_tail=host_text(reply.log_tail, protocol.LOG_TAIL_MAX),
+        notes=tuple(note for note in notes if note is not None)[: protocol.NOTES_MAX],
+        elapsed_s=reply.elapsed_s,
+    )
 
 
 _Reply = TypeVar("_Reply", bound=protocol.Reply)
@@ -548,6 +565,22 @@ class RemoteHost:
         reply = await self._call(request, protocol.TerminateReply, grace_s + TERMINATE_SLACK_S)
         outcome = host_text(reply.outcome)
         log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
+
+    async def evidence(
+        self, spec: LaunchSpec, pid: int, *, timeout_s: float, stacks: str
+    ) -> health.Evidence:
+        """What ``pid`` is doing: its stacks (by ``stacks``) and its log's tail, as the agent
+        captured them within ``timeout_s`` (``agent.op_evidence``); RemoteError if the
+        agent did not answer in that time plus a little."""
+        request = protocol.EvidenceRequest(
+            spec=_spec_json(spec),
+            pid=pid,
+            timeout_s=float(timeout_s),
+            stacks=stacks,
+            log_bytes=protocol.LOG_TAIL_MAX,
+        )
+        reply = await self._call(request, protocol.EvidenceReply, timeout_s + EVIDENCE_SLACK_S)
+        return evidence_of(pid, reply)
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """The live worker of ``spec``'s shard on this host (``pid`` or the pidfile's), if
