@@ -78,7 +78,8 @@ async def test_sigterm_with_detach_hands_the_fleet_over_with_zero_restarts(
     fault_run: FaultRun,
 ) -> None:
     """The leader SIGTERMed with ``on_exit = "detach"``: the standby takes the lock, bumps the
-    epoch, adopts every worker (same pids) without a launch, and is in charge."""
+    epoch, adopts every worker (same pids) without a launch, and is in charge; a SIGHUP it
+    got while waiting is applied once it leads (a reload command is refused meanwhile)."""
     first, second = configs(fault_run, run={"on_exit": "detach"})
     leader = await fault_run.start(first, ready=HOSTS)
     before = host_pids(await leader.status())
@@ -90,6 +91,14 @@ async def test_sigterm_with_detach_hands_the_fleet_over_with_zero_restarts(
     assert view["daemon"]["leader"] == leader_status["daemon"]["leader"]
     assert view["daemon"]["epoch"] == epoch
     assert set(view["hosts"]) == set(before)
+    # An edited config (on_exit = "stop", so the end of the test stops the workers) and a
+    # SIGHUP to the standby: it reads the file once it leads, not before.
+    raw = fault_run.raw(HOSTS, ha={"standby": True, **HA})
+    raw["control"]["socket"] = str(fault_run.tmp_path / "standby.sock")
+    fault_run.write(raw, second)
+    standby.send_signal(signal.SIGHUP)
+    with pytest.raises(ControlError, match="standby"):
+        await control.request(standby.socket, "reload")
 
     leader.send_signal(signal.SIGTERM)
     assert await leader.wait_exit() == 0
@@ -102,12 +111,9 @@ async def test_sigterm_with_detach_hands_the_fleet_over_with_zero_restarts(
     assert (fault_run.root / "ctl" / "supervisor.epoch").read_text() == f"{epoch + 1}\n"
     assert launches(standby) == []
     assert charge["adopted"] == HOSTS
-    # So that the end of the test stops the workers rather than leaving them running.
-    raw = json.loads(json.dumps(fault_run.raw(HOSTS)))
-    raw["control"]["socket"] = str(fault_run.tmp_path / "standby.sock")
-    fault_run.write(raw, second)
-    standby.send_signal(signal.SIGHUP)
-    await standby.wait_log("config.reloaded", READY_S)
+    reloaded = await standby.wait_log("config.reloaded", READY_S)
+    assert reloaded["restarted"] == [] and launches(standby) == []
+    assert (await standby.status())["daemon"]["on_exit"] == "stop"
 
 
 async def test_leader_that_lost_its_lock_is_fenced_and_deposed(fault_run: FaultRun) -> None:
