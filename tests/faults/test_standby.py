@@ -22,6 +22,7 @@ import pytest
 
 from supervisor import control
 from supervisor.errors import ControlError
+from tests import ports
 from tests.faults.harness import (
     READY_S,
     FaultRun,
@@ -383,3 +384,47 @@ async def test_without_standby_a_second_daemon_exits_naming_the_leader(
     assert holder in refused["reason"] and "--standby" in refused["reason"], refused
     assert host_pids(await leader.status()) == before
     assert (await leader.status())["daemon"]["epoch"] == 1
+
+
+async def test_a_host_unreachable_from_the_standby_does_not_hold_up_the_takeover(
+    fault_run: FaultRun,
+) -> None:
+    """One host refuses connections: the standby's warm view knows it is down, so after the
+    takeover that host is reported unreachable at once and the new leader is in charge
+    without waiting out the start-up deadline (no ``daemon.ready_without``); the other
+    hosts' workers are adopted."""
+    raw = fault_run.raw(2, ha={"standby": True, **HA})
+    raw["hosts"].append(
+        {
+            "name": "worker-2",
+            "address": "127.0.0.5",
+            "port": ports.reserve("127.0.0.5"),
+            "shard": 2,
+            "concurrency": 2,
+        }
+    )
+    first = fault_run.write(raw)
+    raw["control"]["socket"] = str(fault_run.tmp_path / "standby.sock")
+    second = fault_run.write(raw, fault_run.tmp_path / "rs-b.toml")
+    leader = await fault_run.start(first)
+    ready = ("worker-0", "worker-1")
+    status = await leader.wait_status(
+        lambda s: all(s["hosts"][h]["state"] == "ready" for h in ready), READY_S, "two ready"
+    )
+    before = {h: status["hosts"][h]["pid"] for h in ready}
+    standby = await fault_run.start(second)
+    await standby.wait_status(
+        lambda s: s["daemon"].get("warm") == {"hosts": 3, "connected": 2, "probed": 2},
+        READY_S,
+        "a warm standby, one host down",
+    )
+    leader.send_signal(signal.SIGKILL)
+    assert await leader.wait_exit() == -signal.SIGKILL
+    await standby.wait_log("ha.in_charge", READY_S)
+    status = await standby.wait_status(
+        lambda s: all(s["hosts"][h]["state"] == "ready" for h in ready), READY_S, "two ready"
+    )
+    assert {h: status["hosts"][h]["pid"] for h in ready} == before
+    assert status["hosts"]["worker-2"]["ssh"] == "unreachable"
+    assert events(standby, "daemon.ready_without") == []
+    assert launches(standby) == []
