@@ -83,8 +83,10 @@ STANDBY_HEALTH_MIN_S: Final = 10.0
 #: A standby's warm-up probe that failed (the host's python broken, say) is tried again
 #: after this pause, while its connection is up.
 WARM_RETRY_S: Final = 5.0
-#: A standby re-reads the run directory for its ``status`` at most this often.
+#: A standby re-reads the run directory for its ``status`` at most this often, and only
+#: while its status was asked for within STANDBY_VIEW_ASKED_S.
 STANDBY_VIEW_INTERVAL_S: Final = 2.0
+STANDBY_VIEW_ASKED_S: Final = 60.0
 #: The agent bounds an evidence capture itself; this covers the round trip around it, so a
 #: host that never answers holds the terminate back no longer than the capture could.
 EVIDENCE_SLACK_S: Final = 2.0
@@ -274,6 +276,8 @@ class Daemon:
         self._standby_view: dict[str, Any] = {}
         self._lock_taken_at: float | None = None
         self._standby_tick_at = 0.0
+        self._view_at = 0.0
+        self._view_asked_at = float("-inf")
         self._takeover_started_at: float | None = None
 
     # ------------------------------------------------------------------------------------
@@ -391,7 +395,7 @@ class Daemon:
         self._notifier.status(f"standby, leader: {self._leader or 'unknown'}")
         self._notifier.ready()
         loop = asyncio.get_running_loop()
-        view_at = loop.time()
+        view_at = self._view_at = loop.time()
         leader = self._leader
         while True:
             self._standby_tick_at = loop.time()
@@ -415,9 +419,12 @@ class Daemon:
                 leader = self._leader
                 log.info("ha.leader_changed", leader=leader)
                 self._notifier.status(f"standby, leader: {leader or 'unknown'}")
-            if changed or loop.time() - view_at >= STANDBY_VIEW_INTERVAL_S:
+            # The files are re-read only while someone asks (a thousand hosts' files every
+            # 2 s would be a load on the shared filesystem for nothing).
+            asked = loop.time() - self._view_asked_at <= STANDBY_VIEW_ASKED_S
+            if changed or (asked and loop.time() - view_at >= STANDBY_VIEW_INTERVAL_S):
                 self._standby_view = await asyncio.to_thread(self._read_standby_view)
-                view_at = loop.time()
+                view_at = self._view_at = loop.time()
         self._role = "leader"
         log.info(
             "ha.leading",
@@ -1342,6 +1349,7 @@ class Daemon:
         """A standby's status: who leads, the epoch, its warm connections, and the hosts as
         the run directory shows them (re-read every STANDBY_VIEW_INTERVAL_S)."""
         now = asyncio.get_running_loop().time()
+        self._view_asked_at = now
         hosts = dict(self._standby_view.get("hosts", {}))
         leader = self._leader or "unknown"
         return {
@@ -1367,6 +1375,7 @@ class Daemon:
                     "probed": sum(1 for w in self._warm.values() if w.probed),
                 },
                 "note": "standby: hosts as the run directory shows them; the leader acts",
+                "view_age_s": round(now - self._view_at, 3),
             },
             "hosts": hosts,
         }

@@ -355,7 +355,7 @@ async def test_two_standbys_wait_and_exactly_one_takes_over(fault_run: FaultRun)
     assert launches(new) == []
     name = f"{os.uname().nodename} pid {new.process.pid}"  # type: ignore[union-attr]
     # (The holder's name is in the lock file a moment before the epoch is bumped; a
-    # standby's view of the files is re-read every 2 s.)
+    # standby's view of the files is re-read every 2 s while it is asked.)
     view = await other.wait_status(
         lambda s: s["daemon"]["leader"] == name and s["daemon"]["epoch"] == epoch + 1,
         READY_S,
