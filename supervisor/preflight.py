@@ -27,6 +27,7 @@ from typing import Any, Final
 from supervisor import layout
 from supervisor.config import Config, HostConfig, render_argv
 from supervisor.errors import RemoteError
+from supervisor.measured import remote_program
 from supervisor.remote import RemoteHost
 from supervisor.terminal import terminal_text
 
@@ -761,7 +762,9 @@ async def _run_hostcheck(
     python = config.worker.python
     # -S: hostcheck needs only the stdlib, and site's .pth files cost every host a few ms;
     # the module check runs the worker's interpreter as the worker would, site and all.
-    argv = [python, "-S", "-X", "utf8", "-c", _BOOTSTRAP, "hostcheck", hostcheck_source()]
+    # The source, but in ./dev test a wrapper that measures it (supervisor/measured.py).
+    program = remote_program(hostcheck_source(), HOSTCHECK_PATH)
+    argv = [python, "-S", "-X", "utf8", "-c", _BOOTSTRAP, "hostcheck", program]
     sent_wall = time.time()
     try:
         # The enclosing deadline bounds this; the timeout here only has to be longer.

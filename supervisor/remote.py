@@ -51,6 +51,7 @@ from supervisor import health
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import Fenced, RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
+from supervisor.measured import remote_program
 
 log = structlog.get_logger()
 
@@ -203,7 +204,8 @@ def agent_source() -> str:
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
     # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
-    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(agent_source())} agent"
+    program = remote_program(agent_source(), AGENT_PATH)  # the source, but in ./dev test
+    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(program)} agent"
 
 
 def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
@@ -629,8 +631,7 @@ class RemoteHost:
                 async with asyncio.timeout(timeout_s):
                     process = await _open_process(link.conn, command, stdin=stdin)
                     if input is not None:
-                        process.stdin.write(input)
-                        process.stdin.write_eof()
+                        _send_input(process, input)
                     stdout, stderr = await _read_output(process)
                     await process.wait_closed()
                     finished = True  # the channel is closed both ways
@@ -966,6 +967,17 @@ class _Agent:
                 self._link.noise.line("agent.stderr", line)
         except (asyncssh.Error, OSError):
             return  # the stdout reader reports why the channel ended
+
+
+def _send_input(process: asyncssh.SSHClientProcess[str], text: str) -> None:
+    """Write a command's whole stdin, then EOF. A command that exits without reading it
+    (``python`` not found: the shell's exit 127) closes the channel first; that is no lost
+    connection, and its exit status, read next, says what happened."""
+    try:
+        process.stdin.write(text)
+        process.stdin.write_eof()
+    except BrokenPipeError:
+        pass
 
 
 async def _open_process(

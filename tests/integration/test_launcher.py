@@ -28,10 +28,13 @@ from typing import IO, Any
 import pytest
 
 from supervisor import agent as agent_module
+from supervisor.measured import remote_program
 from tests import pythons
 from tests.sshd import children
 
 AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
+#: What the daemon sends: the source, measured when ./dev test measures coverage.
+AGENT_PROGRAM = remote_program(AGENT_SOURCE, Path(agent_module.__file__))
 #: Polling interval of the waits below; every wait has a deadline.
 POLL_S = 0.01
 #: Generous: a loaded 2-core box starts python and forks in well under this.
@@ -189,7 +192,7 @@ class Agent:
             for sig in ignore:
                 signal.signal(sig, signal.SIG_IGN)
 
-        argv = [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_SOURCE, "agent"]
+        argv = [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_PROGRAM, "agent"]
         self.process: subprocess.Popen[bytes] | PosixSpawned
         if posix_spawn:
             assert not ignore
