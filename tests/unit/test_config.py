@@ -348,3 +348,53 @@ def test_privilege_warnings_name_root_use_and_nothing_else() -> None:
         "ssh.root_login",
     ]
     assert config.privilege_warnings(everyone, euid=0)[1][1]["hosts"] == ["worker-0", "worker-1"]
+
+
+def test_ha_defaults_and_values() -> None:
+    """``[ha]`` left out: no standby, the documented timings; given: taken as written."""
+    default = config.parse(minimal(), Path("/etc/x.toml")).ha
+    assert default == config.HaConfig(
+        standby=False,
+        poll_interval_s=0.5,
+        check_interval_s=5.0,
+        confirm_timeout_s=30.0,
+        handover_hold_s=5.0,
+    )
+    given = config.parse(
+        minimal(
+            ha={
+                "standby": True,
+                "poll_interval_s": 1,
+                "check_interval_s": 30,
+                "confirm_timeout_s": 60,
+                "handover_hold_s": 2.5,
+            }
+        ),
+        Path("/etc/x.toml"),
+    ).ha
+    assert given == config.HaConfig(
+        standby=True,
+        poll_interval_s=1.0,
+        check_interval_s=30.0,
+        confirm_timeout_s=60.0,
+        handover_hold_s=2.5,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ha", "problem"),
+    [
+        ({"standby": "yes"}, "ha.standby: must be"),
+        ({"poll_interval_s": 0}, "ha.poll_interval_s: must be"),
+        ({"check_interval_s": 31}, "ha.check_interval_s: must be at most 30"),
+        ({"confirm_timeout_s": -1}, "ha.confirm_timeout_s: must be"),
+        ({"handover_hold_s": "5"}, "ha.handover_hold_s: must be"),
+        ({"stanby": True}, "ha.stanby: unknown key"),
+    ],
+)
+def test_bad_ha_values_are_problems_naming_the_key(ha: dict[str, Any], problem: str) -> None:
+    """Each bad ``[ha]`` value is refused naming its key (a typo with a did-you-mean)."""
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(ha=ha), Path("/etc/x.toml"))
+    reported = [f"{p.key}: {p.reason}" for p in caught.value.problems]
+    assert any(r.startswith(problem) for r in reported), reported
