@@ -513,6 +513,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "restart_window_s",
         "stop_grace_s",
         "kill_after_grace",
+        "kill_stuck",
         "auto_restart",
         "progress_stale_s",
         "permanent_exit_codes",
@@ -879,6 +880,7 @@ class _Validator:
             restart_window_s=self.seconds(t, w, "restart_window_s", d.restart_window_s),
             stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
             kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
+            kill_stuck=bool(self.get(t, w, "kill_stuck", bool, True)),
             auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
             progress_stale_s=self.seconds_or_off(
                 t, w, "progress_stale_s", d.progress_stale_s, stale_min
