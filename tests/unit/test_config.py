@@ -65,6 +65,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert c.health.backoff_max_s == 300
     assert c.health.max_restarts == 0
     assert c.health.kill_after_grace is False
+    assert c.health.kill_stuck is True
     assert c.ssh.keepalive_interval_s == 15
     assert c.ssh.connect_timeout_s == 20
     assert c.run.forbid_hosts == ("head",)
@@ -398,3 +399,11 @@ def test_bad_ha_values_are_problems_naming_the_key(ha: dict[str, Any], problem: 
         config.parse(minimal(ha=ha), Path("/etc/x.toml"))
     reported = [f"{p.key}: {p.reason}" for p in caught.value.problems]
     assert any(r.startswith(problem) for r in reported), reported
+
+
+def test_kill_stuck_can_be_turned_off_and_must_be_a_boolean() -> None:
+    """health.kill_stuck = false reaches the core's policy; a string is refused by name."""
+    c = config.parse(minimal(health={"kill_stuck": False}), Path("/etc/x.toml"))
+    assert c.health.kill_stuck is False
+    with pytest.raises(ConfigError, match="health.kill_stuck"):
+        config.parse(minimal(health={"kill_stuck": "no"}), Path("/etc/x.toml"))
