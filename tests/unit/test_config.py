@@ -405,5 +405,5 @@ def test_kill_stuck_can_be_turned_off_and_must_be_a_boolean() -> None:
     """health.kill_stuck = false reaches the core's policy; a string is refused by name."""
     c = config.parse(minimal(health={"kill_stuck": False}), Path("/etc/x.toml"))
     assert c.health.kill_stuck is False
-    with pytest.raises(ConfigError, match="health.kill_stuck"):
+    with pytest.raises(ConfigError, match=r"health\.kill_stuck"):
         config.parse(minimal(health={"kill_stuck": "no"}), Path("/etc/x.toml"))
