@@ -19,6 +19,7 @@ class _Stdin:
         self._left = closed_after
 
     def _call(self, what: str) -> None:
+        """Record one call, or raise as a closed channel does."""
         if self._left == 0:
             raise BrokenPipeError("Channel not open for sending")
         self._left -= 1
