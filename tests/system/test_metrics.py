@@ -106,6 +106,8 @@ METRIC_FAMILIES = {
     "reward_supervisor_launches_waiting": "gauge",
     "reward_supervisor_status_parse_errors": "gauge",
     "reward_supervisor_up": "gauge",
+    "reward_supervisor_role": "gauge",
+    "reward_supervisor_epoch": "gauge",
 }
 
 
