@@ -155,6 +155,12 @@ async def test_a_running_old_fleet_is_taken_over_without_stopping_a_worker(
             for shard in range(2):
                 assert len(fault_run.monitor.live_on(shard, world.root)) == 1
 
+        # The monitor's latest sample (every 20 ms, later under load) can predate the new
+        # worker: check from scans that began after it was ready.
+        taken = fault_run.monitor.samples
+        await daemon.wait_until(
+            lambda: fault_run.monitor.samples >= taken + 2, 60, "two fresh monitor samples"
+        )
         await hold_for(RESPAWN_WINDOW_S, one_worker_per_shard)
         assert not pid_alive(workers[host])
         await workload.wait_done()
