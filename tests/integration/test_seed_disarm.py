@@ -63,10 +63,22 @@ class Loop:
         return sorted(p for p in _pids() if _args(p) == ["sleep", self.token] and _alive(p))
 
     def loops(self) -> list[int]:
-        """Live processes running the script (the loop, or a subshell of it)."""
-        return sorted(
-            p for p in _pids() if any(a.endswith(self.script.name) for a in _args(p)) and _alive(p)
-        )
+        """Live processes running this very script (the loop, or a subshell of it): named by
+        its path, or by its name from its directory. Another run's tests use the same names
+        at the same time, and the fixture kills what this returns."""
+        return sorted(p for p in _pids() if self._runs_script(p) and _alive(p))
+
+    def _runs_script(self, pid: int) -> bool:
+        """``pid`` names this script by its path, or by its name with ``ctl`` as its cwd."""
+        args = _args(pid)[1:]
+        if str(self.script) in args:
+            return True
+        if self.script.name not in args:
+            return False
+        try:
+            return os.readlink(f"/proc/{pid}/cwd") == str(self.ctl)
+        except OSError:
+            return False
 
 
 @pytest.fixture
