@@ -95,11 +95,19 @@ def lines_measured(directory: Path, path: Path) -> set[int]:
     combined = coverage.CoverageData(basename=str(directory / ".coverage-all"), no_disk=True)
     files = [str(f) for f in directory.glob(".coverage.*")]
     assert files, f"no data file in {directory}"
-    for name in files:
-        one = coverage.CoverageData(basename=name)
-        one.read()
-        combined.update(one)
-    return set(combined.lines(str(path)) or ())
+    try:
+        for name in files:
+            one = coverage.CoverageData(basename=name)
+            try:
+                one.read()
+                combined.update(one)
+            finally:
+                # Closed here: an SQLite connection left to the garbage collector is reported
+                # (ResourceWarning) in whichever test runs then, and fails it.
+                one.close(force=True)
+        return set(combined.lines(str(path)) or ())
+    finally:
+        combined.close(force=True)
 
 
 def line_of(text: str) -> int:
