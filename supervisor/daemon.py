@@ -27,6 +27,7 @@ import structlog
 
 from supervisor import config as config_mod
 from supervisor import fleet, health, layout, runfiles, view
+from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import ConfigError, ControlError, RemoteError, RunLocked, ShardHeld
@@ -87,7 +88,15 @@ class RemoteLike(Protocol):
 
 
 RemoteFactory = Callable[
-    [HostConfig, SshConfig, str, asyncio.Semaphore, Callable[[bool, str], None]], RemoteLike
+    [
+        HostConfig,
+        SshConfig,
+        str,
+        asyncio.Semaphore,
+        Callable[[bool, str], None],
+        Callable[[WorkerExit], None],
+    ],
+    RemoteLike,
 ]
 WatcherFactory = Callable[[Config], WatcherProtocol]
 
@@ -98,11 +107,19 @@ def default_remote_factory(
     python: str,
     handshakes: asyncio.Semaphore,
     on_connection: Callable[[bool, str], None],
+    on_exit: Callable[[WorkerExit], None],
 ) -> RemoteLike:
     """A real ``RemoteHost`` over asyncssh."""
     from supervisor.remote import RemoteHost
 
-    return RemoteHost(host, ssh, python=python, handshakes=handshakes, on_connection=on_connection)
+    return RemoteHost(
+        host,
+        ssh,
+        python=python,
+        handshakes=handshakes,
+        on_connection=on_connection,
+        on_exit=on_exit,
+    )
 
 
 def default_watcher_factory(config: Config) -> Watcher:
@@ -351,6 +368,20 @@ class Daemon:
         event = health.SshRestored() if up else health.SshLost(reason=reason)
         self._inbox.put(fleet.HostObserved(name, event))
 
+    def _on_exit_pushed(self, name: str, news: WorkerExit) -> None:
+        """The host's agent saw a worker end: the same fact as its exit record, sooner; the
+        core acts on whichever comes first and takes the other as old news."""
+        log.info(
+            "worker.exit_reported",
+            host=name,
+            pid=news.pid,
+            exit_code=news.exit_code,
+            signal=news.signal,
+            via="agent",
+        )
+        event = health.WorkerExited(pid=news.pid, exit_code=news.exit_code, signal=news.signal)
+        self._inbox.put(fleet.HostObserved(name, event))
+
     def _arm_timer(self) -> None:
         """One timer for the whole fleet, at the core's next deadline."""
         when = self._fleet.deadline_at
@@ -516,6 +547,7 @@ class Daemon:
             self._config.worker.python,
             self._handshakes,
             lambda up, reason: self._on_connection(name, up, reason),
+            lambda news: self._on_exit_pushed(name, news),
         )
         link = _Link(cfg=cfg, remote=remote)
         self._links[name] = link

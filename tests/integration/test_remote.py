@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from supervisor import agent as protocol
 from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
@@ -144,6 +145,8 @@ class Harness:
     config: Config
     host: HostConfig
     events: list[tuple[bool, str]] = field(default_factory=list)
+    #: Every exit the agent pushed, in order.
+    exits: list[protocol.WorkerExit] = field(default_factory=list)
 
     @property
     def spec(self) -> LaunchSpec:
@@ -203,6 +206,7 @@ async def maintained(
         python=config.worker.python,
         handshakes=asyncio.Semaphore(config.ssh.max_concurrent_handshakes),
         on_connection=on_connection,
+        on_exit=lambda news: harness.exits.append(news),
     )
     harness = Harness(remote, config, host)
     async with asyncio.TaskGroup() as tasks:
@@ -494,6 +498,47 @@ async def test_kill9_is_recorded_in_the_exit_record(
         # The shard lock went with the shepherd: a new launch is allowed.
         again = reaper.add(await h.remote.launch(h.spec))
         await h.wait_ready(again.pid)
+
+
+async def test_a_killed_worker_s_exit_is_pushed_with_its_signal_once(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """The agent that launched a worker pushes its exit unasked, with pid, start time and
+    the signal that killed it, exactly once."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        assert h.exits == []
+        os.kill(started.pid, signal.SIGKILL)
+        await wait_until(lambda: h.exits, "the pushed exit")
+        await h.exit_record(started.pid, timeout_s=10)
+        news = h.exits[0]
+        assert (news.pid, news.start_time) == (started.pid, started.start_time)
+        assert (news.exit_code, news.signal) == (None, signal.SIGKILL)
+        # Another request's round trip: any second push would have arrived before its reply.
+        assert await h.remote.probe(h.spec, None) is None
+        assert len(h.exits) == 1
+
+
+async def test_a_worker_that_dies_while_the_channel_is_down_is_pushed_by_the_next_agent(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A worker killed while the connection is down is not forgotten: the agent of the next
+    connection is asked to watch it and pushes its exit."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        link = h.remote._link
+        assert link is not None
+        link.ended.set("cut by the test")
+        await wait_until(lambda: not h.events[-1][0], "the disconnect")
+        os.kill(started.pid, signal.SIGKILL)
+        await wait_until(lambda: h.exits, "the exit pushed by the next agent")
+        assert h.events[-1][0], "pushed over a new connection"
+        news = h.exits[0]
+        assert (news.pid, news.signal) == (started.pid, signal.SIGKILL)
 
 
 async def test_stopped_worker_is_continued_and_terminated(
