@@ -361,6 +361,19 @@ class Daemon:
     # Inputs: everything becomes an event in the inbox.
 
     def _on_observations(self, observations: list[Observation]) -> None:
+        for obs in observations:
+            if isinstance(obs, ExitObserved) and obs.record is not None:
+                # Rare (one per exit) and the fact behind a restart: worth a line, like the
+                # agent's report of the same exit.
+                record = obs.record
+                log.info(
+                    "worker.exit_reported",
+                    host=obs.host,
+                    pid=record.pid,
+                    exit_code=record.exit_code,
+                    signal=record.signal,
+                    via="record",
+                )
         self._inbox.put_all(_events_of(observations))
 
     def _on_connection(self, name: str, up: bool, reason: str) -> None:
