@@ -61,6 +61,9 @@ class ScaleResult:
     threads: int = 0
     exit_to_state: list[float] = field(default_factory=list)
     exit_to_launch: list[float] = field(default_factory=list)
+    #: From the SIGKILL (the crash itself), as an agent's push can see it before any record.
+    crash_to_state: list[float] = field(default_factory=list)
+    crash_to_launch: list[float] = field(default_factory=list)
     beat_to_ready: list[float] = field(default_factory=list)
     stale_error: list[float] = field(default_factory=list)
     writer_late_p99_ms: float = float("nan")
@@ -254,10 +257,13 @@ async def _exit_samples(
         await sim.send(cmd="exit", host=host)
         event = await sim.wait_host_event("exit_written", host, 30)
         written[host] = float(event["t"])
+        killed = float(event.get("killed") or event["t"])
         t_state, _ = await logs.wait("host.state", 30, host=host, to="stale")
         result.exit_to_state.append(t_state - written[host])
+        result.crash_to_state.append(t_state - killed)
         t_launch, _ = await logs.wait("host.launch_begin", 30, host=host)
         result.exit_to_launch.append(t_launch - written[host])
+        result.crash_to_launch.append(t_launch - killed)
         # One at a time, apart by a random gap: each sample sees an otherwise steady daemon,
         # and no sample is phase-locked to the poller's period (which would fake a constant
         # latency in poll mode).
