@@ -37,6 +37,7 @@ from bench.common import (
     thread_count,
 )
 from bench.procs import LogIndex, SimProcess, spawn_module, stop_daemon
+from supervisor import config as configuration
 from supervisor.config import load as load_config
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import DaemonProcess
@@ -148,7 +149,10 @@ async def run_scale(
             if part == "ssh":
                 # Each connection's keepalive comes once per interval: a whole interval, so
                 # that connections made early and late weigh the same.
-                keepalive_s = load_config(ready["config"]).ssh.keepalive_interval_s
+                cfg = load_config(ready["config"])
+                spread = getattr(configuration, "fleet_ssh", None)
+                ssh = cfg.ssh if spread is None else spread(cfg.ssh, len(cfg.hosts))
+                keepalive_s = ssh.keepalive_interval_s
                 seconds = max(window_s / 2, keepalive_s)
                 result.floor[part] = await run_floor(part, seconds, config=ready["config"])
             else:

@@ -556,7 +556,7 @@ class Daemon:
         cfg = self._host_configs[name]
         remote = self._remote_factory(
             cfg,
-            self._config.ssh,
+            self._fleet_ssh(),
             self._config.worker.python,
             self._handshakes,
             lambda up, reason: self._on_connection(name, up, reason),
@@ -589,7 +589,11 @@ class Daemon:
         link = self._links[name]
         cfg = self._config.host(name)
         link.cfg = cfg or link.cfg
-        link.remote.update(link.cfg, self._config.ssh, self._config.worker.python)
+        link.remote.update(link.cfg, self._fleet_ssh(), self._config.worker.python)
+
+    def _fleet_ssh(self) -> SshConfig:
+        """The SSH settings each connection uses: keepalives spread over the whole fleet."""
+        return config_mod.fleet_ssh(self._config.ssh, len(self._config.hosts))
 
     async def _close_remotes(self) -> None:
         async with asyncio.TaskGroup() as tg:

@@ -75,6 +75,13 @@ OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 #: longer than this is not a reply, and is dropped unparsed. asyncssh's readline already
 #: cuts a line at the channel's receive window (2 MiB), so this bounds the parse, not the read.
 MAX_REPLY_CHARS: Final = 64 * 1024
+#: A request unanswered this long has its channel checked with a ping (``_check_channel``):
+#: a probe or launch answers in ~0.1 s, so a healthy host rarely pays a ping; a terminate
+#: waiting out its grace pays one, answered in a millisecond.
+CHECK_AFTER_S: Final = 1.0
+#: A ping answers in about a millisecond on a live channel (the agent answers it in a thread
+#: of its own, whatever else it does); silence this long means a dead connection.
+CHECK_TIMEOUT_S: Final = 5.0
 #: Pushed exits a host may send: a burst, then one per ``PUSH_EVERY_S``. A host has one
 #: worker, so even a crash loop sends a few a second; more is a hostile or broken agent,
 #: whose extra pushes are dropped (and counted as noise): the exit records still tell.
@@ -819,7 +826,12 @@ class _Link:
         """The running agent, started first if there is none (or it died)."""
         async with self._agent_lock:
             if self._agent is not None and self._agent.accepting:
-                return self._agent
+                if self._agent.python == python:
+                    return self._agent
+                # Started with the python of before a reload (it was starting when the
+                # reload retired agents): the new python's agent takes over.
+                self._agent.retire()
+                self._agent = None
             if self.ended.is_set():
                 raise RemoteError(self.host, f"not connected: {self.ended.reason}")
             agent = await _Agent.start(self, python)
@@ -853,6 +865,9 @@ class _Agent:
         self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self._stderr: deque[str] = deque(maxlen=20)
         self._retiring = False
+        self._checking = False
+        #: The interpreter it runs on (a reload may name another).
+        self.python = ""
         self.closed_reason: str | None = None
         self.hello: protocol.Hello | None = None
 
@@ -869,6 +884,7 @@ class _Agent:
         except (asyncssh.Error, OSError) as exc:
             raise RemoteError(link.host, f"cannot start the agent: {_describe(exc)}") from None
         agent = cls(link, process)
+        agent.python = python
         try:
             async with asyncio.timeout(AGENT_START_TIMEOUT_S):
                 message = await agent._read_hello()
@@ -933,6 +949,10 @@ class _Agent:
         try:
             self._process.stdin.write(protocol.request_line(rid, request))
             async with asyncio.timeout(timeout_s):
+                if op != "ping":
+                    done, _ = await asyncio.wait({future}, timeout=CHECK_AFTER_S)
+                    if not done:
+                        self._check_channel()
                 return await future
         except TimeoutError:
             raise RemoteError(
@@ -946,6 +966,27 @@ class _Agent:
             self._pending.pop(rid, None)
             if self._retiring and not self._pending:
                 self.close("retired")
+
+    def _check_channel(self) -> None:
+        """A request is slow to answer: ping the agent (it answers each request in a thread
+        of its own, so at once if the channel lives); no answer within ``CHECK_TIMEOUT_S``
+        ends the connection. The keepalives may be far apart on a large fleet; this finds
+        a dead connection the moment something is asked of it."""
+        if self._checking or not self.accepting:
+            return
+        self._checking = True
+        self._link.spawn(self._ping_or_end())
+
+    async def _ping_or_end(self) -> None:
+        try:
+            await self.call("ping", protocol.PingRequest(), CHECK_TIMEOUT_S)
+        except RemoteError as exc:
+            if not exc.connection_lost and self.closed_reason is None:
+                why = f"no answer to a ping within {CHECK_TIMEOUT_S:g}s: connection presumed dead"
+                log.warning("ssh.unresponsive", host=self._host, reason=why)
+                self._link.ended.set(why, reconnect_now=True)
+        finally:
+            self._checking = False
 
     def retire(self) -> None:
         """Take no new requests; close once the pending ones are answered."""

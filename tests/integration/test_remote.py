@@ -1108,6 +1108,33 @@ async def test_frozen_sshd_session_is_detected_by_keepalive_set_live(
                     os.kill(pid, signal.SIGKILL)
 
 
+async def test_a_request_to_a_frozen_session_ends_the_connection_without_waiting_for_keepalives(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """With keepalives two minutes apart, a probe sent into a connection whose sshd stopped
+    answering has its channel pinged, and the silence ends the connection (outcome
+    unknown) after the ping's timeout, not the keepalives'; a new connection follows."""
+    config = make_config(openssh, run_root, ssh={"keepalive_interval_s": 120.0})
+    address = config.hosts[0].address
+    async with maintained(config) as h:
+        assert await h.remote.probe(h.spec, None) is None  # the agent runs
+        frozen = openssh.session_pids(address)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RemoteError) as failed:
+                await h.remote.probe(h.spec, None)
+            assert failed.value.connection_lost
+            await wait_until(lambda: len(h.events) >= 2, "the connection reported lost")
+            assert h.events[1][0] is False
+            assert "ping" in h.events[1][1]
+            await wait_until(lambda: h.remote.connected, "a new connection")
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 async def test_openssh_negotiates_aes_gcm_not_chacha20(openssh: OpenSsh, run_root: Path) -> None:
     """Against a stock OpenSSH (whose own first choice is chacha20-poly1305) the connection
     uses AES-GCM, which asyncssh runs six times cheaper per packet (docs/BENCHMARKS.md)."""
