@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.faults.harness import (
+    READY_S,
     FaultRun,
     events,
     hold_for,
@@ -18,7 +19,7 @@ from tests.faults.harness import (
     wall,
 )
 from tests.faults.test_worker_faults import wait_ready_pid
-from tests.system.daemonproc import DaemonProcess
+from tests.system.daemonproc import DaemonProcess, poll_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.system, pytest.mark.openssh]
 
@@ -66,7 +67,11 @@ async def test_worker_killed_under_a_30s_poll_is_replaced_within_a_second(
     stale = events(daemon, "host.state", host="worker-0", to="stale")[-1]
     assert stale["reason"] == "killed by signal 9 (SIGKILL)"
     assert len(launches_after(daemon, "worker-0", mark)) == 1
-    assert fault_run.monitor.pids_seen(0) == [victim, replacement]
+    await poll_until(
+        lambda: fault_run.monitor.pids_seen(0) == [victim, replacement],
+        READY_S,
+        "the monitor to see the replacement, and no other worker",
+    )
 
 
 async def test_exit_while_the_channel_is_down_is_taken_from_the_exit_record(
