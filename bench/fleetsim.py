@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -65,7 +66,11 @@ from bench.common import percentile, raise_nofile, read_json, start_time, write_
 from supervisor import agent
 from supervisor.remote import AGENT_PATH
 from supervisor.seedimport import render_toml
-from supervisor.sshserver import LocalSshServer
+
+try:
+    from supervisor.demo.sshserver import LocalSshServer
+except ImportError:  # an A/B's old arm, from before the demo subpackage
+    LocalSshServer = importlib.import_module("supervisor.sshserver").LocalSshServer  # type: ignore[misc]
 
 # Heartbeat writes are grouped into ticks of this length; a host's write lands in its slot.
 TICK_S = 0.01
@@ -111,7 +116,11 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
 
     def session_started(self) -> None:
         """Greet as the agent does."""
-        self._send({"hello": dataclasses.asdict(agent.hello())})
+        hello: Any = agent.hello()
+        # A typed message since the protocol module; a plain dict in an A/B's old arm.
+        if dataclasses.is_dataclass(hello) and not isinstance(hello, type):
+            hello = dataclasses.asdict(hello)
+        self._send({"hello": hello})
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         """Answer each complete request line in the thread pool."""
@@ -473,7 +482,7 @@ def daemon_config(
             "experiment": "bench",
             "trial": "scale",
             "run_id": "run-1",
-            "reward_fn": "supervisor.worker.exact_match",
+            "reward_fn": "supervisor.demo.worker.exact_match",
             # Shutdown leaves the fake workers to us: stopping 1000 is not what we measure.
             "on_exit": "detach",
         },

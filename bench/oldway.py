@@ -21,7 +21,7 @@ faithful copy of what it does, and nothing more:
   and runs ``restart-host`` (the respawn start script above) for a host whose heartbeat is
   older than the stale time or not ready, once per cooldown (0 here; the seed's is 30 s).
 
-The worker is the reference worker (``python -m supervisor.worker``), as for our daemon.
+The worker is the reference worker (``python -m supervisor.demo.worker``), as for our daemon.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from bench.common import old_ssh_argv, read_json, write_atomic
 from tests.sshd import OpenSsh
 
-WORKER_MODULE = "supervisor.worker"
+WORKER_MODULE = "supervisor.demo.worker"
 #: The seed matches ``*MODULE*--host*HOST*`` against ``ps`` output to kill strays; that
 #: pattern also matches the remote shell running the script (its command line is the
 #: script), so the seed's respawn start kills itself halfway (ssh exits 255). The one
@@ -95,7 +95,7 @@ class OldWay:
             "experiment_name": "bench",
             "trial_name": "old",
             "run_id": "old-1",
-            "reward_fn": "supervisor.worker.exact_match",
+            "reward_fn": "supervisor.demo.worker.exact_match",
             "shard_count": len(self.hosts),
             "workers": [{"host": h.name, "shard": h.shard, "concurrency": 2} for h in self.hosts],
         }

@@ -46,7 +46,7 @@ from bench.common import (
 from bench.oldway import OldHost, OldWay
 from bench.procs import LogIndex, stop_daemon
 from supervisor import control
-from supervisor.worker import argv_template
+from supervisor.demo.worker import argv_template
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import DaemonProcess, write_config
 
@@ -203,7 +203,7 @@ async def _local_workers(root: Path, n: int) -> tuple[float, float, float]:
     t0 = time.time()
     procs = [
         await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "supervisor.worker", "--root", str(root)),
+            *(sys.executable, "-m", "supervisor.demo.worker", "--root", str(root)),
             *("--shard", str(i), "--host", name, "--concurrency", "2"),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

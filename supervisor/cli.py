@@ -745,7 +745,7 @@ def cmd_disarm_seed(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``demo``: the embedded demo."""
-    from supervisor import demo
+    from supervisor.demo import run as demo
 
     return demo.main(
         hosts=args.hosts,
@@ -758,7 +758,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """``worker --root R --shard S --host H --concurrency C``: the reference worker."""
-    from supervisor import worker
+    from supervisor.demo import worker
 
     return worker.main(args.worker_args)
 

@@ -11,7 +11,7 @@ production, on the session's OpenSSH server:
   sweep matches its own ``bash -c`` text and kills the session that runs it);
 - a workspace ``$SAO_WS`` with a stand-in ``areal`` package under ``repo/AReaL``:
   ``areal.reward.fs_protocol`` (the two functions the seed imports) and
-  ``areal.reward.fs_worker``, which is the reference worker (``supervisor.worker``);
+  ``areal.reward.fs_worker``, which is the reference worker (``supervisor.demo.worker``);
 - an ``ssh`` first on ``PATH`` that reaches the OpenSSH server for every host name, with
   the test's key and known_hosts (the seed runs plain ``ssh HOST SCRIPT``);
 - host names unique to the test, because the seed's sweeps match every process on the
@@ -42,7 +42,7 @@ SCRIPT = "reward_workers_ctl.py"
 PATCH = "selfmatch-fix.patch"
 REPO = Path(__file__).resolve().parent.parent
 #: The reference worker's reward fn, as the seed's ``--reward-fn`` (read from the manifest).
-REWARD_FN = "supervisor.worker.exact_match"
+REWARD_FN = "supervisor.demo.worker.exact_match"
 
 _FS_PROTOCOL = '''"""Stand-in for AReaL's fs_protocol: what reward_workers_ctl.py calls."""
 import json
@@ -68,7 +68,7 @@ def write_manifest(root, manifest):
 _FS_WORKER = '''"""Stand-in for areal.reward.fs_worker: the reference worker, same flags."""
 import sys
 
-from supervisor.worker import main
+from supervisor.demo.worker import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import Config, parse
-from supervisor.worker import argv_template
+from supervisor.demo.worker import argv_template
 from tests import ports
 
 SSHD = "/usr/sbin/sshd"
@@ -273,7 +273,7 @@ class OpenSsh:
                 "trial": "t",
                 "run_id": "run-1",
                 # The reference worker's built-in reward fn; it reads this from the manifest.
-                "reward_fn": "supervisor.worker.exact_match",
+                "reward_fn": "supervisor.demo.worker.exact_match",
             },
             "worker": raw_worker,
             "health": dict(health or {}),

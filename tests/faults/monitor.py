@@ -1,7 +1,7 @@
 """The invariant monitor: a thread that watches every process on the machine during a test.
 
 Every ``SAMPLE_S`` it reads ``/proc/*/cmdline`` and, for reference workers of this test's
-runs (``-m supervisor.worker ... --root R --shard N`` with ``R`` under the test's directory;
+runs (``-m supervisor.demo.worker ... --root R --shard N`` with ``R`` under the test's directory;
 ``-m areal.reward.fs_worker``, the module name the old script starts, counts as the same),
 ``/proc/*/stat``. Two live workers (state not ``Z``/``X``) serving one ``(root, shard)`` in
 the same sample is a violation of the product's first promise, recorded with both command
@@ -29,7 +29,7 @@ Shard = tuple[str, int]  # (root as the worker was given it, shard number)
 
 #: Modules whose ``python -m`` runs count as workers: the reference worker, and the name
 #: the old script (reward_workers_ctl.py) starts it under in the migration tests.
-WORKER_MODULES = ("supervisor.worker", "areal.reward.fs_worker")
+WORKER_MODULES = ("supervisor.demo.worker", "areal.reward.fs_worker")
 
 
 @dataclass(frozen=True, slots=True)

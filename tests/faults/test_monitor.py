@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.faults]
 
 def start_worker(root: Path, shard: int, host: str) -> subprocess.Popen[bytes]:
     """A reference worker started by hand, outside any supervisor."""
-    argv = [sys.executable, "-m", "supervisor.worker", "--root", str(root)]
+    argv = [sys.executable, "-m", "supervisor.demo.worker", "--root", str(root)]
     argv += ["--shard", str(shard), "--host", host, "--concurrency", "1"]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -33,12 +33,12 @@ def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_worker_command_lines_are_recognised() -> None:
-    """Only ``-m supervisor.worker`` with a root and a shard counts as a worker."""
+    """Only ``-m supervisor.demo.worker`` with a root and a shard counts as a worker."""
     assert parse_worker_argv(
-        ["py", "-m", "supervisor.worker", "--root", "/r", "--shard", "3", "--host", "h"]
+        ["py", "-m", "supervisor.demo.worker", "--root", "/r", "--shard", "3", "--host", "h"]
     ) == ("/r", 3, "h")
     assert parse_worker_argv(["py", "-m", "supervisor.cli", "--root", "/r", "--shard", "3"]) is None
-    assert parse_worker_argv(["py", "-m", "supervisor.worker", "--root", "/r"]) is None
+    assert parse_worker_argv(["py", "-m", "supervisor.demo.worker", "--root", "/r"]) is None
     assert parse_worker_argv(["py", "-c", "x", "agent"]) is None
 
 

@@ -104,8 +104,8 @@ async def test_a_healthy_fleet_passes_every_check_and_leaves_no_file(
         ]
         assert found[CheckName.PYTHON].values["version"] == platform.python_version()
         module = found[CheckName.MODULE].values
-        assert module["module"] == "supervisor.worker"
-        assert Path(module["origin"]) == Path(preflight.__file__).with_name("worker.py")
+        assert module["module"] == "supervisor.demo.worker"
+        assert Path(module["origin"]) == Path(preflight.__file__).parent / "demo" / "worker.py"
         clock = found[CheckName.CLOCK].values
         assert abs(clock["offset_s"]) <= clock["within_s"] + 1e-3
     assert leftovers(root) == []

@@ -17,7 +17,7 @@ from typing import Any
 import asyncssh
 import pytest
 
-from supervisor.sshserver import LocalSshServer
+from supervisor.demo.sshserver import LocalSshServer
 
 # Generous: the machine is shared and noisy; a passing test never waits this long.
 TIMEOUT_S = 30.0

@@ -189,7 +189,7 @@ def start_worker(tmp_path: Path, run_root: Path) -> Iterator[StartWorker]:
         argv = [
             sys.executable,
             "-m",
-            "supervisor.worker",
+            "supervisor.demo.worker",
             "--root",
             str(root),
             "--shard",

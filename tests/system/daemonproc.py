@@ -20,9 +20,9 @@ from typing import Any
 
 from supervisor import control
 from supervisor.config import load
+from supervisor.demo.worker import argv_template
 from supervisor.errors import ControlError
 from supervisor.seedimport import render_toml
-from supervisor.worker import argv_template
 from tests.sshd import OpenSsh
 
 _NOTIFY_NUMBERS = itertools.count()

@@ -127,6 +127,10 @@ def test_alone_in_its_venv_the_command_runs(venv: Venv, wheels: Wheels) -> None:
     result = venv.command("--help", env=clean_env())
     assert result.returncode == 0, result.stderr
     assert "usage: reward-supervisor" in result.stdout
+    # The demo subpackage is installed too: the reference worker runs from the wheel.
+    worker = venv.command("worker", "--help", env=clean_env())
+    assert worker.returncode == 0, worker.stderr
+    assert "--shard" in worker.stdout
 
 
 def test_supervisord_installed_into_the_same_venv_is_refused(venv: Venv, wheels: Wheels) -> None:

@@ -44,3 +44,20 @@ def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import asyncio\nfrom time import monotonic\nfrom . import remote\n")
     assert _imports(bad) - ALLOWED == {"asyncio", "time", "."}
+
+
+def _imports_demo(name: str) -> bool:
+    """Whether an imported module name is the demo package or a module in it."""
+    return name == "supervisor.demo" or name.startswith("supervisor.demo.")
+
+
+def test_the_supervisor_imports_the_demo_package_only_from_the_cli() -> None:
+    """The demo, its SSH server and the reference worker are not part of the supervisor: of
+    the top-level modules only cli.py reaches them (for ``demo`` and ``worker``)."""
+    package = Path(supervisor.health.__file__).parent
+    importers = {
+        path.name
+        for path in package.glob("*.py")
+        if any(_imports_demo(name) for name in _imports(path))
+    }
+    assert importers == {"cli.py"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import worker
+from supervisor.demo import worker
 
 
 def test_required_flags_parse_into_worker_args() -> None:

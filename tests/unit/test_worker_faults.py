@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.worker import Fault, FaultKind, parse_env_seconds, parse_fault
+from supervisor.demo.worker import Fault, FaultKind, parse_env_seconds, parse_fault
 
 
 @pytest.mark.parametrize("text", [None, "", "   "])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import worker
-from supervisor.worker import (
+from supervisor.demo import worker
+from supervisor.demo.worker import (
     MalformedTask,
     RewardFnError,
     evaluate,
@@ -137,7 +137,9 @@ def test_builtin_reward_fn_is_the_default(spec: str | None) -> None:
     assert load_reward_fn(spec) is exact_match
 
 
-@pytest.mark.parametrize("spec", ["supervisor.worker.exact_match", "supervisor.worker:exact_match"])
+@pytest.mark.parametrize(
+    "spec", ["supervisor.demo.worker.exact_match", "supervisor.demo.worker:exact_match"]
+)
 def test_reward_fn_loads_from_dotted_and_colon_paths(spec: str) -> None:
     """Both pkg.mod.func and pkg.mod:func name the same callable."""
     assert load_reward_fn(spec) is worker.exact_match
@@ -155,8 +157,8 @@ def test_reward_fn_colon_form_reaches_nested_attributes() -> None:
         ("nodots", "expected pkg.mod.func"),
         ("pkg.mod:", "expected pkg.mod.func"),
         ("no_such_module_xyz.fn", "cannot import 'no_such_module_xyz'"),
-        ("supervisor.worker.no_such_fn", "has no attribute 'no_such_fn'"),
-        ("supervisor.worker.IDLE_POLL_S", "not callable"),
+        ("supervisor.demo.worker.no_such_fn", "has no attribute 'no_such_fn'"),
+        ("supervisor.demo.worker.IDLE_POLL_S", "not callable"),
     ],
 )
 def test_unusable_reward_fn_raises_with_the_spec_and_cause(spec: str, needle: str) -> None:

@@ -149,9 +149,9 @@ def _positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m supervisor.worker``."""
+    """The argument parser of ``python -m supervisor.demo.worker``."""
     parser = argparse.ArgumentParser(
-        prog="python -m supervisor.worker",
+        prog="python -m supervisor.demo.worker",
         description="Reference file-sharded reward worker (stands in for areal.reward.fs_worker).",
     )
     parser.add_argument("--root", required=True, type=Path, help="run directory")
@@ -292,7 +292,7 @@ def parse_env_seconds(name: str, text: str | None, *, allow_negative: bool) -> f
 
 def argv_template(heartbeat_interval_s: float | None = None) -> list[str]:
     """A ``worker.argv`` config value that runs this reference worker."""
-    argv = ["{python}", "-m", "supervisor.worker", "--root", "{root}", "--shard", "{shard}"]
+    argv = ["{python}", "-m", "supervisor.demo.worker", "--root", "{root}", "--shard", "{shard}"]
     argv += ["--host", "{host}", "--concurrency", "{concurrency}"]
     if heartbeat_interval_s is not None:
         argv += ["--heartbeat-interval", str(heartbeat_interval_s)]

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Final, TextIO, cast
 
 from supervisor import config as config_mod
-from supervisor import logs, view, worker
+from supervisor import logs, view
 from supervisor.daemon import Daemon
+from supervisor.demo import worker
+from supervisor.demo.sshserver import LocalSshServer
 from supervisor.notify import Notifier
-from supervisor.sshserver import LocalSshServer
 
 # Demo timings: short enough to watch, long enough that each phase is visible.
 HEARTBEAT_INTERVAL_S: Final = 0.25
@@ -114,7 +115,7 @@ def _config(workdir: Path, server: LocalSshServer) -> config_mod.Config:
             "root": str(root),
             "experiment": "demo",
             "trial": "demo",
-            "reward_fn": "supervisor.worker.exact_match",
+            "reward_fn": "supervisor.demo.worker.exact_match",
             "cleanup_prefix": str(workdir),
         },
         "worker": {
