@@ -206,6 +206,8 @@ class Agent:
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
         self._buffer = b""
         self._next_id = 0
+        #: Exits the agent pushed (``{"exit": {...}}`` lines), in order.
+        self.pushed: list[dict[str, Any]] = []
         self.hello = self.read_message()["hello"]
 
     @property
@@ -239,6 +241,9 @@ class Agent:
         self.process.stdin.write((json.dumps(request) + "\n").encode())
         self.process.stdin.flush()
         reply = self.read_message()
+        while "exit" in reply and "id" not in reply:
+            self.pushed.append(reply["exit"])  # a worker's exit, pushed unasked
+            reply = self.read_message()
         assert reply["id"] == self._next_id
         return reply
 
@@ -496,6 +501,28 @@ def test_launcher_leaves_no_zombies_after_several_launches(
         stop_and_await_shepherd(spec, launched)
     wait_until(lambda: children(launcher) == [], f"no children under launcher {launcher}")
     assert agent.launcher() == launcher
+
+
+def test_a_worker_s_exit_is_pushed_with_its_code_after_the_launch_reply(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A worker that exits 3 is pushed unasked, after the launch's reply, with code 3 and its
+    start time, as its exit record then says."""
+    spec = make_spec(tmp_path, ["sh", "-c", "sleep 0.3; exit 3"])
+    agent = cleanup.agent()
+    launched = cleanup.launch(agent, spec)
+    pushed = agent.read_message()
+    assert "id" not in pushed
+    news = pushed["exit"]
+    assert (news["pid"], news["exit_code"], news["signal"]) == (launched.pid, 3, None)
+    wait_until(lambda: read_json(spec["exit_record"]) is not None, "the exit record")
+    record = read_json(spec["exit_record"])
+    assert record is not None
+    assert (record["pid"], record["exit_code"], record["start_time"]) == (
+        launched.pid,
+        3,
+        news["start_time"],
+    )
 
 
 def test_launcher_exits_when_the_agent_does_and_the_worker_carries_on(
