@@ -91,9 +91,10 @@ def _emit(event: str, **fields: Any) -> None:
 
 
 #: Every simulated host's agent watches its workers and pushes their exits, as the real
-#: agent does, with one watch (one thread) for the whole fleet; None where the agent module
+#: agent does, with one watch (one thread, no limit: a real agent keeps 64, enough for its one
+#: host) for the whole fleet; None where the agent module
 #: has none (an older checkout's, in bench/ab.py's old arm): no pushes, as its agent.
-EXITS: Any = agent.ExitWatch() if hasattr(agent, "ExitWatch") else None
+EXITS: Any = agent.ExitWatch(limit=1 << 20) if hasattr(agent, "ExitWatch") else None
 
 
 class _AgentSession(asyncssh.SSHServerSession[bytes]):

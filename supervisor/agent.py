@@ -884,7 +884,8 @@ class ExitWatch:
     """Watches workers and pushes each one's exit (``WorkerExit``) through the ``send`` it
     was registered with; one thread, a pidfd per worker where the kernel has them."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = WATCH_MAX) -> None:
+        self._limit = limit
         self._lock = threading.Lock()
         self._watched: dict[int, _Watched] = {}
         self._wake_r, self._wake_w = os.pipe()
@@ -919,7 +920,7 @@ class ExitWatch:
             if old is not None and old.pidfd is not None:
                 os.close(old.pidfd)
             self._watched[pid] = entry
-            while len(self._watched) > WATCH_MAX:
+            while len(self._watched) > self._limit:
                 dropped = self._watched.pop(next(iter(self._watched)))
                 if dropped.pidfd is not None:
                     os.close(dropped.pidfd)
