@@ -46,7 +46,7 @@ def run(workers: int, window_s: float, kills: int, pidfd: bool) -> tuple[float, 
         hidden = os.pidfd_open
         del os.pidfd_open
     try:
-        watch = agent.ExitWatch()
+        watch = agent.ExitWatch(limit=max(workers, agent.WATCH_MAX))
         pushed: dict[int, float] = {}
         arrived = threading.Condition()
 
