@@ -10,7 +10,8 @@ argument of the worker host's python. So it is stdlib-only and runs on Python >=
     own thread (a terminate waiting out its grace does not hold up a probe) and answers one
     line ``{"id": N, "ok": true, "result": {...}}`` or ``{"id": N, "ok": false, "kind":
     "error"|"refused", "error": TEXT, "holder_pid": PID|null}``. The first line it writes is
-    ``{"hello": {...}}``. It exits at EOF. Ops: ``ping``, ``probe``, ``launch``, ``terminate``.
+    ``{"hello": {...}}``. It exits at EOF. Ops: ``ping``, ``probe``, ``launch``, ``terminate``,
+    ``disarm_seed``, ``evidence`` (a worker's stacks and log tail, before a terminate).
     At start it starts its launcher (or, in-process callers, the first launch does).
 
 ``python -X utf8 -c SRC launcher``
@@ -112,6 +113,16 @@ PID_MAX = 4 * 1024 * 1024
 START_TIME_MAX = 2**64 - 1
 #: A reply's text fields (errors, outcomes) are cut here.
 TEXT_MAX = 4096
+#: Evidence: the stacks of a worker with dozens of threads fit in this (py-spy prints a
+#: few hundred bytes a thread); the log tail is its last lines. Both go into one log line of
+#: the daemon, which must stay under journald's 48 KiB ``LineMax`` to stay one JSON object.
+STACKS_MAX = 24 * 1024
+LOG_TAIL_MAX = 4096
+NOTES_MAX = 10
+#: Capturing evidence holds a restart back; the daemon never asks for more than this.
+EVIDENCE_TIMEOUT_MAX = 30.0
+#: Text fields with limits of their own.
+_TEXT_LIMITS = {"stacks": STACKS_MAX, "log_tail": LOG_TAIL_MAX}
 
 
 class ProtocolError(ValueError):
@@ -172,9 +183,27 @@ class DisarmSeedRequest:
     dry_run: bool = False
 
 
+@dataclass(frozen=True)
+class EvidenceRequest:
+    """Capture what ``pid`` is doing (stacks, by ``stacks``: auto, py-spy, signal or none)
+    and the last ``log_bytes`` of its log, all within ``timeout_s``."""
+
+    spec: dict[str, Any]
+    pid: int
+    timeout_s: float
+    stacks: str = "auto"
+    log_bytes: int = 4096
+
+
 # Union, not X | Y: this line runs, and hosts may have Python 3.7.
 Request = Union[  # noqa: UP007
-    ProbeRequest, LaunchRequest, TerminateRequest, PingRequest, DisarmSeedRequest, WatchRequest
+    ProbeRequest,
+    LaunchRequest,
+    TerminateRequest,
+    PingRequest,
+    DisarmSeedRequest,
+    WatchRequest,
+    EvidenceRequest,
 ]
 #: The op name of each request on the wire.
 OP_NAMES = {
@@ -184,6 +213,7 @@ OP_NAMES = {
     PingRequest: "ping",
     DisarmSeedRequest: "disarm_seed",
     WatchRequest: "watch",
+    EvidenceRequest: "evidence",
 }
 _REQUEST_OF = {name: cls for cls, name in OP_NAMES.items()}
 
@@ -254,6 +284,18 @@ class WorkerExit:
 
 
 @dataclass(frozen=True)
+class EvidenceReply:
+    """What was captured: the stacks and how (``via``), the log's tail, and ``notes`` on what
+    could not be had."""
+
+    stacks: str | None = None
+    via: str | None = None
+    log_tail: str | None = None
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Failure:
     """A request not served: ``kind`` "refused" (a live worker holds the shard, maybe
     ``holder_pid``) or "error"."""
@@ -264,7 +306,13 @@ class Failure:
 
 
 Reply = Union[  # noqa: UP007
-    Hello, ProbeReply, LaunchReply, TerminateReply, DisarmSeedReply, WatchReply
+    Hello,
+    ProbeReply,
+    LaunchReply,
+    TerminateReply,
+    DisarmSeedReply,
+    WatchReply,
+    EvidenceReply,
 ]
 #: The reply each request is answered with.
 REPLY_TO = {
@@ -274,6 +322,7 @@ REPLY_TO = {
     PingRequest: Hello,
     DisarmSeedRequest: DisarmSeedReply,
     WatchRequest: WatchReply,
+    EvidenceRequest: EvidenceReply,
 }
 
 
@@ -366,6 +415,10 @@ _CHECKS: dict[str, tuple[Any, ...]] = {
     "watching": (bool,),
     "protocol": (int, 0, 1 << 31),
     "grace_s": (float, 0.0, 1e9),
+    "timeout_s": (float, 0.0, EVIDENCE_TIMEOUT_MAX),
+    "elapsed_s": (float, 0.0, 1e9),
+    "log_bytes": (int, 0, LOG_TAIL_MAX),
+    "notes": (list,),
     "kill": (bool,),
     "killed": (bool,),
     "dry_run": (bool,),
@@ -401,7 +454,11 @@ def _checked(name: str, value: Any, optional: bool) -> Any:
     if bounds and not bounds[0] <= value <= bounds[1]:
         raise ProtocolError(f"{name!r} is out of range")
     if kind is str:
-        return value[:TEXT_MAX]
+        return value[: _TEXT_LIMITS.get(name, TEXT_MAX)]
+    if name == "notes":
+        if not all(isinstance(note, str) for note in value):
+            raise ProtocolError("'notes' holds something that is not a string")
+        return [note[:TEXT_MAX] for note in value[:NOTES_MAX]]
     if name in ("wrappers", "workers") and not all(
         type(pid) is int and 0 < pid <= PID_MAX for pid in value
     ):
@@ -1004,6 +1061,274 @@ def watch_target(
     return None
 
 
+# --- evidence ---------------------------------------------------------------------------
+
+#: The signal a worker answers by writing every thread's stack to its log: the reference
+#: worker registers ``faulthandler`` for it. Sent only to a worker that catches it (its
+#: default action would kill the worker before we have its stacks).
+STACKS_SIGNAL = signal.SIGUSR1
+#: faulthandler writes all threads' stacks in one burst from its signal handler: once the
+#: log has grown and then stayed still this long, the dump is over.
+STACKS_QUIET_S = 0.2
+#: In "auto" mode py-spy leaves this much of the time for the signal, should it fail.
+SIGNAL_RESERVE_S = 1.0
+#: Stacks are read up to this, then threads with the same stack are folded into one (a
+#: pool's idle threads are dozens of copies) and the result cut to STACKS_MAX.
+STACKS_READ_MAX = 4 * STACKS_MAX
+#: Thread headers: py-spy's ``Thread 123 (idle): "name"``, faulthandler's ``Thread 0x7f..
+#: (most recent call first):`` and ``Current thread 0x7f.. (most recent call first):``.
+_THREAD_HEADS = ("Thread ", "Current thread ")
+
+
+def op_evidence(request: EvidenceRequest) -> EvidenceReply:
+    """The log's tail, then the worker's stacks (py-spy, else the signal), within the
+    request's time; what could not be had is said in ``notes``, never raised."""
+    started = time.monotonic()
+    deadline = started + request.timeout_s
+    spec, pid = request.spec, request.pid
+    notes: list[str] = []
+    # First the tail: what the worker said before the stacks are appended to the same log.
+    log_tail = log_tail_of(spec["log"], spec.get("root"), request.log_bytes, notes)
+    stacks, via = None, None
+    verdict = identify(spec, pid)
+    if verdict != "ours":
+        notes.append(f"pid {pid} is {verdict}: no stacks to take")
+    elif request.stacks != "none":
+        stacks, via = take_stacks(spec, pid, request.stacks, deadline, notes)
+    if stacks is not None:
+        stacks = compact_stacks(stacks)
+    return EvidenceReply(
+        stacks=stacks,
+        via=via,
+        log_tail=log_tail,
+        notes=notes[:NOTES_MAX],
+        elapsed_s=round(time.monotonic() - started, 3),
+    )
+
+
+def compact_stacks(text: str) -> str:
+    """``text`` with the threads that share a stack shown once, under the first one's header
+    and a line counting the others, cut to STACKS_MAX. Lines before the first thread (py-spy's
+    process line) stay first; unindented lines among the threads (another thread's log line
+    written meanwhile) go last."""
+    head: list[str] = []
+    tail: list[str] = []
+    threads: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith(_THREAD_HEADS):
+            threads.append((line, []))
+        elif not threads:
+            head.append(line)
+        elif line[:1].isspace():
+            threads[-1][1].append(line)
+        elif line.strip():
+            tail.append(line)
+    same: dict[tuple[str, ...], list[str]] = {}
+    for header, frames in threads:
+        same.setdefault(tuple(frames), []).append(header)
+    out = list(head)
+    for stack, headers in same.items():
+        out.append(headers[0])
+        if len(headers) > 1:
+            out.append(f"  (and {len(headers) - 1} more threads with this same stack)")
+        out.extend(stack)
+    out.extend(tail)
+    compact = "\n".join(out) + "\n"
+    if len(compact) > STACKS_MAX:
+        marker = f"\n[cut: {len(compact)} characters, the first {STACKS_MAX} shown]\n"
+        compact = compact[: STACKS_MAX - len(marker)] + marker
+    return compact
+
+
+def log_tail_of(path: str, root: str | None, limit: int, notes: list[str]) -> str | None:
+    """The last ``limit`` bytes of the log at ``path`` from its first whole line, decoded
+    with errors replaced; None (and a note) when it cannot be read."""
+    try:
+        fd = open_file(path, os.O_RDONLY, root)
+    except (OSError, OpError) as exc:
+        notes.append(f"log: {exc}"[:TEXT_MAX])
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - limit)
+        data = os.pread(fd, limit, start)
+    except OSError as exc:
+        notes.append(f"log: {exc}"[:TEXT_MAX])
+        return None
+    finally:
+        os.close(fd)
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]  # the first line was cut: drop its end
+    return data.decode("utf-8", "replace")
+
+
+def take_stacks(
+    spec: dict[str, Any], pid: int, mode: str, deadline: float, notes: list[str]
+) -> tuple[str | None, str | None]:
+    """Every thread's Python stack of ``pid`` and how it was taken: py-spy where ``mode``
+    allows and the host has it, else the signal where the worker handles it."""
+    handles = catches_signal(pid, STACKS_SIGNAL)
+    if mode in ("auto", "py-spy"):
+        spy = find_py_spy(spec)
+        if spy is None:
+            notes.append("py-spy: not found beside the worker's python or on PATH")
+        else:
+            reserve = SIGNAL_RESERVE_S if mode == "auto" and handles else 0.0
+            # py-spy pauses its target to read a consistent stack, and cannot pause one that
+            # is stopped already (SIGSTOP, a debugger): that one it reads as it is.
+            stat = proc_stat(pid)
+            stopped = stat is not None and stat[0] in ("T", "t")
+            text, trouble = py_spy_dump(spy, pid, deadline - reserve, nonblocking=stopped)
+            if text is not None:
+                return text, "py-spy"
+            notes.append(f"py-spy: {trouble}"[:TEXT_MAX])
+    if mode in ("auto", "signal"):
+        if not handles:
+            notes.append(
+                f"the worker does not handle {STACKS_SIGNAL.name} (faulthandler.register):"
+                " no signal sent"
+            )
+            return None, None
+        text, trouble = signal_dump(spec, pid, deadline)
+        if text is not None:
+            return text, "faulthandler"
+        notes.append(f"faulthandler: {trouble}"[:TEXT_MAX])
+    elif mode != "py-spy":
+        notes.append(f"unknown way to take stacks {mode[:40]!r}: none taken")
+    return None, None
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """``pid`` has a handler for ``sig`` (its ``SigCgt`` mask in /proc says so)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def find_py_spy(spec: dict[str, Any]) -> str | None:
+    """py-spy beside the worker's python (its venv), beside ours, or on the worker's or our
+    PATH; None where the host has none."""
+    dirs = []
+    for python in (spec.get("python") or "", sys.executable or ""):
+        if os.sep in python:
+            dirs.append(os.path.dirname(python))
+    for path in ((spec.get("env") or {}).get("PATH"), os.environ.get("PATH")):
+        if isinstance(path, str):
+            dirs += [d for d in path.split(os.pathsep) if os.path.isabs(d)]
+    for directory in dirs:
+        candidate = os.path.join(directory, "py-spy")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def py_spy_dump(
+    spy: str, pid: int, deadline: float, nonblocking: bool = False
+) -> tuple[str | None, str]:
+    """``py-spy dump --pid PID``'s output, or None and why (it failed, or was killed at
+    ``deadline``); at most STACKS_MAX bytes are read."""
+    timeout_s = deadline - time.monotonic()
+    if timeout_s <= 0:
+        return None, "no time left"
+    try:
+        dump = subprocess.Popen(
+            [spy, "dump", "--pid", str(pid), *(["--nonblocking"] if nonblocking else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+            close_fds=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return None, f"cannot run {spy}: {exc}"
+    stdout = dump.stdout
+    try:
+        if stdout is None:  # stdout=PIPE always gives one; mypy cannot know
+            raise OpError("py-spy has no output pipe")
+        data, complete = read_bounded(stdout.fileno(), timeout_s, STACKS_READ_MAX)
+    finally:
+        if stdout is not None:
+            stdout.close()
+        if dump.poll() is None:
+            dump.kill()
+        code = dump.wait()
+    text = data.decode("utf-8", "replace")
+    if not complete:
+        return None, f"no answer within {timeout_s:.1f}s"
+    if code != 0:
+        last = text.strip().splitlines()[-1:] or ["-"]
+        return None, f"exited {code}: {last[0][:500]}"
+    return text, ""
+
+
+def read_bounded(fd: int, timeout_s: float, limit: int) -> tuple[bytes, bool]:
+    """What the pipe ``fd`` carries until EOF, at most ``limit`` bytes, and whether EOF came
+    within ``timeout_s`` (past the limit, the rest is read and dropped)."""
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            return b"".join(chunks), False
+        if not poller.poll(remaining_s * 1000):
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks), True
+        if size < limit:
+            chunks.append(chunk[: limit - size])
+            size += len(chunks[-1])
+
+
+def signal_dump(spec: dict[str, Any], pid: int, deadline: float) -> tuple[str | None, str]:
+    """Send the stacks signal and read back what the worker appended to its log, until it
+    stops growing (or ``deadline``); at most STACKS_MAX bytes."""
+    try:
+        fd = open_file(spec["log"], os.O_RDONLY, spec.get("root"))
+    except (OSError, OpError) as exc:
+        return None, f"cannot read the log: {exc}"
+    try:
+        start = last = os.fstat(fd).st_size
+        stat = proc_stat(pid)
+        if stat is not None and stat[0] in ("T", "t"):
+            return None, "the worker is stopped (SIGSTOP or a debugger): it cannot answer"
+        if deadline - time.monotonic() < STACKS_QUIET_S:
+            # Its answer could not be read in time; asked anyway, it would land in the log
+            # with nobody to collect it.
+            return None, "no time left to ask"
+        _signal(pid, False, STACKS_SIGNAL)
+        grown_at = None
+        while True:
+            now = time.monotonic()
+            size = os.fstat(fd).st_size
+            if size < start:
+                return None, "the log was truncated meanwhile"
+            if size != last:
+                last, grown_at = size, now
+            if grown_at is not None and now - grown_at >= STACKS_QUIET_S:
+                break
+            if now >= deadline:
+                break
+            time.sleep(POLL_S)
+        if last == start:
+            return None, f"nothing was written to the log after {STACKS_SIGNAL.name}"
+        data = os.pread(fd, min(last - start, STACKS_READ_MAX), start)
+    except (OSError, OpError) as exc:
+        return None, str(exc)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace"), ""
+
+
 _SOURCE: list[str] = []
 
 
@@ -1404,6 +1729,7 @@ OPS: dict[type, Callable[[Any], Any]] = {
     TerminateRequest: op_terminate,
     DisarmSeedRequest: op_disarm_seed,
     WatchRequest: op_watch,
+    EvidenceRequest: op_evidence,
 }
 
 
@@ -1515,6 +1841,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         "exited_at": time.time(),
         "host": spec["host"],
         "shard": spec["shard"],
+        "log_tail": _log_tail(log_fd),
     }
     try:
         write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n", spec["root"])
@@ -1543,6 +1870,29 @@ def _await_exit(worker: subprocess.Popen[bytes]) -> tuple[int | None, int | None
     return None, info.si_status
 
 
+#: An exit record carries at most this much of the log's end: enough for a traceback's last
+#: lines, which is what a crash signature and a permanent exit's reason quote.
+LOG_TAIL_BYTES = 4096
+
+
+def _log_tail(log_fd: int) -> str | None:
+    """The end of what the worker wrote to its log, from the descriptor it wrote to (None if
+    unreadable or empty): at most LOG_TAIL_BYTES, a line cut by that limit dropped, the
+    shepherds' own lines left out (they can land after the worker's last words, and say
+    nothing about why it ended), undecodable bytes replaced."""
+    try:
+        size = os.fstat(log_fd).st_size
+        start = max(0, size - LOG_TAIL_BYTES)
+        data = os.pread(log_fd, LOG_TAIL_BYTES, start)
+    except OSError:
+        return None
+    if start > 0:
+        data = data.partition(b"\n")[2]
+    lines = data.splitlines(keepends=True)
+    kept = b"".join(line for line in lines if not line.startswith(_SHEPHERD_LINE))
+    return kept.decode("utf-8", "replace") or None
+
+
 def _name_process(name: str) -> None:
     """Set the name ``ps -o comm``, ``top`` and ``pgrep`` show (argv stays python's)."""
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
@@ -1567,7 +1917,11 @@ def _report(message: dict[str, Any]) -> bool:
 def _log(fd: int, text: str) -> None:
     """One line from the shepherd in the worker's log."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    os.write(fd, f"[shepherd {os.getpid()} {stamp}] {text}\n".encode())
+    os.write(fd, f"{_SHEPHERD_LINE.decode()}{os.getpid()} {stamp}] {text}\n".encode())
+
+
+#: How the shepherd's own lines in a worker's log begin.
+_SHEPHERD_LINE = b"[shepherd "
 
 
 def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes]]:
@@ -1597,7 +1951,8 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             recorded,
         )
     _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]), root)
-    log_fd = open_file(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, root, single_link=True)
+    # Read-write: at the worker's exit the shepherd reads the log's end back from it.
+    log_fd = open_file(spec["log"], os.O_RDWR | os.O_APPEND | os.O_CREAT, root, single_link=True)
     # The worker inherits it as stdout: a plain blocking descriptor, as it expects.
     fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     env = dict(os.environ)

@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    if args.command not in ("run", "demo", "worker"):
+    # run, demo and worker configure their own logs; alert-rules prints a file and logs nothing.
+    if args.command not in ("run", "demo", "worker", "alert-rules"):
         # Stdout is the command's answer (often JSON for a script): library log lines, such
         # as cleanup's SSH probe connecting, go to stderr, and only when they matter.
         from supervisor import logs
@@ -85,9 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(p)
     _log_args(p)
 
-    p = command("status", cmd_status, "show every host's state")
+    p = command("status", cmd_status, "show every host's state, or one host in full")
     with_config(p)
     with_json(p)
+    p.add_argument(
+        "host",
+        nargs="?",
+        metavar="HOST",
+        help="one host in full: progress, restarts, last exit, evidence, its log's last lines",
+    )
+    p.add_argument(
+        "--lines",
+        type=_log_line_count,
+        default=20,
+        metavar="N",
+        help="with HOST: the last N lines of ctl/HOST.log (default 20, 0 for none)",
+    )
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument(
         "--interval",
@@ -248,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the old watch loop to exit (default 120)",
     )
 
+    command(
+        "alert-rules",
+        cmd_alert_rules,
+        "print the Prometheus alert rules shipped with the package (docs/OPERATIONS.md)",
+    )
+
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
     p.add_argument(
         "--hosts",
@@ -356,13 +376,50 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """``status -c CONFIG [--json] [--watch]``: from the daemon, or from the files alone."""
+    """``status -c CONFIG [HOST [--lines N]] [--json] [--watch]``: from the daemon, or from
+    the files alone."""
     cfg = _load_config(args.config)
+    if args.host is not None:
+        return _host_status(cfg, args)
     if args.watch:
         return _watch_status(cfg, args)
     status = _status_or_offline(cfg)
     _print_status(status, as_json=args.json)
     return EXIT_OK
+
+
+def _host_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
+    from supervisor import control, view
+
+    if cfg.host(args.host) is None:
+        known = ", ".join(h.name for h in cfg.hosts)
+        raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
+    if args.watch:
+        raise CliError("--watch shows every host; leave out HOST", EXIT_USAGE)
+    try:
+        detail = control.request_sync(cfg.control.socket, "status", host=args.host)
+    except ControlError as exc:
+        detail = view.offline_host_detail(cfg, args.host)
+        detail["daemon"]["why"] = str(exc)
+    detail["log"] = view.log_lines(cfg, args.host, args.lines)
+    if args.json:
+        print(json.dumps(detail, indent=2, sort_keys=True))
+    else:
+        print(view.render_host(detail))
+    return EXIT_OK
+
+
+def _log_line_count(text: str) -> int:
+    """An argparse type: a number of log lines, 0 to view.MAX_LOG_LINES."""
+    from supervisor.view import MAX_LOG_LINES
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of lines: {text!r}") from None
+    if not 0 <= value <= MAX_LOG_LINES:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_LOG_LINES}: {text!r}")
+    return value
 
 
 def _status_or_offline(cfg: config_mod.Config) -> dict[str, Any]:
@@ -510,9 +567,16 @@ def cmd_events(args: argparse.Namespace) -> int:
 def _event_line(event: dict[str, Any]) -> str:
     """One event as a terminal line: a host's text in it is escaped, never obeyed."""
     if event.get("event") == "host.state":
+        evidence = event.get("evidence")
+        taken = ""
+        if isinstance(evidence, dict):
+            how = f"stacks by {evidence['via']}" if evidence.get("via") else "no stacks"
+            taken = (
+                f" [evidence of pid {evidence.get('pid')}: {how}; see status {event.get('host')}]"
+            )
         return terminal_text(
             f"{event.get('timestamp', '')} {event.get('host')}: {event.get('from')} -> "
-            f"{event.get('to')} ({event.get('reason')})"
+            f"{event.get('to')} ({event.get('reason')}){taken}"
         )
     return terminal_text(json.dumps(event, sort_keys=True))
 
@@ -741,6 +805,23 @@ def cmd_disarm_seed(args: argparse.Namespace) -> int:
     else:
         print("\n".join(report.lines()))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+#: The alert rules' file inside the package (package data).
+ALERT_RULES: Final = "alerts.yml"
+
+
+def alert_rules_text() -> str:
+    """The Prometheus alert rules shipped with the package, as installed."""
+    from importlib import resources
+
+    return resources.files("supervisor").joinpath(ALERT_RULES).read_text(encoding="utf-8")
+
+
+def cmd_alert_rules(args: argparse.Namespace) -> int:
+    """``alert-rules``: the shipped Prometheus rules on stdout, for a rules directory."""
+    sys.stdout.write(alert_rules_text())
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

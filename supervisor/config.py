@@ -60,6 +60,13 @@ DEFAULT_REWARD_FN: Final = "areal.reward.gsm8k.gsm8k_reward_fn"
 # workers on scheduler noise, and no Python worker imports and reports ready in under 2 s.
 MIN_HEARTBEAT_STALE_S: Final = 3.0
 MIN_READY_TIMEOUT_S: Final = 2.0
+# Evidence before a kill: py-spy attaches and dumps in well under a second, faulthandler
+# writes at once; below this a dump is cut off before it starts. Above the maximum, the
+# restart of a stuck worker waits longer than anyone reading the evidence would want.
+MIN_EVIDENCE_TIMEOUT_S: Final = 0.5
+MAX_EVIDENCE_TIMEOUT_S: Final = 30.0
+#: How stacks are taken (health.evidence_stacks).
+EVIDENCE_STACKS: Final = ("auto", "py-spy", "signal", "none")
 # Start-up waits one connect timeout plus this for probes and launches to answer before
 # READY=1 goes out anyway (a host that cannot be reached must not block the others).
 STARTUP_SLACK_S: Final = 10.0
@@ -505,6 +512,8 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "auto_restart",
         "progress_stale_s",
         "permanent_exit_codes",
+        "evidence_timeout_s",
+        "evidence_stacks",
     ),
     "ssh": (
         "username",
@@ -872,7 +881,19 @@ class _Validator:
                 t, w, "progress_stale_s", d.progress_stale_s, stale_min
             ),
             permanent_exit_codes=self.exit_codes(t, w, "permanent_exit_codes"),
+            evidence_timeout_s=self.seconds_or_off(
+                t, w, "evidence_timeout_s", d.evidence_timeout_s, MIN_EVIDENCE_TIMEOUT_S
+            ),
+            evidence_stacks=self.choice(
+                t, w, "evidence_stacks", EVIDENCE_STACKS, d.evidence_stacks
+            ),
         )
+        if policy.evidence_timeout_s > MAX_EVIDENCE_TIMEOUT_S:
+            self.problem(
+                "health.evidence_timeout_s",
+                f"{policy.evidence_timeout_s:g}s is too long; at most {MAX_EVIDENCE_TIMEOUT_S:g}s"
+                " (it holds back the restart of a stuck worker)",
+            )
         if policy.backoff_max_s < policy.restart_cooldown_s:
             self.problem(
                 "health.backoff_max_s",

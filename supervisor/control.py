@@ -74,6 +74,10 @@ class Commands(Protocol):
         """``{"daemon": {...}, "hosts": {NAME: {...}}}`` (DESIGN §7)."""
         ...
 
+    def host_status(self, host: str) -> dict[str, Any]:
+        """``{"daemon": {...}, "host": NAME, ...}``: one host in full (``status HOST``)."""
+        ...
+
     async def restart_host(self, host: str) -> dict[str, Any]:
         """Restart ``host``'s worker now, whatever its state."""
         ...
@@ -512,15 +516,21 @@ class ControlServer:
         return {"pid": os.getpid()}
 
     async def _cmd_status(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """The daemon's view of every host (DESIGN §7).
+        """The daemon's view of every host (DESIGN §7), or of one host in full.
 
         Request:  {"cmd": "status"}
         Response: {"ok": true, "daemon": {"pid": 4242, ...},
                    "hosts": {"worker-0": {"state": "ready", "shard": 0, "pid": 31337,
                              "ssh": "connected", "heartbeat_age_s": 0.8, "restarts": 0,
                              "last_reason": null}}}
+        Request:  {"cmd": "status", "host": "worker-0"}
+        Response: {"ok": true, "daemon": {...}, "host": "worker-0", "state": "ready", ...,
+                   "progress": {...}, "restart": {...}, "last_exit": {...}|null,
+                   "evidence": {...}|null}
         """
-        _expect_args("status", request)
+        _expect_args("status", request, "host")
+        if "host" in request:
+            return self._commands.host_status(_host_arg("status", request))
         return self._commands.status()
 
     async def _cmd_restart_host(self, request: Mapping[str, Any]) -> dict[str, Any]:

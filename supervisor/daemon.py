@@ -64,6 +64,9 @@ MAINTAIN_RETRY_S: Final = 5.0
 #: A failed read of a joining host's files is tried again after this pause: the host must
 #: not join before its stop sentinel is known.
 SCAN_RETRY_S: Final = 1.0
+#: The agent bounds an evidence capture itself; this covers the round trip around it, so a
+#: host that never answers holds the terminate back no longer than the capture could.
+EVIDENCE_SLACK_S: Final = 2.0
 
 
 class RemoteLike(Protocol):
@@ -83,6 +86,10 @@ class RemoteLike(Protocol):
     ) -> None: ...
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None: ...
+
+    async def evidence(
+        self, spec: LaunchSpec, pid: int, *, timeout_s: float, stacks: str
+    ) -> health.Evidence: ...
 
     async def aclose(self) -> None: ...
 
@@ -531,7 +538,7 @@ class Daemon:
         task.add_done_callback(link.ops.discard)
 
     def _log_state_change(self, change: fleet.HostStateChanged) -> None:
-        fields = {
+        fields: dict[str, Any] = {
             "host": change.host,
             "from": change.from_.value,
             "to": change.to.value,
@@ -540,6 +547,8 @@ class Daemon:
         }
         if change.cause is not None:
             fields["cause"] = change.cause.value
+        if change.evidence is not None:
+            fields["evidence"] = view.evidence_row(change.evidence)
         level = "warning" if change.to in health.UNHEALTHY_STATES else "info"
         getattr(log, level)("host.state", **fields)
         self._events.publish({"event": "host.state", "timestamp": _utc_now(), **fields})
@@ -648,6 +657,7 @@ class Daemon:
     async def _terminate(self, action: fleet.Terminate) -> None:
         name = action.host
         link = self._links[name]
+        evidence = await self._evidence(action) if action.collect_evidence else None
         started = time.monotonic()
         event: health.Event
         try:
@@ -656,18 +666,56 @@ class Daemon:
             )
         except RemoteError as exc:
             log.error("host.terminate_failed", host=name, pid=action.pid, reason=exc.reason)
-            event = health.TerminateFailed(pid=action.pid, reason=exc.reason)
+            event = health.TerminateFailed(pid=action.pid, reason=exc.reason, evidence=evidence)
         except Exception as exc:  # task root: the core must hear an answer
             log.exception("host.terminate_failed", host=name, pid=action.pid)
-            event = health.TerminateFailed(pid=action.pid, reason=f"internal error: {exc!r}")
+            event = health.TerminateFailed(
+                pid=action.pid, reason=f"internal error: {exc!r}", evidence=evidence
+            )
         else:
             elapsed = time.monotonic() - started
             if self._metrics is not None:
                 self._metrics.terminate_seconds.observe(elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.terminated", host=name, pid=action.pid, elapsed_ms=elapsed_ms)
-            event = health.TerminateConfirmed(pid=action.pid)
+            event = health.TerminateConfirmed(pid=action.pid, evidence=evidence)
         self._inbox.put(fleet.HostObserved(name, event))
+
+    async def _evidence(self, action: fleet.Terminate) -> health.Evidence:
+        """The worker's stacks and log tail, from its host's agent, within
+        ``health.evidence_timeout_s`` (plus a round trip): never raises, never holds the
+        terminate back longer; what went wrong is a note."""
+        name, pid = action.host, action.pid
+        link = self._links[name]
+        policy = self._config.health
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(policy.evidence_timeout_s + EVIDENCE_SLACK_S):
+                evidence = await link.remote.evidence(
+                    self._spec(link),
+                    pid,
+                    timeout_s=policy.evidence_timeout_s,
+                    stacks=policy.evidence_stacks,
+                )
+        except (RemoteError, TimeoutError) as exc:
+            reason = exc.reason if isinstance(exc, RemoteError) else "no answer in time"
+            log.warning("host.evidence_failed", host=name, pid=pid, reason=reason)
+            notes: tuple[str, ...] = (f"not collected: {reason}",)
+            return health.Evidence(pid=pid, notes=notes, elapsed_s=_since(started))
+        except Exception as exc:  # task root of the capture: the terminate must go on
+            log.exception("host.evidence_failed", host=name, pid=pid)
+            notes = (f"not collected: internal error: {exc!r}",)
+            return health.Evidence(pid=pid, notes=notes, elapsed_s=_since(started))
+        log.info(
+            "host.evidence",
+            host=name,
+            pid=pid,
+            via=evidence.stacks_via,
+            stacks_chars=len(evidence.stacks or ""),
+            notes=list(evidence.notes),
+            elapsed_ms=round(1000 * _since(started), 1),
+        )
+        return evidence
 
     async def _probe(self, action: fleet.Probe) -> None:
         name = action.host
@@ -873,17 +921,7 @@ class Daemon:
 
     def _publish_status(self, *, force: bool = False) -> None:
         self._publish_pending = False
-        text = view.summary(h.state.value for h in self._fleet.hosts.values())
-        freeze = self._fleet.freeze
-        if freeze.frozen:
-            finding = f"{self._fleet.finding}; " if self._fleet.finding else ""
-            text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
-        for signature in self._fleet.signatures.values():
-            held = sum(1 for s in self._fleet.held.values() if s == signature.signature)
-            text = (
-                f"CRASH SIGNATURE ({signature.signature}): restarts held on {held} hosts,"
-                f" canary {signature.canary}; {text}"
-            )
+        text = view.status_line(self._fleet)
         if text != self._summary or force:
             self._summary = text
             if self._ready:
@@ -912,44 +950,70 @@ class Daemon:
             hosts[name] = view.host_row(joining, self._host_configs[name], now, policy)
         for name, member in core.waiting.items():
             hosts[name] = {"state": "waiting", "shard": member.shard, "last_reason": "shard busy"}
+        return {"daemon": self._daemon_row(now), "hosts": hosts}
+
+    def host_status(self, name: str) -> dict[str, Any]:
+        """Request ``{"cmd": "status", "host": H}``; response ``{"daemon": {...}, "host": H,
+        ...}``, the host's row with its progress, restarts, last exit and evidence in full."""
+        self._publish_status()
+        now = asyncio.get_running_loop().time()
+        core = self._fleet
+        policy = core.health_policy
+        host = core.hosts.get(name)
+        if host is not None and name in self._links:
+            cfg = self._links[name].cfg
+            detail = view.host_detail(host, cfg, now, policy, wall_now=time.time())
+        elif name in core.joining:
+            joining = health.new_host(name, now, history=core.history(name))
+            cfg = self._host_configs[name]
+            detail = view.host_detail(joining, cfg, now, policy, wall_now=time.time())
+        elif name in core.waiting:
+            detail = {
+                "state": "waiting",
+                "shard": core.waiting[name].shard,
+                "last_reason": "shard busy",
+            }
+        else:
+            raise ControlError(f"unknown host {name!r}")
+        return {"daemon": self._daemon_row(now), "host": name, **detail}
+
+    def _daemon_row(self, now: float) -> dict[str, Any]:
+        core = self._fleet
         return {
-            "daemon": {
-                "running": True,
-                "pid": os.getpid(),
-                "version": __version__,
-                "config": str(self._config.source),
-                "root": str(self._config.run.root),
-                "uptime_s": round(now - self._started_at, 3),
-                "started_at": self._started_wall,
-                "ready": self._ready,
-                "stopping": self._stop_requested,
-                "summary": self._summary,
-                "watch_mode": self._watcher.mode,
-                "on_exit": self._config.run.on_exit,
-                "stop_grace_s": self._config.health.stop_grace_s,
-                "reloads": self._reloads,
-                "last_reload_errors": self._last_reload_error,
-                "frozen": core.freeze.frozen,
-                "frozen_reason": core.freeze.reason or None,
-                "freeze_finding": core.finding,
-                "crash_signatures": [
-                    {
-                        "signature": sig.signature,
-                        "since_s": round(now - sig.since_at, 3),
-                        "hosts": sorted(sig.hosts),
-                        "canary": sig.canary,
-                        "held": sorted(n for n, s in core.held.items() if s == sig.signature),
-                    }
-                    for sig in core.signatures.values()
-                ],
-                "launches_waiting": len(core.budget.waiting),
-                "launches_in_flight": len(core.budget.in_flight),
-                "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
-                "pointer": view.pointer_row(
-                    self._config.run.pointer_file, core.pointer, self._pointer_written_wall, now
-                ),
-            },
-            "hosts": hosts,
+            "running": True,
+            "pid": os.getpid(),
+            "version": __version__,
+            "config": str(self._config.source),
+            "root": str(self._config.run.root),
+            "uptime_s": round(now - self._started_at, 3),
+            "started_at": self._started_wall,
+            "ready": self._ready,
+            "stopping": self._stop_requested,
+            "summary": self._summary,
+            "watch_mode": self._watcher.mode,
+            "on_exit": self._config.run.on_exit,
+            "stop_grace_s": self._config.health.stop_grace_s,
+            "reloads": self._reloads,
+            "last_reload_errors": self._last_reload_error,
+            "frozen": core.freeze.frozen,
+            "frozen_reason": core.freeze.reason or None,
+            "freeze_finding": core.finding,
+            "crash_signatures": [
+                {
+                    "signature": sig.signature,
+                    "since_s": round(now - sig.since_at, 3),
+                    "hosts": sorted(sig.hosts),
+                    "canary": sig.canary,
+                    "held": sorted(n for n, s in core.held.items() if s == sig.signature),
+                }
+                for sig in core.signatures.values()
+            ],
+            "launches_waiting": len(core.budget.waiting),
+            "launches_in_flight": len(core.budget.in_flight),
+            "status_parse_errors": getattr(self._watcher, "parse_errors", 0),
+            "pointer": view.pointer_row(
+                self._config.run.pointer_file, core.pointer, self._pointer_written_wall, now
+            ),
         }
 
     async def restart_host(self, host: str) -> dict[str, Any]:
@@ -1078,6 +1142,10 @@ def _event_of(obs: Observation) -> health.Event | None:
             return health.StopSentinelAppeared() if present else health.StopSentinelRemoved()
         case _:
             assert_never(obs)
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 3)
 
 
 def _utc_now() -> str:

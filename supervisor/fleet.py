@@ -295,6 +295,8 @@ class Terminate:
     pid: int
     grace_s: float
     kill: bool
+    #: Capture the worker's stacks and log tail first (``health.Terminate.collect_evidence``).
+    collect_evidence: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,6 +317,8 @@ class HostStateChanged:
     reason: str
     pid: int | None
     cause: health.Cause | None
+    #: What the replaced worker was doing, when the change follows a terminate that took it.
+    evidence: health.Evidence | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -720,6 +724,7 @@ class Fleet:
                         reason=action.reason,
                         pid=pid,
                         cause=cause,
+                        evidence=action.evidence,
                     )
                 )
             case health.Launch():
@@ -735,7 +740,13 @@ class Fleet:
                 self._grant(now, out)
             case health.Terminate():
                 out.append(
-                    Terminate(host=name, pid=action.pid, grace_s=action.grace_s, kill=action.kill)
+                    Terminate(
+                        host=name,
+                        pid=action.pid,
+                        grace_s=action.grace_s,
+                        kill=action.kill,
+                        collect_evidence=action.collect_evidence,
+                    )
                 )
             case health.Probe():
                 out.append(Probe(host=name, pid=action.pid))

@@ -146,10 +146,33 @@ class Policy:
     progress_stale_s: float = 300.0
     #: Exit codes after which a restart cannot help: the host goes ``failed`` at once.
     permanent_exit_codes: frozenset[int] = frozenset()
+    #: How long the shell may spend capturing a live but unhealthy worker's stacks and log
+    #: tail before terminating it (0: no evidence is collected).
+    evidence_timeout_s: float = 3.0
+    #: How its stacks are taken: "auto" (py-spy where the host has it, else the signal),
+    #: "py-spy", "signal" (SIGUSR1, answered by ``faulthandler``) or "none" (log tail only).
+    evidence_stacks: str = "auto"
 
 
 # --------------------------------------------------------------------------------------
 # Events: past-tense facts the shell observed.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """What a live but unhealthy worker was doing just before it was terminated: bounded text
+    the shell collected from its host. The core keeps it and hands it on; it never reads it."""
+
+    pid: int
+    #: All threads' Python stacks, and how they were taken ("py-spy", "faulthandler").
+    stacks: str | None = None
+    stacks_via: str | None = None
+    #: The last lines of ``ctl/<host>.log`` before the stacks were taken.
+    log_tail: str | None = None
+    #: What could not be collected, and why (py-spy missing, no signal handler, a timeout).
+    notes: tuple[str, ...] = ()
+    #: How long collecting took (it holds back the terminate, within ``evidence_timeout_s``).
+    elapsed_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,6 +238,8 @@ class TerminateConfirmed:
     """``pid`` is confirmed gone (or was never alive)."""
 
     pid: int
+    #: Captured before the terminate, when it was asked for (``Terminate.collect_evidence``).
+    evidence: Evidence | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,6 +248,7 @@ class TerminateFailed:
 
     pid: int
     reason: str
+    evidence: Evidence | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -384,6 +410,8 @@ class StateChanged:
     from_: HostState
     to: HostState
     reason: str
+    #: The evidence of the terminate whose result caused this change, if it brought any.
+    evidence: Evidence | None = None
 
 
 Action = Launch | Terminate | Probe | StateChanged
@@ -409,6 +437,11 @@ class Host:
     #: The pid we last had, kept for display after it died.
     last_pid: int | None = None
     last_exit: str | None = None
+    #: When the last worker was seen to end, and how (an exit record's code or signal).
+    last_exit_at: float | None = None
+    last_exit_pid: int | None = None
+    last_exit_code: int | None = None
+    last_exit_signal: int | None = None
     #: The remote operation in flight, if any.
     op: Op | None = None
     #: After a failed terminate or probe, the next attempt waits until then.
@@ -443,6 +476,10 @@ class Host:
     rate_base: tuple[float, int] | None = None
     #: The last lines of the log the last exit record carried.
     last_log_tail: str | None = None
+    #: The last evidence captured before a terminate, when, and the cause it was taken for.
+    evidence: Evidence | None = None
+    evidence_at: float | None = None
+    evidence_cause: str | None = None
     #: Why the fleet holds this host's restarts, if it does.
     held: str | None = None
     # Restart budget.
@@ -556,6 +593,15 @@ def heartbeat_age_s(host: Host, now: float) -> float | None:
     return None if host.alive_at is None else max(0.0, now - host.alive_at)
 
 
+def tasks_per_minute(host: Host) -> float | None:
+    """The current worker's finished tasks per minute over its last minute or more of
+    reports, on our clock (None until there is such a span)."""
+    if host.rate_base is None or host.rate_mark is None:
+        return None
+    (base_at, base_n), (mark_at, mark_n) = host.rate_base, host.rate_mark
+    return max(0, mark_n - base_n) * 60.0 / (mark_at - base_at)
+
+
 def restarts_in_window(host: Host, now: float, policy: Policy) -> int:
     """Automatic restarts within the last ``restart_window_s``."""
     return sum(1 for t in host.restart_times_at if now - t < policy.restart_window_s)
@@ -618,12 +664,19 @@ def _step_in_full(
     handler = TRANSITIONS.get((host.state, type(event))) if applies else None
     if handler is not None:
         host = handler(host, event, now, policy)
+    # A terminate's evidence goes with the change its result causes (the restart, usually),
+    # so the log line that says the worker was replaced also says what it was doing.
+    evidence = event.evidence if isinstance(event, TerminateConfirmed | TerminateFailed) else None
     if host.state is not state:
-        changes.append(StateChanged(from_=state, to=host.state, reason=host.reason))
+        changes.append(
+            StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
+        )
     state = host.state
     host, actions = _reconcile(host, now, policy)
     if host.state is not state:
-        changes.append(StateChanged(from_=state, to=host.state, reason=host.reason))
+        changes.append(
+            StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
+        )
     return replace(host, deadline_at=_deadline(host, policy)), changes + actions
 
 
@@ -650,7 +703,16 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if event.pid != host.pid:
                 return host, False  # an older worker's record; that pid was settled already
             tail = event.log_tail if event.log_tail is not None else host.last_log_tail
-            return replace(host, pid=None, last_exit=describe_exit(event), last_log_tail=tail), True
+            return replace(
+                host,
+                pid=None,
+                last_exit=describe_exit(event),
+                last_exit_at=now,
+                last_exit_pid=event.pid,
+                last_exit_code=event.exit_code,
+                last_exit_signal=event.signal,
+                last_log_tail=tail,
+            ), True
         # The shell answers each remote action with exactly one result, so a result for an
         # operation that is not in flight cannot happen; it is ignored rather than trusted.
         case Launched() | LaunchFailed() | LaunchRefused() if host.op != "launch":
@@ -670,12 +732,22 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return _assign_pid(host, event.holder_pid, found_running=True), True
         case TerminateConfirmed():
             # A confirmed death is a fact even when it arrives late: record it regardless.
+            host = _keep_evidence(host, event.evidence, now)
             if host.op == "terminate":
                 host = replace(host, op=None, last_error=None)
             if event.pid != host.pid:
                 return host, False
-            return replace(host, pid=None, last_exit="confirmed dead"), True
+            return replace(
+                host,
+                pid=None,
+                last_exit="confirmed dead",
+                last_exit_at=now,
+                last_exit_pid=event.pid,
+                last_exit_code=None,
+                last_exit_signal=None,
+            ), True
         case TerminateFailed():
+            host = _keep_evidence(host, event.evidence, now)
             if host.op != "terminate":
                 return host, False
             error = f"terminate pid {event.pid} failed: {event.reason}"
@@ -716,6 +788,13 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return host, True
         case _:
             assert_never(event)
+
+
+def _keep_evidence(host: Host, evidence: Evidence | None, now: float) -> Host:
+    """Record the evidence a terminate brought, with the cause it was taken for."""
+    if evidence is None:
+        return host
+    return replace(host, evidence=evidence, evidence_at=now, evidence_cause=host.cause)
 
 
 def _routine_beat(host: Host, beat: HeartbeatSeen, now: float, policy: Policy) -> Host | None:
@@ -1219,7 +1298,8 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
             kill=policy.kill_after_grace,
             collect_evidence=host.state is S.STALE
             and host.restart_is_automatic
-            and host.cause_code in _LIVE_BUT_UNHEALTHY,
+            and host.cause_code in _LIVE_BUT_UNHEALTHY
+            and policy.evidence_timeout_s > 0,
         )
         return replace(host, op="terminate"), [terminate]
     if host.state in (S.STALE, S.STARTING) and host.pid is None:

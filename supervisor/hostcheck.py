@@ -2,7 +2,7 @@
 
 Never imported by the supervisor: ``preflight.py`` sends this file's text as the ``-c``
 argument of the host's ``worker.python``, through the same login shell the agent starts
-in, so it is stdlib-only and runs on Python >= 3.8 (like ``agent.py``). It reads one JSON
+in, so it is stdlib-only and runs on Python >= 3.7 (like ``agent.py``). It reads one JSON
 request on stdin and writes one JSON line on stdout:
 
 - request: ``{"root", "nonce_name", "nonce", "probe_name", "module_argv", "module", "env",

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
-from supervisor.health import HostState
+from supervisor.health import UNHEALTHY_STATES, Cause, HostState
 
 log = structlog.get_logger("supervisor.metrics")
 
@@ -377,6 +377,17 @@ class _SnapshotCollector(Collector):
             "1 while restarts are frozen.",
             1 if daemon.get("frozen") else 0,
         )
+        signatures = daemon.get("crash_signatures") or ()
+        yield _gauge(
+            "reward_supervisor_crash_signatures",
+            "Crash signatures holding restarts now (hosts crashing the same way).",
+            len(signatures),
+        )
+        yield _gauge(
+            "reward_supervisor_restarts_held",
+            "Hosts whose automatic restarts a crash signature holds.",
+            sum(len(sig.get("held") or ()) for sig in signatures),
+        )
         yield _gauge(
             "reward_supervisor_launches_waiting",
             "Launches waiting for the budget.",
@@ -407,13 +418,29 @@ def _per_host(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         "Automatic restarts of the host, kept across daemon restarts.",
         labels=["host"],
     )
+    stuck = GaugeMetricFamily(
+        "reward_supervisor_host_stuck",
+        "1 while the host's worker, found stuck (tasks in flight, none finished for"
+        " progress_stale_s), has not been replaced.",
+        labels=["host"],
+    )
     for name, row in sorted(hosts.items()):
         state.add_metric([name, str(row.get("state"))], 1)
+        stuck.add_metric([name], 1 if _stuck(row) else 0)
         if row.get("heartbeat_age_s") is not None:
             age.add_metric([name], float(row["heartbeat_age_s"]))
         ssh.add_metric([name], 1 if row.get("ssh") == "connected" else 0)
         restarts.add_metric([name], float(row.get("restarts") or 0))
-    yield from (state, age, ssh, restarts)
+    yield from (state, age, ssh, restarts, stuck)
+
+
+_UNHEALTHY: Final = frozenset(s.value for s in UNHEALTHY_STATES)
+
+
+def _stuck(row: Mapping[str, Any]) -> bool:
+    """The host's worker was found stuck and is not replaced yet (terminating, waiting out a
+    cooldown or a held restart, or given up on)."""
+    return row.get("last_cause") == Cause.STUCK.value and row.get("state") in _UNHEALTHY
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

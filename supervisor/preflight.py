@@ -27,12 +27,13 @@ from typing import Any, Final
 from supervisor import layout
 from supervisor.config import Config, HostConfig, render_argv
 from supervisor.errors import RemoteError
+from supervisor.measured import remote_program
 from supervisor.remote import RemoteHost
 from supervisor.terminal import terminal_text
 
 HOSTCHECK_PATH: Final = Path(__file__).with_name("hostcheck.py")
 #: The agent (and so the daemon) needs this on the worker hosts (agent.py's docstring).
-MIN_PYTHON: Final = (3, 8)
+MIN_PYTHON: Final = (3, 7)
 #: The longest line of a host's reply we parse; a real one is well under 4 KiB.
 MAX_REPLY_LINE: Final = 64 * 1024
 #: What of a host's text (stderr, an error) is kept for the report.
@@ -148,6 +149,20 @@ class LocalProblem(Exception):
     """Preflight cannot start here (the run root cannot be created or written)."""
 
 
+#: The ``-c`` program each host runs first, in a syntax every Python 3 parses; hostcheck.py's
+#: text follows as its last argument. A host too old for hostcheck.py (3.6 cannot even parse
+#: it) still answers with its version, which the supervisor reports as too old.
+_BOOTSTRAP: Final = (
+    "import sys\n"
+    f"if sys.version_info < {MIN_PYTHON!r}:\n"
+    "    import json\n"
+    "    sys.stdout.write(json.dumps({'preflight': 1, 'executable': sys.executable,"
+    " 'python': '.'.join(map(str, sys.version_info[:3])), 'hostcheck': False}) + '\\n')\n"
+    "else:\n"
+    "    exec(compile(sys.argv.pop(), 'hostcheck.py', 'exec'), {'__name__': '__main__'})\n"
+)
+
+
 @cache
 def hostcheck_source() -> str:
     """The text of ``hostcheck.py``, as sent to every host."""
@@ -235,7 +250,10 @@ def evaluate(
 ) -> list[Check]:
     """Every check of a host that answered; ``sent_wall``/``answered_wall`` are our wall-clock
     times around the command (the host read its clock in between)."""
-    checks = [_ssh_ok(address), _python(reply)]
+    python = _python(reply)
+    if reply.get("hostcheck") is False:  # the bootstrap's answer: too old to run hostcheck.py
+        return [_ssh_ok(address), python, *_skipped(CheckName.PYTHON)]
+    checks = [_ssh_ok(address), python]
     checks.append(_module(reply, module, module_argv, options))
     root = _run_root(reply)
     checks.append(root)
@@ -744,7 +762,9 @@ async def _run_hostcheck(
     python = config.worker.python
     # -S: hostcheck needs only the stdlib, and site's .pth files cost every host a few ms;
     # the module check runs the worker's interpreter as the worker would, site and all.
-    argv = [python, "-S", "-X", "utf8", "-c", hostcheck_source(), "hostcheck"]
+    # The source, but in ./dev test a wrapper that measures it (supervisor/measured.py).
+    program = remote_program(hostcheck_source(), HOSTCHECK_PATH)
+    argv = [python, "-S", "-X", "utf8", "-c", _BOOTSTRAP, "hostcheck", program]
     sent_wall = time.time()
     try:
         # The enclosing deadline bounds this; the timeout here only has to be longer.

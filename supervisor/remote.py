@@ -47,9 +47,11 @@ import asyncssh
 import structlog
 
 from supervisor import agent as protocol
+from supervisor import health
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
+from supervisor.measured import remote_program
 
 log = structlog.get_logger()
 
@@ -60,6 +62,8 @@ AGENT_PATH: Final = Path(__file__).with_name("agent.py")
 RPC_TIMEOUT_S: Final = 75.0
 #: Terminate may wait ``grace_s``, then 10 s for SIGKILL to be confirmed, then answer.
 TERMINATE_SLACK_S: Final = 20.0
+#: The agent bounds an evidence capture itself; this covers the round trip around it.
+EVIDENCE_SLACK_S: Final = 1.0
 #: Starting the agent: the user's shell and rc files, then python's startup and imports.
 AGENT_START_TIMEOUT_S: Final = 30.0
 #: A connection that stayed up this long resets the reconnect backoff; one that drops
@@ -212,7 +216,8 @@ def agent_source() -> str:
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
     # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
-    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(agent_source())} agent"
+    program = remote_program(agent_source(), AGENT_PATH)  # the source, but in ./dev test
+    return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(program)} agent"
 
 
 def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
@@ -259,6 +264,20 @@ def host_text(value: object, limit: int = MAX_NOISE_CHARS) -> str | None:
     if not isinstance(value, str):
         return None
     return _SURROGATES.sub("\ufffd", value[:limit])
+
+
+def evidence_of(pid: int, reply: protocol.EvidenceReply) -> health.Evidence:
+    """The core's record of an agent's evidence reply: every text as the host sent it, cut
+    to its bound and safe to encode (``host_text``)."""
+    notes = (host_text(note, protocol.TEXT_MAX) for note in reply.notes)
+    return health.Evidence(
+        pid=pid,
+        stacks=host_text(reply.stacks, protocol.STACKS_MAX),
+        stacks_via=host_text(reply.via, 40),
+        log_tail=host_text(reply.log_tail, protocol.LOG_TAIL_MAX),
+        notes=tuple(note for note in notes if note is not None)[: protocol.NOTES_MAX],
+        elapsed_s=reply.elapsed_s,
+    )
 
 
 _Reply = TypeVar("_Reply", bound=protocol.Reply)
@@ -624,6 +643,22 @@ class RemoteHost:
         outcome = host_text(reply.outcome)
         log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
 
+    async def evidence(
+        self, spec: LaunchSpec, pid: int, *, timeout_s: float, stacks: str
+    ) -> health.Evidence:
+        """What ``pid`` is doing: its stacks (by ``stacks``) and its log's tail, as the agent
+        captured them within ``timeout_s`` (``agent.op_evidence``); RemoteError if the
+        agent did not answer in that time plus a little."""
+        request = protocol.EvidenceRequest(
+            spec=_spec_json(spec),
+            pid=pid,
+            timeout_s=float(timeout_s),
+            stacks=stacks,
+            log_bytes=protocol.LOG_TAIL_MAX,
+        )
+        reply = await self._call(request, protocol.EvidenceReply, timeout_s + EVIDENCE_SLACK_S)
+        return evidence_of(pid, reply)
+
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """The live worker of ``spec``'s shard on this host (``pid`` or the pidfile's), if
         any: alive, not a zombie, and ours by start time or command line."""
@@ -673,8 +708,7 @@ class RemoteHost:
                 async with asyncio.timeout(timeout_s):
                     process = await _open_process(link.conn, command, stdin=stdin)
                     if input is not None:
-                        process.stdin.write(input)
-                        process.stdin.write_eof()
+                        _send_input(process, input)
                     stdout, stderr = await _read_output(process)
                     await process.wait_closed()
                     finished = True  # the channel is closed both ways
@@ -1055,6 +1089,17 @@ class _Agent:
                 self._link.noise.line("agent.stderr", line)
         except (asyncssh.Error, OSError):
             return  # the stdout reader reports why the channel ended
+
+
+def _send_input(process: asyncssh.SSHClientProcess[str], text: str) -> None:
+    """Write a command's whole stdin, then EOF. A command that exits without reading it
+    (``python`` not found: the shell's exit 127) closes the channel first; that is no lost
+    connection, and its exit status, read next, says what happened."""
+    try:
+        process.stdin.write(text)
+        process.stdin.write_eof()
+    except BrokenPipeError:
+        pass
 
 
 async def _open_process(

@@ -200,6 +200,22 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int, *, root: Path | No
         os.close(fd)
 
 
+def read_tail(path: Path, max_bytes: int, *, root: Path) -> bytes:
+    """The last ``max_bytes`` bytes of the regular file ``path`` under ``root``, opened as
+    ``read_capped`` opens (never through a symlink, never blocking on a FIFO). Raises
+    FileNotFoundError, UnsafeFileError or OSError."""
+    dir_fd, name = _open_parent(path, root)
+    try:
+        fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, max_bytes, max(0, size - max_bytes))
+    finally:
+        os.close(fd)
+
+
 def read_json(path: Path, *, root: Path | None, max_bytes: int) -> Any:
     """Parse a JSON file of at most ``max_bytes``, read as ``read_capped`` does; raises
     OSError or ValueError (too big, not UTF-8, not JSON, nested too deep), each naming it."""

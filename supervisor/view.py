@@ -10,12 +10,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from supervisor import fleet, health, runfiles
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
-from supervisor.statusfiles import StatusProblem, StatusRecord, read_status
+from supervisor.statusfiles import StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
 
 # Order of states in summaries: the ones that need attention last, where the eye lands.
@@ -27,7 +27,10 @@ def host_row(
 ) -> dict[str, Any]:
     """The status of one host as plain JSON (DESIGN §7 fields, plus more)."""
     age = health.heartbeat_age_s(host, now)
-    next_in = None if host.next_restart_at is None else max(0.0, host.next_restart_at - now)
+    # A held restart has no time: it waits for the hold's release (its backoff is kept for then).
+    held = host.held is not None
+    next_at = None if held else host.next_restart_at
+    next_in = None if next_at is None else max(0.0, next_at - now)
     return {
         "state": host.state.value,
         "shard": cfg.shard,
@@ -39,7 +42,12 @@ def host_row(
         "restarts_in_window": health.restarts_in_window(host, now, policy),
         "failures": host.failures,
         "last_reason": host.reason,
+        #: Why the worker was last found unhealthy, as a code (``health.Cause``), kept after
+        #: it recovers: metrics and alerts read the code, never ``last_reason``'s words.
+        "last_cause": None if host.cause_code is None else host.cause_code.value,
         "next_restart_in_s": None if next_in is None else round(next_in, 3),
+        #: A crash signature holds the host's automatic restarts (``last_reason`` says which).
+        "restart_held": held,
         "in_state_s": round(max(0.0, now - host.since_at), 3),
         "address": f"{cfg.address}:{cfg.port}",
         "last_pid": host.last_pid,
@@ -48,7 +56,157 @@ def host_row(
         "status_problem": host.status_problem,
         "stop_sentinel": host.stop_sentinel,
         "operation": host.op,
+        # A worker that reports no progress is judged by its heartbeat alone: say so.
+        "progress": "reported" if _reports_progress(host) else "heartbeat only",
+        "processed": host.processed,
+        "in_flight": host.in_flight,
+        "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
+        "evidence_age_s": _age_of(host.evidence_at, now),
     }
+
+
+def host_detail(
+    host: health.Host,
+    cfg: HostConfig,
+    now: float,
+    policy: health.Policy,
+    *,
+    wall_now: float | None = None,
+) -> dict[str, Any]:
+    """Everything ``status HOST`` shows of one host, as plain JSON: its row, then progress,
+    restarts, the last exit and the last evidence in full. With ``wall_now`` (Unix time at
+    ``now``), each instant is also given as Unix time (``*_at``)."""
+    row = host_row(host, cfg, now, policy)
+    next_in = row["next_restart_in_s"]
+    detail = {
+        **row,
+        "since_s": row["in_state_s"],
+        "progress": progress_detail(host, now, policy),
+        "restart": {
+            "total": host.restarts,
+            "in_window": row["restarts_in_window"],
+            "window_s": policy.restart_window_s,
+            "max_restarts": policy.max_restarts,
+            "failures": host.failures,
+            "next_restart_in_s": next_in,
+            "held": host.held,
+        },
+        "last_exit": _last_exit(host, now),
+        "evidence": (
+            None
+            if host.evidence is None
+            else evidence_row(
+                host.evidence, age_s=_age_of(host.evidence_at, now), cause=host.evidence_cause
+            )
+        ),
+    }
+    if wall_now is not None:
+        detail["restart"]["next_restart_at"] = _wall(wall_now, next_in, ahead=True)
+        for part in ("last_exit", "evidence"):
+            if detail[part] is not None:
+                detail[part]["at"] = _wall(wall_now, detail[part].get("age_s"), ahead=False)
+    return detail
+
+
+def _wall(wall_now: float, seconds: float | None, *, ahead: bool) -> float | None:
+    """Unix time ``seconds`` after (``ahead``) or before ``wall_now``."""
+    if seconds is None:
+        return None
+    return round(wall_now + seconds if ahead else wall_now - seconds, 3)
+
+
+def progress_detail(host: health.Host, now: float, policy: health.Policy) -> dict[str, Any]:
+    """The worker's reported progress, or that it reports none and is judged by its
+    heartbeat alone."""
+    if not _reports_progress(host):
+        return {"reported": False, "judged_by": "heartbeat only"}
+    stuck_after = None
+    if policy.progress_stale_s > 0 and host.in_flight and host.progress_at is not None:
+        stuck_after = max(0.0, host.progress_at + policy.progress_stale_s - now)
+    return {
+        "reported": True,
+        "judged_by": "heartbeat and progress",
+        "processed": host.processed,
+        "in_flight": host.in_flight,
+        "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
+        "last_progress_age_s": _age_of(host.progress_at, now),
+        "stuck_in_s": _rounded(stuck_after, 3),
+        "progress_stale_s": policy.progress_stale_s,
+    }
+
+
+def evidence_row(
+    evidence: health.Evidence, *, age_s: float | None = None, cause: str | None = None
+) -> dict[str, Any]:
+    """What was captured of a worker before it was terminated, as plain JSON."""
+    row: dict[str, Any] = {
+        "pid": evidence.pid,
+        "via": evidence.stacks_via,
+        "stacks": evidence.stacks,
+        "log_tail": evidence.log_tail,
+        "notes": list(evidence.notes),
+        "elapsed_s": evidence.elapsed_s,
+    }
+    if age_s is not None:
+        row["age_s"] = age_s
+    if cause is not None:
+        row["cause"] = cause
+    return row
+
+
+def _last_exit(host: health.Host, now: float) -> dict[str, Any] | None:
+    if host.last_exit is None:
+        return None
+    return {
+        "pid": host.last_exit_pid,
+        "what": host.last_exit,
+        "exit_code": host.last_exit_code,
+        "signal": host.last_exit_signal,
+        "age_s": _age_of(host.last_exit_at, now),
+        "log_tail": host.last_log_tail,
+    }
+
+
+def _reports_progress(host: health.Host) -> bool:
+    return host.processed is not None or host.in_flight is not None
+
+
+def _age_of(at: float | None, now: float) -> float | None:
+    return None if at is None else round(max(0.0, now - at), 3)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+#: ``status HOST`` reads at most this much of the end of the worker's log for its lines.
+LOG_TAIL_READ_BYTES: Final = 256 * 1024
+#: Lines of the log a ``status HOST`` may ask for.
+MAX_LOG_LINES: Final = 1000
+
+
+def log_lines(config: Config, host: str, lines: int) -> dict[str, Any]:
+    """The last ``lines`` lines of ``ctl/<host>.log`` (from its last LOG_TAIL_READ_BYTES,
+    never through a symlink, decode errors replaced), or why they cannot be read."""
+    layout = layout_of(config)
+    path = layout.log(host)
+    out: dict[str, Any] = {"path": str(path), "lines": [], "error": None}
+    if lines <= 0:
+        return out
+    try:
+        data = runfiles.read_tail(path, LOG_TAIL_READ_BYTES, root=layout.root)
+    except FileNotFoundError:
+        out["error"] = "no log yet"
+        return out
+    except OSError as exc:  # UnsafeFileError too: a planted symlink, a FIFO
+        out["error"] = str(exc)
+        return out
+    text = data.decode("utf-8", "replace")
+    kept = text.splitlines()
+    if len(data) == LOG_TAIL_READ_BYTES and kept:
+        kept = kept[1:]  # the first line was cut by the read: not shown half
+    out["lines"] = kept[-lines:]
+    return out
 
 
 def pointer_row(
@@ -77,6 +235,24 @@ def summary(states: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
+def status_line(core: fleet.Fleet) -> str:
+    """The one line for ``STATUS=`` (``systemctl status``) and ``status``'s ``summary``: the
+    states, led by what holds restarts (a freeze, crash signatures). A signature quotes a
+    worker's log line, and systemctl prints the line raw: it is escaped here."""
+    text = summary(h.state.value for h in core.hosts.values())
+    freeze = core.freeze
+    if freeze.frozen:
+        finding = f"{core.finding}; " if core.finding else ""
+        text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
+    for signature in core.signatures.values():
+        held = sum(1 for s in core.held.values() if s == signature.signature)
+        text = (
+            f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
+            f" {held} hosts, canary {signature.canary}; {text}"
+        )
+    return text
+
+
 def render_table(status: Mapping[str, Any]) -> str:
     """The status JSON as an aligned text table with a header line, for a terminal: every
     value is escaped (``terminal_text``), so a host's text cannot drive the screen."""
@@ -93,6 +269,7 @@ def render_table(status: Mapping[str, Any]) -> str:
                 f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
             )
         )
+        lines += [terminal_text(line) for line in crash_signature_lines(daemon)]
         pointer = daemon.get("pointer")
         if isinstance(pointer, Mapping) and pointer.get("error"):
             retry = pointer.get("retry_in_s")
@@ -117,7 +294,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             str(row.get("ssh", "")),
             _age(row.get("heartbeat_age_s")),
             _dash(row.get("restarts")),
-            _age(row.get("next_restart_in_s")),
+            "held" if row.get("restart_held") else _age(row.get("next_restart_in_s")),
             str(row.get("last_reason") or row.get("last_error") or ""),
         )
         # Escaped before measuring, so widths are those of what is shown.
@@ -127,6 +304,22 @@ def render_table(status: Mapping[str, Any]) -> str:
     if any(r[2] == "ready*" for r in rows[1:]):
         lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
     return "\n".join(lines)
+
+
+def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
+    """One line per crash signature that holds restarts (``status --json``'s
+    ``crash_signatures``), with what releases it; unescaped (the signature quotes a log)."""
+    lines = []
+    for sig in daemon.get("crash_signatures") or ():
+        held = sig.get("held") or []
+        lines.append(
+            f"CRASH SIGNATURE for {_duration(sig.get('since_s'))}:"
+            f" {len(sig.get('hosts') or [])} hosts crashed the same way"
+            f" ({sig.get('signature')}); restarts held on {len(held)},"
+            f" canary {sig.get('canary')}; a reload that changes the worker, or"
+            " `reward-supervisor unfreeze`, releases them"
+        )
+    return lines
 
 
 def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -264,3 +457,144 @@ def _duration(value: object) -> str:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def offline_host_detail(
+    config: Config, host: str, *, now_wall: float | None = None
+) -> dict[str, Any]:
+    """``status HOST`` from the run directory alone, for when no daemon answers: the seed's
+    verdict, the status file's progress and the exit record."""
+    layout = layout_of(config)
+    now_wall = time.time() if now_wall is None else now_wall
+    cfg = config.host(host)
+    if cfg is None:
+        raise KeyError(host)
+    row = _offline_row(layout, cfg, now_wall, config.health.heartbeat_stale_s)
+    record = read_status(layout.status(host))
+    progress: dict[str, Any] = {"reported": False, "judged_by": "heartbeat only"}
+    if isinstance(record, StatusRecord) and (
+        record.processed is not None or record.in_flight is not None
+    ):
+        progress = {
+            "reported": True,
+            "judged_by": "heartbeat and progress",
+            "processed": record.processed,
+            "in_flight": record.in_flight,
+        }
+    exit_record = read_exit(layout.exit_record(host))
+    last_exit = None
+    if exit_record is not None:
+        last_exit = {
+            "pid": exit_record.pid,
+            "what": health.describe_exit(
+                health.WorkerExited(
+                    pid=exit_record.pid,
+                    exit_code=exit_record.exit_code,
+                    signal=exit_record.signal,
+                )
+            ),
+            "exit_code": exit_record.exit_code,
+            "signal": exit_record.signal,
+            "age_s": None
+            if exit_record.exited_at is None
+            else round(max(0.0, now_wall - exit_record.exited_at), 3),
+            "at": exit_record.exited_at,
+            "log_tail": exit_record.log_tail,
+        }
+    return {
+        "daemon": {
+            "running": False,
+            "note": "daemon not running: state read from the run directory only",
+            "root": str(config.run.root),
+        },
+        "host": host,
+        **row,
+        "progress": progress,
+        "last_exit": last_exit,
+        "evidence": None,
+    }
+
+
+def render_host(detail: Mapping[str, Any]) -> str:
+    """``status HOST`` as text for a terminal; every value escaped (``terminal_text``), each
+    line of a multi-line text (stacks, log lines) on its own line."""
+    out: list[str] = []
+
+    def say(text: object, indent: int = 0) -> None:
+        out.append(" " * indent + terminal_text(text))
+
+    def block(text: object, indent: int = 4) -> None:
+        for line in str(text).splitlines():
+            say(line, indent)
+
+    daemon = detail.get("daemon", {})
+    name = detail.get("host")
+    if not daemon.get("running", True):
+        say(daemon.get("note", "daemon not running"))
+        say(f"{name}: verdict {detail.get('verdict', '?')} ({detail.get('last_reason') or '-'})")
+    else:
+        since = _duration(detail.get("since_s"))
+        say(f"{name}: {detail.get('state')} for {since}: {detail.get('last_reason') or '-'}")
+    age = detail.get("heartbeat_age_s")
+    beat = "no heartbeat seen yet" if age is None else f"heartbeat {_age(age)} ago"
+    say(
+        f"shard {detail.get('shard')}, pid {_dash(detail.get('pid'))}, ssh {detail.get('ssh')}"
+        f" ({detail.get('address')}), {beat}",
+        2,
+    )
+    progress = detail.get("progress")
+    if isinstance(progress, Mapping) and progress.get("reported"):
+        text = f"progress: {_dash(progress.get('processed'))} processed"
+        text += f", {_dash(progress.get('in_flight'))} in flight"
+        if progress.get("tasks_per_min") is not None:
+            text += f", {progress['tasks_per_min']:g} tasks/min"
+        if progress.get("last_progress_age_s") is not None:
+            text += f", last change {_age(progress['last_progress_age_s'])} ago"
+        if progress.get("stuck_in_s") is not None:
+            text += f" (stuck in {_age(progress['stuck_in_s'])} without one)"
+        say(text, 2)
+    else:
+        say("progress: not reported: judged by heartbeat only", 2)
+    restart = detail.get("restart")
+    if isinstance(restart, Mapping):
+        text = (
+            f"restarts: {restart.get('in_window')} in the last {_duration(restart.get('window_s'))}"
+            f" ({restart.get('total')} in all), {restart.get('failures')} failures in a row"
+        )
+        if restart.get("next_restart_in_s") is not None:
+            text += f", next restart in {_age(restart['next_restart_in_s'])}"
+        if restart.get("held"):
+            text += f", held: {restart['held']}"
+        say(text, 2)
+    last_exit = detail.get("last_exit")
+    if isinstance(last_exit, Mapping):
+        age = last_exit.get("age_s")
+        when = f", {_age(age)} ago" if age is not None else ""
+        say(f"last exit: pid {_dash(last_exit.get('pid'))} {last_exit.get('what')}{when}", 2)
+    else:
+        say("last exit: none seen", 2)
+    evidence = detail.get("evidence")
+    if isinstance(evidence, Mapping):
+        age = evidence.get("age_s")
+        when = f", {_age(age)} ago" if age is not None else ""
+        say(f"evidence: pid {evidence.get('pid')}{when}, for: {evidence.get('cause') or '-'}", 2)
+        for note in evidence.get("notes") or []:
+            say(f"note: {note}", 4)
+        if evidence.get("stacks"):
+            say(f"stacks ({evidence.get('via')}):", 4)
+            block(evidence["stacks"], 6)
+        if evidence.get("log_tail"):
+            say("log before the stacks:", 4)
+            block(evidence["log_tail"], 6)
+    else:
+        say("evidence: none taken", 2)
+    log = detail.get("log")
+    if isinstance(log, Mapping):
+        lines = log.get("lines") or []
+        if log.get("error"):
+            say(f"log {log.get('path')}: {log['error']}", 2)
+        else:
+            say(f"log {log.get('path')} (last {len(lines)} lines):", 2)
+            for line in lines:
+                say(line, 4)
+    return "\n".join(out)

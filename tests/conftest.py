@@ -123,6 +123,18 @@ def pytest_runtest_makereport(
 
 
 @pytest.fixture(scope="session")
+def promtool() -> str:
+    """The path of Prometheus' ``promtool``; skips without it, which strict mode (./dev test,
+    which installs it) turns into a failure."""
+    import shutil
+
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.skip("promtool not found: ./dev setup installs it (Debian's prometheus package)")
+    return found
+
+
+@pytest.fixture(scope="session")
 def seed_script() -> Path:
     """``reward_workers_ctl.py``, the script we replace (``tests/seed.py`` says where it is
     looked for); skips without it, which strict mode turns into a failure."""

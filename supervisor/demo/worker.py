@@ -32,6 +32,10 @@ Reward fn: ``--reward-fn`` (``pkg.mod.func`` or ``pkg.mod:func``), else ``reward
 ``<root>/manifest.json``, else the built-in :func:`exact_match` (also named ``exact_match``).
 One that cannot be imported is fatal: exit 2, never ready.
 
+Stacks on demand: SIGUSR1 makes the worker write every thread's stack to stderr (``ctl/<host>.log``
+under the supervisor) with ``faulthandler``; the supervisor sends it before it terminates a
+stuck worker, where the host has no py-spy, to tell why it was stuck.
+
 Exit codes: 0 after SIGTERM/SIGINT (stop taking tasks, finish in-flight ones, final heartbeat
 with ``ready: false``); 2 for bad arguments, a bad environment or a bad reward fn; 3 for the
 ``abort_on_start`` fault; the fault's code for ``crash``.
@@ -45,7 +49,12 @@ Fault injection for tests, environment ``REWARD_WORKER_FAULT=kind[:key=value]...
 - ``hang_ignore_term:after=S``  the same, but SIGTERM and SIGINT are ignored (SIGKILL only);
 - ``slow_start:ready_after=S``  ready S seconds after the process started, not before;
 - ``never_ready``           heartbeats with ``ready: false`` forever, takes no tasks;
-- ``abort_on_start``        exit 3 before writing anything.
+- ``abort_on_start``        exit 3 before writing anything;
+- ``hang_call:task=ID:marker=PATH``  the reward call of task ``ID`` (default: the first task)
+  never returns, in :func:`hung_reward_call`, while the heartbeat thread keeps writing and the
+  other task threads go on: a stuck worker. At most one call hangs per process; with
+  ``marker``, only a worker that creates the file ``PATH`` (exclusively) hangs, so the worker
+  that replaces it computes the task.
 
 ``after`` and ``ready_after`` default to 0; ``after`` counts from the moment the first ready
 heartbeat is on disk, so a supervisor always gets to see the worker ready before the fault.
@@ -59,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import importlib
 import json
 import math
@@ -198,6 +208,7 @@ class FaultKind(StrEnum):
     SLOW_START = "slow_start"
     NEVER_READY = "never_ready"
     ABORT_ON_START = "abort_on_start"
+    HANG_CALL = "hang_call"
 
 
 _FAULT_KEYS: Final[Mapping[FaultKind, frozenset[str]]] = {
@@ -208,6 +219,7 @@ _FAULT_KEYS: Final[Mapping[FaultKind, frozenset[str]]] = {
     FaultKind.SLOW_START: frozenset({"ready_after"}),
     FaultKind.NEVER_READY: frozenset(),
     FaultKind.ABORT_ON_START: frozenset(),
+    FaultKind.HANG_CALL: frozenset({"task", "marker"}),
 }
 
 #: Faults that fire ``after`` seconds past readiness.
@@ -224,6 +236,10 @@ class Fault:
     after_s: float = 0.0
     code: int = 1
     ready_after_s: float = 0.0
+    #: ``hang_call``: the task whose reward call hangs (None: the first), and the marker file
+    #: that only one worker may create.
+    task: str | None = None
+    marker: str | None = None
 
 
 def _fault_seconds(key: str, text: str) -> float:
@@ -273,6 +289,8 @@ def parse_fault(text: str | None) -> Fault | None:
         ready_after_s=(
             _fault_seconds("ready_after", values["ready_after"]) if "ready_after" in values else 0.0
         ),
+        task=values.get("task") or None,
+        marker=values.get("marker") or None,
     )
 
 
@@ -394,6 +412,13 @@ def parse_task(data: bytes, stem: str) -> tuple[str, dict[str, Any]]:
     if not _usable_id(task_id):
         raise MalformedTask(f"id {task_id!r} cannot name a result file")
     return task_id, task
+
+
+def hung_reward_call() -> None:
+    """The ``hang_call`` fault: a reward call that never returns (its thread waits forever,
+    as on a lock nobody releases), while the heartbeat thread keeps writing. Named so that
+    the stacks the supervisor captures show it."""
+    threading.Event().wait()
 
 
 def _error_text(exc: BaseException) -> str:
@@ -688,6 +713,31 @@ class _Worker:
         if error is not None:
             _log("task.failed", level="warning", task=task_id, error=error)
 
+    def _hanging(self, reward_fn: RewardFn, fault: Fault) -> RewardFn:
+        """``reward_fn``, but the call for ``fault.task`` (or the first) never returns."""
+        hung = threading.Lock()  # taken by the one call that hangs
+
+        def reward(task: Mapping[str, Any]) -> object:
+            task_id = str(task.get("id"))
+            wanted = fault.task is None or task_id == fault.task
+            if wanted and hung.acquire(blocking=False) and self._claim_marker(fault.marker):
+                _log("worker.fault", level="warning", kind=fault.kind.value, task=task_id)
+                hung_reward_call()
+            return reward_fn(task)
+
+        return reward
+
+    @staticmethod
+    def _claim_marker(marker: str | None) -> bool:
+        """Whether this worker may hang: it creates ``marker`` first (or there is none)."""
+        if marker is None:
+            return True
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return False
+        return True
+
     def _malformed(self, path: Path, stem: str, reason: str) -> None:
         now = time.monotonic()
         with self.lock:
@@ -766,6 +816,8 @@ class _Worker:
             self._finish(beats)
             return EXIT_FATAL
         self.reward_fn_name = spec or BUILTIN_REWARD_FN
+        if self.fault is not None and self.fault.kind is FaultKind.HANG_CALL:
+            self.reward_fn = self._hanging(self.reward_fn, self.fault)
 
         ready_at: float | None = self.started_mono
         if self.fault is not None and self.fault.kind is FaultKind.SLOW_START:
@@ -846,12 +898,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker = _Worker(args, fault, offset_s, delay_s)
     handled = (signal.SIGTERM, signal.SIGINT)
     previous = {signum: signal.signal(signum, worker._on_signal) for signum in handled}
+    stacks = _register_stacks_signal()
     try:
         return worker.run()
     finally:
+        if stacks:
+            faulthandler.unregister(STACKS_SIGNAL)
         for signum, handler in previous.items():
             # None: the old handler was not installed from Python; the default is closest.
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+#: Answered with every thread's stack on stderr (the supervisor's agent sends it).
+STACKS_SIGNAL: Final = signal.SIGUSR1
+
+
+def _register_stacks_signal() -> bool:
+    """Have ``faulthandler`` write all threads' stacks to stderr on STACKS_SIGNAL; False where
+    stderr is no real file (a test's captured stream), which leaves the signal alone."""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no fileno, or a closed stderr
+        return False
+    return True
 
 
 if __name__ == "__main__":

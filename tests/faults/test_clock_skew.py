@@ -41,6 +41,12 @@ async def skewed_run(fault_run: FaultRun, offset_s: float) -> None:
         assert events(daemon, "host.state")[1:] == [], f"{tag}: {events(daemon, 'host.state')}"
         assert fault_run.monitor.pids_seen(0, root) == [pid]
 
+    # The monitor's latest sample (every 20 ms, later under load) can predate the worker:
+    # check from a scan that began after ``ready``.
+    taken = fault_run.monitor.samples
+    await daemon.wait_until(
+        lambda: fault_run.monitor.samples >= taken + 2, READY_S, f"{tag}: two fresh samples"
+    )
     stale_s = float(HEALTH["heartbeat_stale_s"])
     await hold_for(2 * stale_s, untouched)
     stopped_at = time.monotonic()

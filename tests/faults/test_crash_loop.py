@@ -110,8 +110,14 @@ async def test_crash_loop_reaches_failed_after_max_restarts_and_stays(fault_run:
     await hold_for(BACKOFF_MAX_S + 1.0, nothing_launched)
     await control.request(daemon.socket, "start-host", host="worker-0")
     await daemon.wait_until(lambda: len(launches(daemon)) == 5, READY_S, "operator launch")
-    again = await daemon.wait_log(
-        "host.state", host="worker-0", to="failed", timeout_s=READY_S, **{"from": "starting"}
-    )
+
+    def gave_up() -> list[dict[str, Any]]:
+        """worker-0's changes to ``failed``, in order."""
+        return [c for c in transitions(daemon) if c["to"] == "failed"]
+
+    await daemon.wait_until(lambda: len(gave_up()) == 2, READY_S, "failed again")
+    again = gave_up()[-1]
+    # As for the first failure, the crash may be seen before or after the worker's ready.
+    assert again["from"] in ("starting", "ready"), again
     assert again["reason"].startswith("gave up after 3 restarts")
     assert len(launches(daemon)) == 5

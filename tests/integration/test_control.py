@@ -55,6 +55,12 @@ class FakeDaemon:
         }
         return {"daemon": {"pid": os.getpid(), **self.status_extra}, "hosts": hosts}
 
+    def host_status(self, host: str) -> dict[str, Any]:
+        """One known host's state, as ``status HOST`` asks for it."""
+        self._known(host)
+        self.calls.append(("host_status", host))
+        return {"daemon": {"pid": os.getpid()}, "host": host, "state": self.hosts[host]}
+
     def _known(self, host: str) -> None:
         """Raise as the daemon would for an unknown host; crash on the host named ``boom``."""
         if host == "boom":
@@ -286,6 +292,20 @@ async def test_status_returns_the_daemon_view(server: ControlServer, daemon: Fak
             "worker-1": {"state": "stopped", "shard": 1},
         },
     }
+
+
+async def test_status_of_one_host_asks_for_that_host_in_full(
+    server: ControlServer, daemon: FakeDaemon
+) -> None:
+    """`status` with a host is `status HOST`: that host's detail; an unknown host, or a
+    host that is not a string, is refused by name."""
+    reply = await request(server.path, "status", host="worker-1")
+    assert reply == {"daemon": {"pid": os.getpid()}, "host": "worker-1", "state": "stopped"}
+    assert daemon.calls == [("host_status", "worker-1")]
+    with pytest.raises(ControlError, match="unknown host 'worker-9'"):
+        await request(server.path, "status", host="worker-9")
+    with pytest.raises(ControlError, match="'host' must be a non-empty string"):
+        await request(server.path, "status", host=7)
 
 
 async def test_ping_answers_with_the_daemon_pid(server: ControlServer, daemon: FakeDaemon) -> None:

@@ -28,10 +28,13 @@ from typing import IO, Any
 import pytest
 
 from supervisor import agent as agent_module
+from supervisor.measured import remote_program
 from tests import pythons
 from tests.sshd import children
 
 AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
+#: What the daemon sends: the source, measured when ./dev test measures coverage.
+AGENT_PROGRAM = remote_program(AGENT_SOURCE, Path(agent_module.__file__))
 #: Polling interval of the waits below; every wait has a deadline.
 POLL_S = 0.01
 #: Generous: a loaded 2-core box starts python and forks in well under this.
@@ -189,7 +192,7 @@ class Agent:
             for sig in ignore:
                 signal.signal(sig, signal.SIG_IGN)
 
-        argv = [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_SOURCE, "agent"]
+        argv = [*prefix, python, "-X", "utf8", "-u", "-c", AGENT_PROGRAM, "agent"]
         self.process: subprocess.Popen[bytes] | PosixSpawned
         if posix_spawn:
             assert not ignore
@@ -484,6 +487,36 @@ def test_shepherd_shrugs_off_sigterm_sighup_sigint_and_still_records_the_exit(
     assert record["signal"] == signal.SIGTERM
     log = Path(spec["log"]).read_text()
     assert f"worker pid {launched.pid} exited (signal {signal.SIGTERM})" in log
+
+
+@pytest.mark.parametrize("filler_lines", [0, 500], ids=["short log", "log past the cap"])
+def test_exit_record_carries_the_end_of_the_workers_log(
+    filler_lines: int, tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A worker that exits 2 after a traceback leaves its exit record with the log's end:
+    the worker's last line last (the shepherd's own lines left out), at most LOG_TAIL_BYTES,
+    starting at a whole line."""
+    script = (
+        f"for i in $(seq {filler_lines}); do echo filler line $i; done;"
+        " echo 'Traceback (most recent call last):' >&2;"
+        " echo \"ModuleNotFoundError: No module named 'reward_v2'\" >&2; exit 2"
+    )
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", script])
+    launched = cleanup.launch(cleanup.agent(), spec)
+    record = exit_record_of(spec, launched.pid)
+    assert (record["exit_code"], record["signal"]) == (2, None)
+    tail = record["log_tail"]
+    assert tail.endswith("ModuleNotFoundError: No module named 'reward_v2'\n")
+    assert len(tail.encode()) <= agent_module.LOG_TAIL_BYTES
+    assert "[shepherd " not in tail
+    assert "worker pid" in Path(spec["log"]).read_text()  # the shepherd did write its lines
+    if filler_lines:
+        assert tail.startswith("filler line ")  # a whole line, not the cut end of one
+        assert "filler line 1\n" not in tail
+    else:
+        assert tail == (
+            "Traceback (most recent call last):\nModuleNotFoundError: No module named 'reward_v2'\n"
+        )
 
 
 def test_launcher_leaves_no_zombies_after_several_launches(

@@ -143,19 +143,31 @@ async def test_a_missing_python_fails_python_and_skips_what_needs_it(
     assert [found[n].status for n in after] == [Status.SKIP] * len(after)
 
 
+PYTHON36 = Path.home() / ".pyenv" / "versions" / "3.6.15" / "bin" / "python"
 PYTHON37 = Path.home() / ".pyenv" / "versions" / "3.7.16" / "bin" / "python"
 
 
 @pytest.mark.optional_env
 @pytest.mark.skipif(not PYTHON37.exists(), reason="no Python 3.7 interpreter on this machine")
+async def test_the_oldest_python_the_agent_runs_on_passes(sshd: OpenSsh, tmp_path: Path) -> None:
+    """A host whose ``worker.python`` is 3.7, the agent's oldest, passes every check."""
+    argv = [sys.executable, *WORKER_ARGV[1:]]
+    report = await check(make_config(sshd, tmp_path / "run", python=str(PYTHON37), argv=argv))
+    assert report.ok, preflight.render(report, ROOMY)
+    assert checks_of(report)[CheckName.PYTHON].values["version"].startswith("3.7.")
+
+
+@pytest.mark.optional_env
+@pytest.mark.skipif(not PYTHON36.exists(), reason="no Python 3.6 interpreter on this machine")
 async def test_a_python_older_than_the_agent_needs_fails_with_its_version(
     sshd: OpenSsh, tmp_path: Path
 ) -> None:
-    """A ``worker.python`` that runs but is older than 3.8 fails ``python`` as too old."""
+    """A ``worker.python`` that runs but is older than 3.7 (the agent's oldest) fails
+    ``python`` as too old."""
     argv = [sys.executable, *WORKER_ARGV[1:]]
-    report = await check(make_config(sshd, tmp_path / "run", python=str(PYTHON37), argv=argv))
+    report = await check(make_config(sshd, tmp_path / "run", python=str(PYTHON36), argv=argv))
     assert_only_failing(report, "worker-0", CheckName.PYTHON, "too_old")
-    assert checks_of(report)[CheckName.PYTHON].values["version"].startswith("3.7.")
+    assert checks_of(report)[CheckName.PYTHON].values["version"].startswith("3.6.")
 
 
 async def test_the_module_is_looked_up_with_worker_env(sshd: OpenSsh, tmp_path: Path) -> None:
@@ -305,11 +317,11 @@ async def test_hosts_that_hang_are_reported_hung_within_the_host_timeout(
     assert leftovers(root) == []
 
 
-def test_hostcheck_source_is_python38_syntax() -> None:
-    """hostcheck.py, sent to every host, parses as Python 3.8 (as agent.py must)."""
+def test_hostcheck_source_is_python37_syntax() -> None:
+    """hostcheck.py, sent to every host, parses as Python 3.7 (as agent.py must)."""
     import ast
 
-    ast.parse(preflight.hostcheck_source(), feature_version=(3, 8))
+    ast.parse(preflight.hostcheck_source(), feature_version=(3, 7))
     assert os.path.basename(preflight.HOSTCHECK_PATH) == "hostcheck.py"
 
 

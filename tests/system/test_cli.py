@@ -273,6 +273,31 @@ def test_commands_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -> None:
     assert "REWARD_SUPERVISOR_CONFIG" in missing.stderr
 
 
+def test_status_of_one_host_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -> None:
+    """No daemon: ``status HOST`` says so and shows what the files say, with the log's last
+    lines (escaped on a terminal, whole in JSON); an unknown host or ``--watch`` with a host
+    is a usage error (2)."""
+    config = fleet_config(openssh, tmp_path)
+    root = tmp_path / "runs" / "run-1"
+    (root / "ctl").mkdir(parents=True)
+    (root / "ctl" / "worker-1.log").write_text(
+        "".join(f"line {i}\n" for i in range(30)) + "\x1b[2J\n"
+    )
+    text = cli("status", "-c", str(config), "worker-1", "--lines", "3")
+    assert text.returncode == 0, text.stderr
+    assert "daemon not running" in text.stdout and "judged by heartbeat only" in text.stdout
+    assert "(last 3 lines):" in text.stdout and "    line 29" in text.stdout
+    assert "\\x1b[2J" in text.stdout and "\x1b" not in text.stdout
+    detail = json.loads(cli("status", "-c", str(config), "worker-1", "--json").stdout)
+    assert detail["host"] == "worker-1" and detail["daemon"]["running"] is False
+    assert detail["log"]["lines"][-2:] == ["line 29", "\x1b[2J"]
+    assert len(detail["log"]["lines"]) == 20
+    unknown = cli("status", "-c", str(config), "worker-7")
+    assert unknown.returncode == 2 and "unknown host 'worker-7'" in unknown.stderr
+    watching = cli("status", "-c", str(config), "worker-1", "--watch")
+    assert watching.returncode == 2 and "--watch" in watching.stderr
+
+
 def test_check_config_exit_codes() -> None:
     """check-config: 0 and a summary for a good file; 2 and every problem for a bad one."""
     repo = Path(__file__).parent.parent.parent

@@ -133,6 +133,15 @@ def test_alone_in_its_venv_the_command_runs(venv: Venv, wheels: Wheels) -> None:
     assert "--shard" in worker.stdout
 
 
+def test_the_alert_rules_are_installed_with_the_package(venv: Venv, wheels: Wheels) -> None:
+    """The wheel carries ``supervisor/alerts.yml``; the installed command prints it as is."""
+    venv.install(wheels.ours)
+    assert (venv.site_packages / "supervisor" / "alerts.yml").is_file()
+    result = venv.command("alert-rules", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (REPO / "supervisor" / "alerts.yml").read_text(encoding="utf-8")
+
+
 def test_supervisord_installed_into_the_same_venv_is_refused(venv: Venv, wheels: Wheels) -> None:
     """pip puts both packages into one ``supervisor`` directory; the command refuses to run
     and says why and what to do instead."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -98,11 +99,48 @@ METRIC_FAMILIES = {
     "reward_supervisor_heartbeat_age_seconds": "gauge",
     "reward_supervisor_ssh_connected": "gauge",
     "reward_supervisor_host_restarts": "gauge",
+    "reward_supervisor_host_stuck": "gauge",
     "reward_supervisor_fleet_frozen": "gauge",
+    "reward_supervisor_crash_signatures": "gauge",
+    "reward_supervisor_restarts_held": "gauge",
     "reward_supervisor_launches_waiting": "gauge",
     "reward_supervisor_status_parse_errors": "gauge",
     "reward_supervisor_up": "gauge",
 }
+
+
+async def test_promtool_finds_nothing_wrong_with_the_live_exposition(
+    daemon: tuple[DaemonProcess, int], promtool: str
+) -> None:
+    """``promtool check metrics`` on what the running daemon serves, after a restart and a
+    reload gave every counter and histogram samples: valid, and no lint problem (names,
+    units, suffixes, help texts)."""
+    proc, port = daemon
+    status = await proc.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    os.kill(status["hosts"]["worker-0"]["pid"], signal.SIGKILL)
+    await proc.wait_status(
+        lambda s: all_ready(s, 2) and s["hosts"]["worker-0"]["restarts"] == 1, 60, "restarted"
+    )
+    await control.request(proc.socket, "reload")
+
+    def exposition() -> bytes:
+        """One scrape's body, as Prometheus would get it."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            body: bytes = reply.read()
+        return body
+
+    body = await asyncio.to_thread(exposition)
+    assert b"reward_supervisor_restarts_total{" in body
+    assert b"reward_supervisor_host_stuck{" in body
+    checked = await asyncio.to_thread(
+        subprocess.run,
+        [promtool, "check", "metrics"],
+        input=body,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
 
 
 def threads_of(pid: int) -> int:

@@ -12,6 +12,7 @@ from supervisor import agent as protocol
 from supervisor.remote import (
     MAX_REPLY_CHARS,
     TokenBucket,
+    evidence_of,
     host_text,
     parse_push,
     parse_reply,
@@ -297,3 +298,65 @@ def test_the_agent_reads_a_waitpid_status_as_code_or_signal() -> None:
     assert protocol.wait_status_exit(0) == (0, None)
     assert protocol.wait_status_exit(9) == (None, 9)
     assert protocol.wait_status_exit(11 | 0x80) == (None, 11)
+
+
+def test_an_evidence_reply_is_cut_to_its_bounds() -> None:
+    """Stacks, log tail, notes and each note are cut to the protocol's bounds, whatever
+    the host sends; the round trip of a reply keeps its fields."""
+    result = {
+        "stacks": "s" * (protocol.STACKS_MAX * 2),
+        "via": "py-spy",
+        "log_tail": "l" * (protocol.LOG_TAIL_MAX * 2),
+        "notes": ["n" * (protocol.TEXT_MAX * 2)] * 50,
+        "elapsed_s": 0.5,
+    }
+    reply = protocol.read_reply({"ok": True, "result": result}, protocol.EvidenceReply)
+    assert isinstance(reply, protocol.EvidenceReply)
+    assert reply.stacks is not None and len(reply.stacks) == protocol.STACKS_MAX
+    assert reply.log_tail is not None and len(reply.log_tail) == protocol.LOG_TAIL_MAX
+    assert len(reply.notes) == protocol.NOTES_MAX
+    assert all(len(note) == protocol.TEXT_MAX for note in reply.notes)
+    empty = protocol.read_reply({"ok": True, "result": {}}, protocol.EvidenceReply)
+    assert empty == protocol.EvidenceReply()
+
+
+@pytest.mark.parametrize(
+    "result",
+    [{"notes": [1]}, {"notes": "text"}, {"stacks": 7}, {"elapsed_s": -1.0}, {"via": ["x"]}],
+)
+def test_an_evidence_reply_of_the_wrong_shape_is_a_protocol_error(
+    result: dict[str, object],
+) -> None:
+    """Notes that are not strings, stacks that are not text, a negative duration: the host's
+    error, never passed on."""
+    with pytest.raises(protocol.ProtocolError):
+        protocol.read_reply({"ok": True, "result": result}, protocol.EvidenceReply)
+
+
+@pytest.mark.parametrize("timeout_s", [-1.0, protocol.EVIDENCE_TIMEOUT_MAX + 1])
+def test_an_evidence_request_out_of_bounds_is_refused(timeout_s: float) -> None:
+    """The agent refuses to spend longer than the protocol's bound on evidence."""
+    request = {"id": 3, "op": "evidence", "spec": {}, "pid": 5, "timeout_s": timeout_s}
+    with pytest.raises(protocol.ProtocolError, match="out of range") as failed:
+        protocol.read_request(request)
+    assert failed.value.rid == 3
+
+
+_ANY = st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.lists(st.text())
+
+
+@given(
+    st.dictionaries(st.sampled_from(["stacks", "via", "log_tail", "notes", "elapsed_s", "x"]), _ANY)
+)
+def test_any_evidence_result_reads_or_is_a_protocol_error(result: dict[str, object]) -> None:
+    """Whatever a host sends as evidence, reading it gives a bounded EvidenceReply that the
+    daemon can turn into the core's record, or a ProtocolError."""
+    try:
+        reply = protocol.read_reply({"ok": True, "result": result}, protocol.EvidenceReply)
+    except protocol.ProtocolError:
+        return
+    assert isinstance(reply, protocol.EvidenceReply)
+    evidence = evidence_of(9, reply)
+    assert len(evidence.stacks or "") <= protocol.STACKS_MAX
+    assert len(evidence.notes) <= protocol.NOTES_MAX
+    assert all(isinstance(note, str) for note in evidence.notes)

@@ -91,6 +91,9 @@ def test_log_level_choices_are_the_ones_logging_accepts() -> None:
         ["demo", "--duration", "-5"],
         ["preflight", "-c", "x.toml", "--host-timeout", "0"],
         ["preflight", "-c", "x.toml", "--min-free-mb", "-1"],
+        ["status", "-c", "x.toml", "worker-0", "--lines", "-1"],
+        ["status", "-c", "x.toml", "worker-0", "--lines", "1001"],
+        ["status", "-c", "x.toml", "worker-0", "--lines", "many"],
     ],
     ids=lambda argv: " ".join(argv[:1] + argv[-2:]),
 )

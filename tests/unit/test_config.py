@@ -248,6 +248,33 @@ def test_a_bad_keepalive_fleet_rate_is_a_problem_naming_the_key(rate: object) ->
     assert "ssh.keepalive_fleet_rate" in str(refused.value)
 
 
+def test_evidence_settings_default_to_three_seconds_auto_and_can_be_turned_off() -> None:
+    """Evidence is collected for at most 3 s by default, stacks by py-spy or the signal;
+    ``evidence_timeout_s = 0`` turns collection off."""
+    default = config.parse(minimal(), Path("x")).health
+    assert (default.evidence_timeout_s, default.evidence_stacks) == (3.0, "auto")
+    cfg = config.parse(
+        minimal(health={"evidence_timeout_s": 0, "evidence_stacks": "signal"}), Path("x")
+    )
+    assert (cfg.health.evidence_timeout_s, cfg.health.evidence_stacks) == (0.0, "signal")
+
+
+@pytest.mark.parametrize(
+    ("health", "key"),
+    [
+        ({"evidence_timeout_s": 31}, "health.evidence_timeout_s"),
+        ({"evidence_timeout_s": 0.1}, "health.evidence_timeout_s"),
+        ({"evidence_stacks": "gdb"}, "health.evidence_stacks"),
+    ],
+)
+def test_evidence_settings_out_of_bounds_are_refused(health: dict[str, Any], key: str) -> None:
+    """Evidence may hold a restart back a few seconds, never half a minute; stacks are taken
+    only in the named ways."""
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(health=health), Path("x"))
+    assert [p.key for p in caught.value.problems] == [key]
+
+
 @pytest.mark.parametrize(
     ("listen", "bound"),
     [

@@ -876,3 +876,43 @@ def test_a_reload_during_shutdown_lets_nobody_join() -> None:
         )
     )
     assert not s.of(out, f.ScanFiles) and "b" not in s.core.joining
+
+
+def test_a_silent_worker_s_terminate_asks_for_evidence_and_the_restart_carries_it() -> None:
+    """A stale worker is terminated with its evidence asked for, and the host.state change
+    that announces its replacement carries what was captured."""
+    s = shell(("w0", 0), ("w1", 1), ("w2", 2))
+    s.boot()
+    for i in range(3):
+        s.run_worker(f"w{i}", 100 + i)
+    for t in (5.0, 10.0, 15.0):
+        s.now = t
+        for i in (1, 2):
+            s.on(f"w{i}", h.HeartbeatSeen(pid=101 + i - 1, ready=True, remote_heartbeat_at=t))
+    s.now = 15.0
+    s.feed(f.DeadlinePassed())
+    terminate = s.last(f.Terminate, "w0")
+    assert terminate is not None and terminate.pid == 100 and terminate.collect_evidence
+    evidence = h.Evidence(pid=100, stacks="Thread 1\n", stacks_via="py-spy", log_tail="x\n")
+    out = s.on("w0", h.TerminateConfirmed(pid=100, evidence=evidence))
+    changes = s.of(out, f.HostStateChanged)
+    assert [(c.to, c.evidence) for c in changes] == [(S.STARTING, evidence)]
+    assert s.core.hosts["w0"].evidence == evidence
+
+
+def test_a_host_removed_again_while_still_stopping_is_retired_once() -> None:
+    """Removed, added back (it waits for its old self) and removed again before its old
+    worker is gone: one terminate, one retirement, and it never joins."""
+    s = shell(("a", 0), ("b", 1))
+    s.boot()
+    s.run_worker("a", 100)
+    s.run_worker("b", 200)
+    only_a = (f.Member(name="a", shard=0),)
+    both = (f.Member(name="a", shard=0), f.Member(name="b", shard=1))
+    out = s.feed(f.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
+    assert [a.host for a in s.of(out, f.Terminate)] == ["b"]
+    out = s.feed(f.Reconfigured(members=both, health=HEALTH, policy=POLICY, token=s.token()))
+    out += s.feed(f.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
+    assert not s.of(out, f.Terminate) and s.state("b") is S.STOPPING
+    out = s.on("b", h.TerminateConfirmed(pid=200))
+    assert "b" not in s.core.hosts and not s.of(out, f.ScanFiles)

@@ -190,3 +190,74 @@ def test_a_permanent_exit_without_a_log_line_says_so_without_one() -> None:
     for tail in (None, "", "  \n\n"):
         host, _ = run(ready(), (h.WorkerExited(pid=7, exit_code=2, log_tail=tail), 5.0))
         assert host.reason == "exited with code 2: permanent (health.permanent_exit_codes)"
+
+
+EVIDENCE = h.Evidence(
+    pid=7,
+    stacks='Thread 0x1 (most recent call first):\n  File "w.py", line 3 in hung\n',
+    stacks_via="faulthandler",
+    log_tail="worker.ready\n",
+    elapsed_s=0.4,
+)
+
+
+def stuck_and_terminating() -> h.Host:
+    """A ready worker found stuck at t=305, its terminate (with evidence) in flight."""
+    host, _ = beats(ready(), 2.0, 400.0, lambda t: (0, 1))
+    assert host.state is S.STALE and host.op == "terminate"
+    return host
+
+
+def test_the_evidence_of_a_terminate_goes_into_the_restart_s_state_change_and_the_host() -> None:
+    """The terminate's result brings the evidence: the stale -> starting change that
+    announces the replacement carries it, and the host keeps it, with the cause it was
+    taken for, for status HOST."""
+    host = stuck_and_terminating()
+    host, actions = run(host, (h.TerminateConfirmed(pid=7, evidence=EVIDENCE), 401.0))
+    changes = [a for a in actions if isinstance(a, h.StateChanged)]
+    assert [(c.from_, c.to, c.evidence) for c in changes] == [(S.STALE, S.STARTING, EVIDENCE)]
+    assert host.evidence == EVIDENCE and host.evidence_at == 401.0
+    assert host.evidence_cause == "stuck: no task finished in 300 s with 1 in flight"
+    assert host.last_exit == "confirmed dead" and host.last_exit_at == 401.0
+    assert host.last_exit_code is None and host.last_exit_signal is None
+    assert host.last_exit_pid == 7
+
+
+def test_evidence_of_a_failed_terminate_is_kept_though_no_state_changes() -> None:
+    """A worker that survives its terminate still leaves its evidence with the host."""
+    host = stuck_and_terminating()
+    host, actions = run(host, (h.TerminateFailed(pid=7, reason="alive", evidence=EVIDENCE), 401.0))
+    assert host.state is S.STALE and host.evidence == EVIDENCE
+    assert not [a for a in actions if isinstance(a, h.StateChanged)]
+
+
+def test_a_late_terminate_result_still_records_its_evidence() -> None:
+    """Results for no operation in flight change nothing but what they prove: the evidence."""
+    host = ready()
+    host, actions = run(host, (h.TerminateFailed(pid=7, reason="late", evidence=EVIDENCE), 5.0))
+    assert host.state is S.READY and host.evidence == EVIDENCE and not actions
+
+
+def test_state_changes_of_other_events_carry_no_evidence() -> None:
+    """Only a terminate's result hands evidence on; an exit's change carries none."""
+    host, actions = run(ready(), (h.WorkerExited(pid=7, signal=9), 5.0))
+    changes = [a for a in actions if isinstance(a, h.StateChanged)]
+    assert changes and all(c.evidence is None for c in changes)
+    assert (host.last_exit_signal, host.last_exit_code, host.last_exit_at) == (9, None, 5.0)
+
+
+def test_no_evidence_is_asked_for_when_the_timeout_is_zero() -> None:
+    """health.evidence_timeout_s = 0 terminates a stuck worker without capturing anything."""
+    policy = replace(POLICY, evidence_timeout_s=0.0)
+    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
+    terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=False)]
+
+
+def test_tasks_per_minute_need_a_minute_of_reports() -> None:
+    """No rate before two marks a minute apart; then the count over their span, per minute."""
+    host = ready()
+    assert h.tasks_per_minute(host) is None
+    host, _ = beats(host, 2.0, 130.0, lambda t: (int(t) * 2, 4))
+    rate = h.tasks_per_minute(host)
+    assert rate is not None and abs(rate - 120.0) < 1e-6

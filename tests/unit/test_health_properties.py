@@ -18,6 +18,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from supervisor import health as h
 from supervisor.health import HostState as S
 
+#: Causes that leave the worker alive: only its terminate captures evidence.
+LIVE_BUT_UNHEALTHY = frozenset({h.Cause.STUCK, h.Cause.HEARTBEAT_STALE, h.Cause.NOT_READY})
+
 policies = st.builds(
     h.Policy,
     heartbeat_stale_s=st.floats(3, 120),
@@ -107,6 +110,10 @@ class FleetOfOne(RuleBasedStateMachine):
                     # While frozen, only a stop or an operator may terminate: never silence.
                     automatic = host.state is S.STALE and host.restart_is_automatic
                     assert not (host.frozen and automatic), "terminated for silence while frozen"
+                    # Evidence only of a worker replaced for being alive but unhealthy.
+                    assert not action.collect_evidence or (
+                        automatic and host.cause_code in LIVE_BUT_UNHEALTHY
+                    ), (action, host.state, host.cause_code)
                     self._take(action)
                 case h.Probe():
                     self._take(action)
@@ -120,6 +127,10 @@ class FleetOfOne(RuleBasedStateMachine):
                     assert len(recent) >= self.policy.max_restarts
                 case h.StateChanged():
                     pass
+            # Evidence rides only the change a terminate's result causes.
+            if isinstance(action, h.StateChanged) and action.evidence is not None:
+                assert isinstance(event, h.TerminateConfirmed | h.TerminateFailed)
+                assert action.evidence == event.evidence
         self.host = host
 
     def _take(self, action: h.Action) -> None:
@@ -214,16 +225,19 @@ class FleetOfOne(RuleBasedStateMachine):
                 return
             case h.Launch():
                 self._answer_launch(outcome)
-            case h.Terminate(pid=pid):
+            case h.Terminate(pid=pid, collect_evidence=wanted):
+                evidence = h.Evidence(pid=pid, stacks="Thread 1\n") if wanted else None
                 if outcome == "ok" or pid not in self.world.alive:
                     killed = pid in self.world.alive
                     self.world.alive.discard(pid)
                     self.world.hung.discard(pid)
                     if killed:
                         self.world.exits.append(pid)
-                    self.feed(h.TerminateConfirmed(pid=pid))
+                    self.feed(h.TerminateConfirmed(pid=pid, evidence=evidence))
+                    if wanted:  # kept for status HOST
+                        assert self.host.evidence is evidence
                 else:
-                    self.feed(h.TerminateFailed(pid=pid, reason="still alive"))
+                    self.feed(h.TerminateFailed(pid=pid, reason="still alive", evidence=evidence))
             case h.Probe():
                 if outcome == "fail":
                     self.feed(h.ProbeFailed(reason="agent died"))

@@ -89,7 +89,7 @@ def test_each_bad_answer_fails_its_own_check() -> None:
         ({"root_exists": False, "dirs": {}}, "run_root", "missing"),
         ({"writable": {"ctl": "ok", "status": "EROFS: read-only"}}, "writable", "not_writable"),
         ({"disk": {"free_bytes": 10}}, "disk", "low"),
-        ({"python": "3.7.16"}, "python", "too_old"),
+        ({"python": "3.6.15"}, "python", "too_old"),
         ({"module": {"found": False, "error": "No module named 'x'"}}, "module", "not_found"),
         ({"module": {"found": False, "hung": True}}, "module", "hung"),
         ({"module": {"found": False, "raised": True}}, "module", "import_failed"),
@@ -175,3 +175,16 @@ def test_what_a_host_says_reaches_the_terminal_escaped() -> None:
     text = preflight.render(Report(root="/r", hosts=(row,), elapsed_s=1.0), Options())
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b[2J" in text and "\\x07" in text
+
+
+def test_a_host_too_old_for_hostcheck_fails_python_and_skips_the_rest() -> None:
+    """The bootstrap's own answer (``hostcheck: false``) fails ``python`` as too old and
+    skips every later check instead of failing them for missing fields."""
+    reply = {"preflight": 1, "python": "3.6.15", "executable": "/p", "hostcheck": False}
+    checks = evaluate(reply)
+    assert (checks[CheckName.PYTHON].status, checks[CheckName.PYTHON].code) == (
+        Status.FAIL,
+        "too_old",
+    )
+    later = list(CheckName)[list(CheckName).index(CheckName.PYTHON) + 1 :]
+    assert later and all(checks[name].status is Status.SKIP for name in later)

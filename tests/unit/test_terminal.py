@@ -76,3 +76,18 @@ def test_console_logs_escape_what_a_host_said() -> None:
     assert text.endswith("\n")
     assert text[:-1].isprintable()
     assert "\\x1b[2J" in text
+
+
+def test_an_event_with_evidence_points_at_status_host() -> None:
+    """A host.state event that carries evidence says so in one line, and where to read it."""
+    event = {
+        "event": "host.state",
+        "host": "w",
+        "from": "stale",
+        "to": "starting",
+        "reason": "restarting after: stuck",
+        "evidence": {"pid": 7, "via": "py-spy", "stacks": "Thread 1\n    f (x.py:1)\n"},
+    }
+    line = _event_line(event)
+    assert line.endswith("[evidence of pid 7: stacks by py-spy; see status w]")
+    assert "\n" not in line

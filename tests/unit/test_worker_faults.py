@@ -25,6 +25,11 @@ def test_absent_or_blank_fault_means_none(text: str | None) -> None:
         ("never_ready", Fault(kind=FaultKind.NEVER_READY)),
         ("abort_on_start", Fault(kind=FaultKind.ABORT_ON_START)),
         (" crash : after = 1 : code = 255 ", Fault(kind=FaultKind.CRASH, after_s=1.0, code=255)),
+        ("hang_call", Fault(kind=FaultKind.HANG_CALL)),
+        (
+            "hang_call:task=t0-000007:marker=/tmp/m",
+            Fault(kind=FaultKind.HANG_CALL, task="t0-000007", marker="/tmp/m"),
+        ),
     ],
 )
 def test_documented_fault_specs_parse(text: str, expected: Fault) -> None:
@@ -45,6 +50,7 @@ def test_documented_fault_specs_parse(text: str, expected: Fault) -> None:
         ("hang:after=soon", "not a number"),
         ("crash:code=256", "0-255"),
         ("crash:code=1.5", "not an integer"),
+        ("hang_call:after=1", "unknown key"),
     ],
 )
 def test_bad_fault_specs_are_refused_with_a_reason(text: str, needle: str) -> None:

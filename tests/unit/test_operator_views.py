@@ -1,0 +1,155 @@
+"""What operators and alerts see of crash signatures and stuck workers: the gauges, the status
+rows, the table and the STATUS= line, from the core's own objects."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from supervisor import health, view
+from supervisor.config import HostConfig
+from supervisor.health import Cause, HostState
+from supervisor.metrics import Metrics
+
+S = HostState
+
+
+def scrape(status: dict[str, Any]) -> dict[str, float]:
+    """Render ``status`` as the endpoint would and parse it: ``{'name{labels}': value}``."""
+    body, _ = Metrics(lambda: status).render("text/plain", "")
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def row(state: HostState, cause: Cause | None) -> dict[str, Any]:
+    """A host's status row from a core host in ``state`` last found unhealthy for ``cause``."""
+    host = health.Host(name="w", state=state, reason="r", since_at=0.0, cause_code=cause)
+    cfg = HostConfig(name="w", shard=0, address="127.0.0.1")
+    return view.host_row(host, cfg, 10.0, health.Policy())
+
+
+@pytest.mark.parametrize(
+    ("state", "cause", "stuck"),
+    [
+        (S.STALE, Cause.STUCK, 1),  # found stuck, being terminated
+        (S.COOLING_DOWN, Cause.STUCK, 1),  # waiting out its backoff or a held restart
+        (S.FAILED, Cause.STUCK, 1),  # given up on
+        (S.STARTING, Cause.STUCK, 0),  # replaced: the new worker is not stuck
+        (S.READY, Cause.STUCK, 0),  # recovered by finishing a task
+        (S.STOPPED, Cause.STUCK, 0),
+        (S.STALE, Cause.HEARTBEAT_STALE, 0),
+        (S.COOLING_DOWN, Cause.EXITED, 0),
+        (S.READY, None, 0),
+    ],
+)
+def test_host_stuck_is_one_only_while_a_stuck_worker_is_not_replaced(
+    state: HostState, cause: Cause | None, stuck: int
+) -> None:
+    """``reward_supervisor_host_stuck`` reads the cause code and the state, never the
+    reason's words; the row carries the code as ``last_cause``."""
+    r = row(state, cause)
+    assert r["last_cause"] == (None if cause is None else cause.value)
+    metrics = scrape({"hosts": {"w": r}, "daemon": {}})
+    assert metrics['reward_supervisor_host_stuck{host="w"}'] == stuck
+
+
+def test_crash_signature_gauges_count_signatures_and_held_hosts() -> None:
+    """Two active signatures holding 3 and 1 hosts: 2 signatures, 4 held; none: both 0."""
+    signatures = [
+        {"signature": "exit 2: a", "hosts": ["a", "b", "c", "d"], "canary": "a",
+         "held": ["b", "c", "d"], "since_s": 1.0},
+        {"signature": "signal 11", "hosts": ["e", "f", "g"], "canary": "e", "held": ["f"],
+         "since_s": 2.0},
+    ]  # fmt: skip
+    metrics = scrape({"hosts": {}, "daemon": {"crash_signatures": signatures}})
+    assert metrics["reward_supervisor_crash_signatures"] == 2
+    assert metrics["reward_supervisor_restarts_held"] == 4
+    quiet = scrape({"hosts": {}, "daemon": {"crash_signatures": []}})
+    assert quiet["reward_supervisor_crash_signatures"] == 0
+    assert quiet["reward_supervisor_restarts_held"] == 0
+
+
+def test_status_table_names_the_signature_escaped_with_what_releases_it() -> None:
+    """``status`` shows each crash signature, its held hosts and canary, and the way out; the
+    log line inside it cannot drive the terminal."""
+    daemon = {
+        "running": True,
+        "pid": 1,
+        "uptime_s": 5,
+        "summary": "0/3 ready",
+        "crash_signatures": [
+            {"signature": "exit 2: boom\x1b[2J", "hosts": ["a", "b", "c"], "canary": "a",
+             "held": ["b", "c"], "since_s": 75.0}
+        ],
+    }  # fmt: skip
+    table = view.render_table({"daemon": daemon, "hosts": {}})
+    line = next(x for x in table.splitlines() if x.startswith("CRASH SIGNATURE"))
+    assert "3 hosts crashed the same way (exit 2: boom\\x1b[2J)" in line
+    assert "restarts held on 2, canary a" in line
+    assert "for 1m15s" in line and "unfreeze" in line
+    assert "\x1b" not in table
+
+
+def test_a_held_restart_shows_no_time_but_held() -> None:
+    """A host whose restart a crash signature holds keeps its backoff time in the core (for
+    after the release) but shows no next restart time: ``restart_held`` and "held" instead."""
+    host = health.Host(
+        name="w",
+        state=S.COOLING_DOWN,
+        reason="exited with code 2; restart held: 3 hosts crashed the same way (exit 2)",
+        since_at=0.0,
+        next_restart_at=5.0,
+        held="3 hosts crashed the same way (exit 2)",
+    )
+    cfg = HostConfig(name="w", shard=0, address="127.0.0.1")
+    r = view.host_row(host, cfg, 10.0, health.Policy())
+    assert (r["restart_held"], r["next_restart_in_s"]) == (True, None)
+    free = view.host_row(replace(host, held=None), cfg, 1.0, health.Policy())
+    assert (free["restart_held"], free["next_restart_in_s"]) == (False, 4.0)
+    table = view.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
+    assert table.splitlines()[-1].split()[7] == "held"
+
+
+def test_status_line_leads_with_the_crash_signature_escaped() -> None:
+    """``STATUS=`` (and ``summary``) name each crash signature, the hosts it holds and its
+    canary before the states; a log line carrying an escape sequence is shown escaped, as
+    systemctl would print it raw."""
+    from tests.unit.test_fleet_core import bad_deploy, crash
+
+    s = bad_deploy(5)
+    assert view.status_line(s.core) == "5/5 ready"
+    for i in range(3):
+        crash(s, f"w{i}", 100 + i, tail="boom \x1b[2J\n")
+    [signature] = s.core.signatures.values()
+    held = sum(1 for sig in s.core.held.values() if sig == signature.signature)
+    line = view.status_line(s.core)
+    assert line.startswith(
+        f"CRASH SIGNATURE (exit 2: boom \\x1b[NJ): restarts held on {held} hosts,"
+        f" canary {signature.canary}; "
+    )
+    assert "\x1b" not in line
+    assert line.endswith(view.summary(h.state.value for h in s.core.hosts.values()))
+
+
+def test_a_scrape_without_a_snapshot_has_no_up_gauge_for_the_absent_alert() -> None:
+    """When the daemon's loop does not hand over a status (timeout), the scrape still answers
+    with the counters but without ``reward_supervisor_up``: RewardSupervisorAbsent's second
+    condition (a target that answers, without ``reward_supervisor_up``) depends on it."""
+    import concurrent.futures
+
+    def blocked() -> dict[str, Any]:
+        """A snapshot the event loop never delivered."""
+        raise concurrent.futures.TimeoutError
+
+    metrics = Metrics(blocked)
+    metrics.reloads.labels(result="ok").inc()
+    body = metrics.render("text/plain", "")[0].decode()
+    assert 'reward_supervisor_reloads_total{result="ok"} 1.0' in body
+    assert "reward_supervisor_up" not in body
+    assert "reward_supervisor_up 1.0" in Metrics(lambda: {}).render("text/plain", "")[0].decode()
