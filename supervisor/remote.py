@@ -401,8 +401,9 @@ class RemoteHost:
         self._on_connection = on_connection
         self._on_exit = on_exit
         #: The worker the agent is to watch (the last one launched or found), so that the
-        #: agent of a new connection watches it too: (spec, pid, start time if known).
-        self._worker: tuple[LaunchSpec, int, int | None] | None = None
+        #: agent of a new connection watches it too: (what of its spec the watch reads, pid,
+        #: start time if known). Not the whole spec: a thousand of them add up.
+        self._worker: tuple[dict[str, str], int, int | None] | None = None
         self._pushes = TokenBucket(PUSH_BURST, PUSH_EVERY_S)
         self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
         self._noise = NoiseLog(host.name)
@@ -584,9 +585,11 @@ class RemoteHost:
         if self._worker is not None and self._on_exit is not None:
             link.spawn(self._watch(agent, *self._worker))
 
-    async def _watch(self, agent: _Agent, spec: LaunchSpec, pid: int, start: int | None) -> None:
+    async def _watch(
+        self, agent: _Agent, spec: dict[str, str], pid: int, start: int | None
+    ) -> None:
         """Ask ``agent`` to watch ``pid``; best effort (the exit record is the fallback)."""
-        request = protocol.WatchRequest(spec=_spec_json(spec), pid=pid, start_time=start)
+        request = protocol.WatchRequest(spec=spec, pid=pid, start_time=start)
         try:
             raw = await agent.call("watch", request, RPC_TIMEOUT_S)
             reply = protocol.read_reply(raw, protocol.WatchReply)
@@ -629,7 +632,7 @@ class RemoteHost:
         request = protocol.LaunchRequest(spec=_spec_json(spec))
         reply = await self._call(request, protocol.LaunchReply, RPC_TIMEOUT_S)
         started = Started(pid=reply.pid, start_time=reply.start_time)
-        self._worker = (spec, started.pid, started.start_time)  # the agent watches it now
+        self._worker = (_watch_spec(spec), started.pid, started.start_time)  # watched now
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
@@ -666,7 +669,7 @@ class RemoteHost:
         reply = await self._call(request, protocol.ProbeReply, RPC_TIMEOUT_S)
         log.debug("remote.probed", host=self.name, pid=reply.pid)
         # The agent watches a worker it found; none found, there is nothing to watch.
-        self._worker = None if reply.pid is None else (spec, reply.pid, None)
+        self._worker = None if reply.pid is None else (_watch_spec(spec), reply.pid, None)
         return reply.pid
 
     async def disarm_seed(
@@ -1261,6 +1264,11 @@ def _spec_json(spec: LaunchSpec) -> dict[str, Any]:
     data["argv"] = list(spec.argv)
     data["env"] = dict(spec.env)
     return data
+
+
+def _watch_spec(spec: LaunchSpec) -> dict[str, str]:
+    """What of the spec a watch reads: where the worker's exit record is."""
+    return {"root": spec.root, "exit_record": spec.exit_record}
 
 
 def _describe(exc: BaseException | None) -> str:
