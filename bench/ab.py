@@ -1,7 +1,7 @@
 """A/B: the supervisor of another checkout against this one, alternated in one run.
 
     .venv/bin/python bench/ab.py --old /work/wt/old [--rounds 2] [--hosts 100 1000]
-                                 [--crashes 10] [--starts 3] [--out FILE]
+                                 [--modes inotify,poll] [--crashes 10] [--starts 3] [--out FILE]
 
 ``--old`` is a checkout (a ``git worktree`` of the old commit) whose ``supervisor`` package
 the old arm imports (it goes first on ``PYTHONPATH`` of every process the arm spawns: the
@@ -9,7 +9,7 @@ daemon and the fleet simulator alike); the new arm runs this checkout. Each roun
 arms, old first in odd rounds and new first in even ones, so a machine that gets busier or
 quieter during the run weighs on both alike. Per arm and round:
 
-- ``scale`` at each of ``--hosts`` simulated fleet sizes, inotify and poll
+- ``scale`` at each of ``--hosts`` simulated fleet sizes, in each of ``--modes``
   (``bench/scale.py``): the daemon's steady CPU, and crash (the simulator's SIGKILL) ->
   ``host.state`` / -> launch issued (``host.launch_begin``), first heartbeat -> ``ready``,
   p50 and p99;
@@ -73,11 +73,18 @@ def on_pythonpath(path: str) -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
 
 
-async def one_round(arm: Arm, sizes: list[int], window_s: float, starts: int, crashes: int) -> None:
+async def one_round(
+    arm: Arm,
+    sizes: list[int],
+    window_s: float,
+    starts: int,
+    modes: tuple[str, ...],
+    crashes: int,
+) -> None:
     """Every measurement once for ``arm``."""
     with on_pythonpath(arm.pythonpath):
         for hosts in sizes:
-            for mode in ("inotify", "poll"):
+            for mode in modes:
                 result = await scale.run_scale(hosts, mode, window_s=window_s, floor_parts=())
                 arm.errors += [f"scale {hosts} {mode}: {e}" for e in result.errors]
                 where = f"{hosts} hosts, {mode}"
@@ -93,7 +100,7 @@ async def one_round(arm: Arm, sizes: list[int], window_s: float, starts: int, cr
                         arm.add(f"{where}: {label}, p50 ms", 1000 * percentile(samples, 50))
                         arm.add(f"{where}: {label}, p99 ms", 1000 * percentile(samples, 99))
         if crashes:
-            for mode in ("inotify", "poll"):
+            for mode in modes:
                 try:
                     found = await bench_crash.run_crash(mode, crashes)
                 except (TimeoutError, AssertionError, RuntimeError, OSError) as exc:
@@ -104,7 +111,7 @@ async def one_round(arm: Arm, sizes: list[int], window_s: float, starts: int, cr
                         where = f"real sshd, {mode}: {label}"
                         arm.add(f"{where}, p50 ms", 1000 * percentile(samples, 50))
                         arm.add(f"{where}, p99 ms", 1000 * percentile(samples, 99))
-        if starts:
+        if starts > 0:
             start = await simstart.run_simstart(50, starts)
             arm.errors += [f"simstart: {e}" for e in start.errors]
             for value in start.all_ready:
@@ -143,8 +150,9 @@ def report(old: Arm, new: Arm, args: argparse.Namespace, started: str) -> str:
         f"The old arm imports `{old.imported}`, the new arm `{new.imported}`.",
         "",
         f"Started {started}; {args.rounds} rounds, alternated; {args.hosts} simulated hosts,"
-        f" {args.window:g} s CPU windows, {args.crashes} crashes per mode on the real sshd;"
-        f" load average at the start {args.load_before}, at the end {load_average()}.",
+        f" {args.window:g} s CPU windows, watch modes {args.modes}, {args.crashes} crashes per"
+        f" mode on the real sshd; load average at the start {args.load_before}, at the end"
+        f" {load_average()}.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
         "",
         "| measurement | old | new | new / old |",
@@ -175,12 +183,22 @@ def main() -> None:
         "--hosts", type=int, nargs="+", default=[1000], help="simulated fleet sizes for scale"
     )
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, seconds")
-    parser.add_argument("--starts", type=int, default=3, help="simstart samples per round")
     parser.add_argument(
         "--crashes", type=int, default=0, help="crashes per watch mode on the real sshd"
     )
+    parser.add_argument(
+        "--starts", type=int, default=3, help="simstart samples per round (0: none)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="inotify,poll",
+        help="watch modes of the scale runs, comma-separated (inotify, poll)",
+    )
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args()
+    unknown = set(args.modes.split(",")) - {"inotify", "poll"}
+    if unknown:
+        parser.error(f"--modes: unknown {', '.join(sorted(unknown))} (inotify, poll)")
     old = Arm("old", os.path.realpath(args.old))
     new = Arm("new", str(ROOT))
     scratch = neutral_directory()
@@ -202,10 +220,11 @@ def main() -> None:
 
 async def run(old: Arm, new: Arm, args: argparse.Namespace) -> None:
     """Both arms, ``args.rounds`` times, alternating which goes first."""
+    modes = tuple(m for m in args.modes.split(",") if m)
     for round_ in range(args.rounds):
         for arm in (old, new) if round_ % 2 == 0 else (new, old):
             print(f"round {round_ + 1}: {arm.name}", file=sys.stderr, flush=True)
-            await one_round(arm, args.hosts, args.window, args.starts, args.crashes)
+            await one_round(arm, args.hosts, args.window, args.starts, modes, args.crashes)
 
 
 if __name__ == "__main__":

@@ -97,6 +97,39 @@ class Refused(OpError):
     kind = "refused"
 
 
+class Fenced(OpError):
+    """A launch or terminate refused because the run directory's epoch
+    (``ctl/supervisor.epoch``) is higher than the request's: another supervisor leads."""
+
+    kind = "fenced"
+
+
+#: The epoch file holds one number and a newline.
+EPOCH_MAX = 64
+
+
+def fence(spec: dict[str, Any]) -> None:
+    """Raise Fenced when the spec's epoch is lower than the run directory's.
+
+    A spec without an epoch file or epoch (an in-process caller, an old daemon) is not
+    fenced; nor is one when the file is missing or not a number (the lock is the election,
+    the epoch only the fence: a garbled file must not stop every launch of the run).
+    """
+    path = spec.get("epoch_file")
+    epoch = spec.get("epoch")
+    if not isinstance(path, str) or not path or type(epoch) is not int:
+        return
+    data = read_small(path, EPOCH_MAX, spec.get("root"))
+    text = (data or b"").strip()
+    if not text.isdigit() or len(text) > 16:
+        return
+    if int(text) > epoch:
+        raise Fenced(
+            f"fenced: the run directory's epoch is {int(text)}, this request's {epoch}:"
+            " another reward-supervisor leads this run"
+        )
+
+
 # --- the protocol -----------------------------------------------------------------------
 # Every message of the protocol, each way, is one of the classes below: the agent reads
 # requests and writes replies with them, and ``remote.py`` imports this module to write the
@@ -780,6 +813,7 @@ def op_terminate(request: TerminateRequest) -> TerminateReply:
     """SIGTERM (+SIGCONT) the worker's group, wait ``grace_s``, SIGKILL if ``kill``; returns
     only once the pid is confirmed dead, raises OpError otherwise."""
     spec, pid, grace_s, kill = request.spec, request.pid, request.grace_s, request.kill
+    fence(spec)
     verdict = identify(spec, pid)
     if verdict != "ours":
         # Gone, a zombie, or a pid now used by an unrelated process: ours is dead either way.
@@ -1350,6 +1384,7 @@ def op_launch(request: LaunchRequest) -> LaunchReply:
     ``via`` says which, and why.
     """
     spec = request.spec
+    fence(spec)
     python = sys.executable or spec["python"]
     with _LAUNCHER_LOCK:
         report_fd, via, trouble = _hand_to_launcher(python, spec)
@@ -1374,6 +1409,8 @@ def _launch_result(report: dict[str, Any], via: str) -> LaunchReply:
         return LaunchReply(pid=report["pid"], start_time=report["start_time"], via=via)
     if report.get("kind") == "refused":
         raise Refused(report["error"], report.get("holder_pid"))
+    if report.get("kind") == "fenced":
+        raise Fenced(report["error"])
     raise OpError(report["error"])
 
 
@@ -1941,6 +1978,8 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             f"shard {spec['shard']} is locked by a live shepherd ({_describe_holder(holder)})",
             holder.get("pid") if holder.get("alive") else None,
         ) from None
+    # Again, holding the shard: a takeover may have come while this launch was on its way.
+    fence(spec)
     recorded = read_pidfile(spec["pidfile"], root)
     if recorded is not None and identify(spec, recorded) == "ours":
         # The lock was free but a worker of ours runs: its shepherd was killed (SIGKILL,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -82,13 +83,30 @@ def build_parser() -> argparse.ArgumentParser:
     def with_json(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
+    def with_socket(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--control-socket",
+            metavar="PATH",
+            default=None,
+            help="the daemon's control socket instead of the config's [control] socket"
+            " (a standby on the leader's machine has one of its own)",
+        )
+
     p = command("run", cmd_run, "run the daemon in the foreground (systemd runs this)")
     with_config(p)
     _log_args(p)
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="wait for the run lock when another daemon holds it, and take over when it"
+        " comes free (same as [ha] standby = true)",
+    )
+    with_socket(p)
 
     p = command("status", cmd_status, "show every host's state, or one host in full")
     with_config(p)
     with_json(p)
+    with_socket(p)
     p.add_argument(
         "host",
         nargs="?",
@@ -128,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("stop", cmd_stop, "stop every worker, then the daemon")
     with_config(p)
     with_json(p)
+    with_socket(p)
     p.add_argument("--no-wait", action="store_true", help="return once the stop has begun")
     p.add_argument(
         "--timeout",
@@ -135,6 +154,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="seconds to wait for the exit (default: the daemon's stop_grace_s + 30)",
+    )
+
+    p = command(
+        "handover",
+        cmd_handover,
+        "the leader leaves every worker running and gives the run lock to a standby;"
+        " waits until one holds it",
+    )
+    with_config(p)
+    with_json(p)
+    with_socket(p)
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="seconds to wait for a standby to take over (default: [ha] confirm_timeout_s)",
     )
 
     p = command("unfreeze", cmd_unfreeze, "lift a fleet-wide restart freeze")
@@ -363,6 +399,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     logs.configure(args.log_format, args.log_level, cache=True)
     cfg = _load_config(args.config)
+    if args.standby:
+        cfg = dataclasses.replace(cfg, ha=dataclasses.replace(cfg.ha, standby=True))
+    if args.control_socket:
+        socket = Path(os.path.abspath(args.control_socket))
+        cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, socket=socket))
     notifier = Notifier()
     # Like sd_notify(unset_environment=1): the variables were meant for us, not for anything
     # we might start (ssh helpers, a local test server's workers).
@@ -379,6 +420,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     """``status -c CONFIG [HOST [--lines N]] [--json] [--watch]``: from the daemon, or from
     the files alone."""
     cfg = _load_config(args.config)
+    if args.control_socket:
+        socket = Path(os.path.abspath(args.control_socket))
+        cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, socket=socket))
     if args.host is not None:
         return _host_status(cfg, args)
     if args.watch:
@@ -504,7 +548,11 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     """``stop -c CONFIG``: stop every worker, then the daemon; waits for it to exit."""
-    socket = _socket_of(args.config)
+    socket = (
+        Path(os.path.abspath(args.control_socket))
+        if args.control_socket
+        else _socket_of(args.config)
+    )
     status = _request(socket, "status")
     reply = _request(socket, "stop")
     if not args.no_wait:
@@ -515,6 +563,42 @@ def cmd_stop(args: argparse.Namespace) -> int:
     else:
         print("daemon stopped" if not args.no_wait else "daemon stopping")
     return EXIT_OK
+
+
+def cmd_handover(args: argparse.Namespace) -> int:
+    """``handover -c CONFIG``: the leader detaches and releases the run lock; waits until
+    another daemon (a standby) holds it, and names it."""
+    from supervisor import layout, runfiles
+
+    cfg = _load_config(args.config)
+    socket = (
+        Path(os.path.abspath(args.control_socket)) if args.control_socket else cfg.control.socket
+    )
+    reply = _request(socket, "handover")
+    old = str(reply.get("leader") or "")
+    timeout = args.timeout or cfg.ha.confirm_timeout_s
+    run = layout.layout_of(cfg)
+    deadline = time.monotonic() + timeout
+    new = ""
+    while time.monotonic() < deadline:
+        try:
+            held = runfiles.lock_is_held(run.lock_file, root=run.root)
+        except OSError:
+            held = False
+        holder = runfiles.lock_holder(run.lock_file, root=run.root) if held else ""
+        if held and holder and holder != old:
+            new = holder
+            break
+        time.sleep(min(0.05, cfg.ha.poll_interval_s))
+    epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
+    result = {"handed_over": bool(new), "from": old, "to": new or None, "epoch": epoch}
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    elif new:
+        print(terminal_text(f"handed over: {old} -> {new} (epoch {epoch})"))
+    else:
+        print(terminal_text(f"{old} let go of the run, but no standby took it within {timeout:g}s"))
+    return EXIT_OK if new else EXIT_FAILED
 
 
 def _wait_for_exit(socket: Path, timeout: float) -> None:

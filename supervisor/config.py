@@ -178,6 +178,22 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HaConfig:
+    """``[ha]``: a standby daemon that takes over when the leader goes (docs/OPERATIONS.md)."""
+
+    #: Wait for the run lock instead of exiting when another daemon holds it.
+    standby: bool = False
+    #: How often a standby tries the run lock.
+    poll_interval_s: float = 0.5
+    #: How often the leader checks that it still holds the lock and the epoch is its own.
+    check_interval_s: float = 5.0
+    #: How long ``handover`` waits for a standby to take the lock.
+    confirm_timeout_s: float = 30.0
+    #: After a handover the old leader stays off the lock this long (a standby takes it).
+    handover_hold_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostConfig:
     """One ``[[hosts]]`` entry."""
 
@@ -203,6 +219,7 @@ class Config:
     fleet: FleetPolicy
     metrics: MetricsConfig
     hosts: tuple[HostConfig, ...]
+    ha: HaConfig = HaConfig()
 
     def host(self, name: str) -> HostConfig | None:
         """The host called ``name``, if configured."""
@@ -462,6 +479,8 @@ def parse(raw: Mapping[str, Any], source: Path) -> Config:
 
 T = TypeVar("T")
 _MISSING: Final = object()
+#: ``ha.check_interval_s`` at most: well within an NFS lease (90 s by default).
+HA_CHECK_MAX_S: Final = 30.0
 
 _SECTIONS: Final = (
     "run",
@@ -472,6 +491,7 @@ _SECTIONS: Final = (
     "watch",
     "fleet",
     "metrics",
+    "ha",
     "hosts",
 )
 
@@ -509,6 +529,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "restart_window_s",
         "stop_grace_s",
         "kill_after_grace",
+        "kill_stuck",
         "auto_restart",
         "progress_stale_s",
         "permanent_exit_codes",
@@ -545,6 +566,13 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "crash_signature_window_s",
     ),
     "metrics": ("listen",),
+    "ha": (
+        "standby",
+        "poll_interval_s",
+        "check_interval_s",
+        "confirm_timeout_s",
+        "handover_hold_s",
+    ),
     "hosts": (
         "name",
         "address",
@@ -732,6 +760,7 @@ class _Validator:
         pointer_file = run.pointer_file if run is not None else None
         fleet = self.fleet(self.table(raw, "fleet"), health, ssh, pointer_file)
         metrics = self.metrics(self.table(raw, "metrics"))
+        ha = self.ha(self.table(raw, "ha"))
         if run is None or ssh is None or hosts is None:
             return None
         return Config(
@@ -745,6 +774,7 @@ class _Validator:
             fleet=fleet,
             metrics=metrics,
             hosts=hosts,
+            ha=ha,
         )
 
     def run(self, t: Mapping[str, Any], hosts: tuple[HostConfig, ...] | None) -> RunConfig | None:
@@ -876,6 +906,7 @@ class _Validator:
             restart_window_s=self.seconds(t, w, "restart_window_s", d.restart_window_s),
             stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
             kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
+            kill_stuck=bool(self.get(t, w, "kill_stuck", bool, True)),
             auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
             progress_stale_s=self.seconds_or_off(
                 t, w, "progress_stale_s", d.progress_stale_s, stale_min
@@ -1038,6 +1069,25 @@ class _Validator:
         if listen is not None and _split_host_port(listen) is None:
             self.problem("metrics.listen", f"must be HOST:PORT or PORT, not {listen!r}")
         return MetricsConfig(listen=listen)
+
+    def ha(self, t: Mapping[str, Any]) -> HaConfig:
+        w = "ha"
+        d = HaConfig()
+        self.unknown_keys(t, KEYS[w], w)
+        standby = self.get(t, w, "standby", bool, d.standby)
+        poll = self.seconds(t, w, "poll_interval_s", d.poll_interval_s)
+        check = self.seconds(t, w, "check_interval_s", d.check_interval_s)
+        if check > HA_CHECK_MAX_S:
+            # The NFS lease (90 s) is the takeover's worst case; a leader must learn it was
+            # deposed well within it.
+            self.problem("ha.check_interval_s", f"must be at most {HA_CHECK_MAX_S:g}, not {check}")
+        return HaConfig(
+            standby=bool(standby),
+            poll_interval_s=poll,
+            check_interval_s=check,
+            confirm_timeout_s=self.seconds(t, w, "confirm_timeout_s", d.confirm_timeout_s),
+            handover_hold_s=self.seconds(t, w, "handover_hold_s", d.handover_hold_s),
+        )
 
     def hosts(self, raw: Mapping[str, Any]) -> tuple[HostConfig, ...] | None:
         value = raw.get("hosts")

@@ -102,6 +102,10 @@ class Commands(Protocol):
         """Lift a fleet-wide restart freeze."""
         ...
 
+    async def handover(self) -> dict[str, Any]:
+        """Leave every worker running and give the run lock to a standby."""
+        ...
+
     def subscribe(self) -> EventSubscription:
         """A new subscription to the daemon's events (``EventHub.subscribe`` fits)."""
         ...
@@ -317,6 +321,7 @@ class ControlServer:
             "reload": self._cmd_reload,
             "stop": self._cmd_stop,
             "unfreeze": self._cmd_unfreeze,
+            "handover": self._cmd_handover,
         }
         # `events` takes over its connection, so it is dispatched apart from the table.
         self._known = sorted([*self._handlers, "events"])
@@ -585,6 +590,16 @@ class ControlServer:
         """
         _expect_args("unfreeze", request)
         return await self._commands.unfreeze()
+
+    async def _cmd_handover(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Detach from every worker and release the run lock for a standby to take; the
+        reply comes before the socket closes.
+
+        Request:  {"cmd": "handover"}
+        Response: {"ok": true, "handing_over": true, "leader": "node-a pid 4242", "epoch": 3}
+        """
+        _expect_args("handover", request)
+        return await self._commands.handover()
 
     async def _cmd_events(self, request: Mapping[str, Any], conn: _Connection) -> bool:
         """Stream events until the client hangs up; the connection serves nothing else.

@@ -11,6 +11,7 @@ has no ``if`` about health or the fleet (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import os
@@ -19,7 +20,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol, assert_never
 
@@ -30,7 +31,14 @@ from supervisor import fleet, health, layout, runfiles, view
 from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
-from supervisor.errors import ConfigError, ControlError, RemoteError, RunLocked, ShardHeld
+from supervisor.errors import (
+    ConfigError,
+    ControlError,
+    Fenced,
+    RemoteError,
+    RunLocked,
+    ShardHeld,
+)
 from supervisor.layout import LaunchSpec
 from supervisor.metrics import Metrics, snapshot_on_loop
 from supervisor.mounts import check_filesystem
@@ -64,6 +72,22 @@ MAINTAIN_RETRY_S: Final = 5.0
 #: A failed read of a joining host's files is tried again after this pause: the host must
 #: not join before its stop sentinel is known.
 SCAN_RETRY_S: Final = 1.0
+#: The exit code of a leader that was deposed or handed over: non-zero, so that systemd
+#: (Restart=on-failure) starts it again, as a standby.
+EXIT_DEPOSED: Final = 3
+#: A leader that cannot tell for this long whether it still holds the lock (the run root
+#: hangs) steps down: well within the NFS lease (90 s) after which a standby may take over.
+LEADERSHIP_CHECK_TIMEOUT_S: Final = 30.0
+#: A standby is healthy (the watchdog is pinged) while its wait for the lock turned within
+#: this long, or four poll intervals if longer.
+STANDBY_HEALTH_MIN_S: Final = 10.0
+#: A standby's warm-up probe that failed (the host's python broken, say) is tried again
+#: after this pause, while its connection is up.
+WARM_RETRY_S: Final = 5.0
+#: A standby re-reads the run directory for its ``status`` at most this often, and only
+#: while its status was asked for within STANDBY_VIEW_ASKED_S.
+STANDBY_VIEW_INTERVAL_S: Final = 2.0
+STANDBY_VIEW_ASKED_S: Final = 60.0
 #: The agent bounds an evidence capture itself; this covers the round trip around it, so a
 #: host that never answers holds the terminate back no longer than the capture could.
 EVIDENCE_SLACK_S: Final = 2.0
@@ -186,6 +210,30 @@ class _Link:
             task.cancel()
 
 
+@dataclass
+class _Warm:
+    """A standby's connection to one host, kept ready for the takeover: connected, its agent
+    started and the host probed, so that taking over costs no SSH handshake."""
+
+    cfg: HostConfig
+    remote: RemoteLike
+    maintain: asyncio.Task[None] | None = None
+    warmer: asyncio.Task[None] | None = None
+    #: The connection's last reported state (None: no outcome yet) and why.
+    up: bool | None = None
+    reason: str = ""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The live worker the last probe found (None: none or not probed yet).
+    probed: bool = False
+    found_pid: int | None = None
+
+    def cancel_tasks(self) -> None:
+        """Stop everything that acts for this host."""
+        for task in (self.maintain, self.warmer):
+            if task is not None:
+                task.cancel()
+
+
 class Daemon:
     """``reward-supervisor run``: one run, many hosts, until SIGTERM."""
 
@@ -230,6 +278,24 @@ class Daemon:
         self._collector: asyncio.Task[None] | None = None
         self._metrics: Metrics | None = None
         self._pointer_written_wall: float | None = None
+        # High availability (docs/OPERATIONS.md): a standby waits for the run lock with its
+        # hosts' connections warm; a leader holds it under an epoch and checks it.
+        self._role = "leader"
+        self._leader = ""  # who holds the lock, as it wrote it
+        self._epoch = 0
+        self._epoch_on_disk: int | None = None
+        self._exit_code = 0
+        self._booted = False
+        self._warm: dict[str, _Warm] = {}
+        self._stop_wanted = asyncio.Event()
+        self._check_now = asyncio.Event()
+        self._handing_over = False
+        self._standby_view: dict[str, Any] = {}
+        self._lock_taken_at: float | None = None
+        self._standby_tick_at = 0.0
+        self._view_at = 0.0
+        self._view_asked_at = float("-inf")
+        self._takeover_started_at: float | None = None
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -245,6 +311,7 @@ class Daemon:
             root=str(self._config.run.root),
             hosts=len(self._config.hosts),
             pid=os.getpid(),
+            standby=self._config.ha.standby,
         )
         for event, fields in config_mod.privilege_warnings(self._config, os.geteuid()):
             log.warning(event, **fields)
@@ -253,6 +320,8 @@ class Daemon:
         except (OSError, RunLocked) as exc:
             log.error("daemon.cannot_start", reason=str(exc))
             return 1
+        if self._role == "leader":
+            log.info("ha.leading", epoch=self._epoch, leader=self._leader)
         control = ControlServer(self._config.control.socket, self)
         try:
             await control.start()
@@ -271,22 +340,29 @@ class Daemon:
             await control.aclose()
             self._events.close()
             self._release_run_lock()
-            log.info("daemon.stopped")
-        return 0
+            if self._handing_over:
+                await self._hold_off()
+            log.info("daemon.stopped", exit_code=self._exit_code, role=self._role)
+        return self._exit_code
 
     async def _serve(self) -> None:
-        histories = await asyncio.to_thread(self._load_history)
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            self._inbox.put(fleet.Booted(histories=histories))
-            background = [
-                tg.create_task(self._watcher.run(self._on_observations), name="watcher"),
+            background: list[asyncio.Task[None]] = [
                 tg.create_task(self._watchdog_loop(), name="watchdog"),
-                tg.create_task(self._persist_loop(), name="persist"),
-                tg.create_task(self._reload_loop(), name="reload"),
             ]
             try:
-                await self._interpret()
+                if self._role == "leader" or await self._stand_by():
+                    histories = await asyncio.to_thread(self._load_history)
+                    self._booted = True
+                    self._inbox.put(fleet.Booted(histories=histories, epoch=self._epoch))
+                    background += [
+                        tg.create_task(self._watcher.run(self._on_observations), name="watcher"),
+                        tg.create_task(self._persist_loop(), name="persist"),
+                        tg.create_task(self._reload_loop(), name="reload"),
+                        tg.create_task(self._leadership_loop(), name="leadership"),
+                    ]
+                    await self._interpret()
             finally:
                 self._tearing_down = True  # from here on nothing new may start in the group
                 for task in (*background, self._diagnosis, self._collector):
@@ -296,11 +372,15 @@ class Daemon:
                     self._timer.cancel()
                 for link in self._links.values():
                     link.cancel_tasks()
+                for warm in self._warm.values():
+                    warm.cancel_tasks()
                 for future in self._replies.values():
                     if not future.done():
                         future.set_exception(ControlError("the daemon is stopping"))
         self._tg = None
         await self._close_remotes()
+        if not self._booted or self._fleet.deposed:
+            return  # the history is the leader's: a standby or a deposed one leaves it alone
         snapshot = self._history_snapshot(time.time() - asyncio.get_running_loop().time())
         try:
             await asyncio.to_thread(self._write_history, snapshot)
@@ -318,6 +398,191 @@ class Daemon:
             self._watcher.set_hosts(self._fleet.names)
             self._arm_timer()
 
+    # ------------------------------------------------------------------------------------
+    # High availability: standby, takeover, leadership checks, handover
+
+    async def _stand_by(self) -> bool:
+        """Wait for the run lock with every host's connection warm; True once we lead,
+        False when asked to stop first."""
+        ha = self._config.ha
+        log.info("ha.standby", leader=self._leader, poll_interval_s=ha.poll_interval_s)
+        for cfg in self._config.hosts:
+            self._warm_up(cfg)
+        self._standby_view = await asyncio.to_thread(self._read_standby_view)
+        self._notifier.status(f"standby, leader: {self._leader or 'unknown'}")
+        self._notifier.ready()
+        loop = asyncio.get_running_loop()
+        view_at = self._view_at = loop.time()
+        leader = self._leader
+        while True:
+            self._standby_tick_at = loop.time()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(ha.poll_interval_s):
+                    await self._stop_wanted.wait()
+            if self._stop_wanted.is_set():
+                self._notifier.stopping()
+                return False
+            free_seen_at = time.monotonic()
+            try:
+                took = await asyncio.to_thread(self._take_lock)
+            except OSError as exc:
+                log.error("ha.takeover_failed", reason=str(exc), retry_in_s=ha.poll_interval_s)
+                continue
+            if took:
+                self._takeover_started_at = free_seen_at
+                break
+            changed = self._leader != leader
+            if changed:
+                leader = self._leader
+                log.info("ha.leader_changed", leader=leader)
+                self._notifier.status(f"standby, leader: {leader or 'unknown'}")
+            # The files are re-read only while someone asks (a thousand hosts' files every
+            # 2 s would be a load on the shared filesystem for nothing).
+            asked = loop.time() - self._view_asked_at <= STANDBY_VIEW_ASKED_S
+            if changed or (asked and loop.time() - view_at >= STANDBY_VIEW_INTERVAL_S):
+                self._standby_view = await asyncio.to_thread(self._read_standby_view)
+                view_at = self._view_at = loop.time()
+        self._role = "leader"
+        log.info(
+            "ha.leading",
+            epoch=self._epoch,
+            leader=self._leader,
+            warm=sum(1 for w in self._warm.values() if w.up),
+            probed=sum(1 for w in self._warm.values() if w.probed),
+            hosts=len(self._warm),
+        )
+        if self._stop_wanted.is_set():
+            # Asked to stop (as a standby) just as the lock came: lead nothing, release it
+            # for the next one. From here on a stop is a leader's stop.
+            self._notifier.stopping()
+            return False
+        self._notifier.status(f"taking over (epoch {self._epoch})")
+        return True
+
+    def _warm_up(self, cfg: HostConfig) -> None:
+        """Connect to ``cfg``'s host and keep its agent started and its worker probed."""
+        warm = _Warm(cfg=cfg, remote=self._new_remote(cfg))
+        self._warm[cfg.name] = warm
+        warm.maintain = self._spawn(self._maintain(cfg.name, warm.remote), f"ssh:{cfg.name}")
+        warm.warmer = self._spawn(self._keep_warm(warm), f"warm:{cfg.name}")
+
+    async def _keep_warm(self, warm: _Warm) -> None:
+        """Probe the host once per connection: the agent is started on the way, and the
+        probe says which worker the takeover will adopt."""
+        probed_up = False
+        while True:
+            await warm.changed.wait()
+            warm.changed.clear()
+            if not warm.up:
+                probed_up = False
+                continue
+            if probed_up:
+                continue
+            spec = layout.launch_spec(self._config, warm.cfg)
+            try:
+                warm.found_pid = await warm.remote.probe(spec, None)
+            except Exception as exc:  # task root: a standby's probe is only a warm-up
+                if isinstance(exc, RemoteError):
+                    log.info("ha.warm_probe_failed", host=warm.cfg.name, reason=exc.reason)
+                else:
+                    log.exception("ha.warm_probe_failed", host=warm.cfg.name)
+                await asyncio.sleep(WARM_RETRY_S)
+                warm.changed.set()  # try again while the connection is up
+                continue
+            warm.probed = probed_up = True
+            log.debug("ha.warm", host=warm.cfg.name, found_pid=warm.found_pid)
+
+    def _read_standby_view(self) -> dict[str, Any]:
+        """The fleet as the run directory shows it, and the epoch there (in a thread)."""
+        run = layout.layout_of(self._config)
+        self._epoch_on_disk = runfiles.read_epoch(run.epoch_file, root=run.root)
+        return view.offline_status(self._config)
+
+    async def _leadership_loop(self) -> None:
+        """Check the lock and the epoch every ``[ha] check_interval_s`` (and at once after an
+        I/O error on the run root); the core decides whether we are deposed."""
+        interval = self._config.ha.check_interval_s
+        while True:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._check_now.wait()
+            except TimeoutError:
+                pass
+            self._check_now.clear()
+            reason: str | None
+            epoch: int | None
+            try:
+                async with asyncio.timeout(LEADERSHIP_CHECK_TIMEOUT_S):
+                    reason, epoch = await asyncio.to_thread(self._check_leadership)
+            except TimeoutError:
+                reason = (
+                    f"the run lock could not be checked within {LEADERSHIP_CHECK_TIMEOUT_S:g}s"
+                    " (the run root hangs)"
+                )
+                epoch = None
+            self._epoch_on_disk = epoch
+            self._inbox.put(
+                fleet.LeadershipChecked(
+                    held=reason is None, epoch_on_disk=epoch, reason=reason or ""
+                )
+            )
+
+    def _check_leadership(self) -> tuple[str | None, int | None]:
+        """Why we no longer hold the run lock (None: we do), and the epoch on disk."""
+        run = layout.layout_of(self._config)
+        fd = self._run_lock
+        reason = "the run lock was released" if fd is None else None
+        if fd is not None:
+            reason = runfiles.check_lock(fd, run.lock_file, root=run.root)
+        return reason, runfiles.read_epoch(run.epoch_file, root=run.root)
+
+    def _deposed(self, action: fleet.Deposed) -> None:
+        """Stop acting at once: abandon every operation, write nothing, exit non-zero."""
+        self._exit_code = EXIT_DEPOSED
+        for link in self._links.values():
+            for task in link.ops:
+                task.cancel()
+        log.error(
+            "ha.deposed",
+            epoch=action.epoch,
+            epoch_on_disk=action.epoch_on_disk,
+            reason=action.reason,
+            exit_code=EXIT_DEPOSED,
+        )
+        self._publish_event("ha.deposed", action.reason)
+        self._notifier.stopping()
+
+    async def handover(self) -> dict[str, Any]:
+        """Request ``{"cmd": "handover"}``: leave every worker running, release the run lock
+        and stay off it for ``[ha] handover_hold_s`` so that a standby takes it."""
+        if self._role == "standby":
+            raise ControlError(f"this daemon is a standby; the leader is {self._leader or '?'}")
+        if self._stop_requested:
+            raise ControlError("the daemon is already stopping")
+        self._handing_over = True
+        self._exit_code = EXIT_DEPOSED
+        log.info("ha.handover", epoch=self._epoch, hold_s=self._config.ha.handover_hold_s)
+        self.request_stop("handover", detach=True)
+        return {"handing_over": True, "leader": self._leader, "epoch": self._epoch}
+
+    async def _hold_off(self) -> None:
+        """After a handover (the lock released): wait up to ``handover_hold_s`` for another
+        daemon to take the lock, so that systemd's restart of this one finds it taken."""
+        run = layout.layout_of(self._config)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.ha.handover_hold_s
+        while loop.time() < deadline:
+            try:
+                held = await asyncio.to_thread(runfiles.lock_is_held, run.lock_file, root=run.root)
+            except OSError:
+                held = False
+            if held:
+                holder = await asyncio.to_thread(runfiles.lock_holder, run.lock_file, root=run.root)
+                log.info("ha.handed_over", leader=holder)
+                return
+            await asyncio.sleep(min(0.05, self._config.ha.poll_interval_s))
+        log.warning("ha.handover_unclaimed", waited_s=self._config.ha.handover_hold_s)
+
     def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
         listen = self._config.metrics.listen
         if listen is None:
@@ -334,9 +599,37 @@ class Daemon:
 
     def _prepare_run_directory(self) -> None:
         layout.ensure_run_dirs(self._config)
+        if not self._take_lock():
+            if not self._config.ha.standby:
+                raise RunLocked(
+                    f"another reward-supervisor already runs this run"
+                    f" ({layout.layout_of(self._config).lock_file} is locked by"
+                    f" {self._leader or 'unknown'}; [ha] standby = true or --standby waits)",
+                    holder=self._leader,
+                )
+            self._role = "standby"
+
+    def _take_lock(self) -> bool:
+        """Take the run lock if it is free, and lead: the next epoch, then the run files.
+        False (``_leader`` says who holds it) when another daemon does. In a thread."""
         run = layout.layout_of(self._config)
-        self._run_lock = runfiles.lock_run(run.ctl / "supervisor.lock", root=run.root)
-        layout.write_run_files(self._config)
+        try:
+            fd = runfiles.lock_run(run.lock_file, root=run.root)
+        except RunLocked as exc:
+            self._leader = exc.holder
+            return False
+        self._run_lock = fd
+        self._lock_taken_at = time.monotonic()
+        try:
+            # Under the lock: the lock orders the bumps, so every leadership's epoch is new.
+            self._epoch = runfiles.bump_epoch(run.epoch_file, root=run.root)
+            layout.write_run_files(self._config)
+        except BaseException:
+            self._release_run_lock()
+            raise
+        self._epoch_on_disk = self._epoch
+        self._leader = _identity()
+        return True
 
     def _release_run_lock(self) -> None:
         if self._run_lock is not None:
@@ -352,12 +645,14 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
 
-    def request_stop(self, why: str = "request") -> None:
-        """Begin a graceful stop (SIGTERM, SIGINT, ``stop`` command)."""
+    def request_stop(self, why: str = "request", *, detach: bool | None = None) -> None:
+        """Begin a graceful stop (SIGTERM, SIGINT, ``stop`` command); a standby just exits."""
         if not self._stop_requested:
             self._stop_requested = True
-            log.info("daemon.stop_requested", by=why)
-            detach = self._config.run.on_exit == "detach"
+            self._stop_wanted.set()
+            log.info("daemon.stop_requested", by=why, role=self._role)
+            if detach is None:
+                detach = self._config.run.on_exit == "detach"
             self._inbox.put(fleet.ShutdownRequested(detach=detach))
 
     def request_reload(self) -> None:
@@ -385,6 +680,12 @@ class Daemon:
 
     def _on_connection(self, name: str, up: bool, reason: str) -> None:
         log.info("ssh.up" if up else "ssh.down", host=name, reason=reason)
+        warm = self._warm.get(name)
+        if warm is not None and name not in self._links:
+            # A standby's warm connection: remembered, told to the core once it adopts it.
+            warm.up, warm.reason = up, reason
+            warm.changed.set()
+            return
         event = health.SshRestored() if up else health.SshLost(reason=reason)
         self._inbox.put(fleet.HostObserved(name, event))
 
@@ -421,6 +722,8 @@ class Daemon:
 
     async def _ask(self, make: Callable[[int], fleet.Event]) -> fleet.Reply:
         """Queue an operator command and wait for the core's answer to it."""
+        if self._role == "standby":
+            raise ControlError(f"this daemon is a standby; the leader is {self._leader or '?'}")
         if self._fleet.finished or self._tg is None:
             raise ControlError("the daemon is not serving commands (starting or stopping)")
         token = next(self._tokens)
@@ -520,6 +823,8 @@ class Daemon:
                 log.info("daemon.stopping", on_exit=self._config.run.on_exit)
             case fleet.ShutdownDone():
                 self._shutdown_done(action)
+            case fleet.Deposed():
+                self._deposed(action)
             case _:
                 assert_never(action)
 
@@ -563,7 +868,30 @@ class Daemon:
     def _connect(self, action: fleet.Connect) -> None:
         name = action.host
         cfg = self._host_configs[name]
-        remote = self._remote_factory(
+        warm = self._warm.pop(name, None)
+        if warm is not None and warm.cfg == cfg and warm.maintain is not None:
+            # Taken over with this host's connection warm: adopt it as it is, and tell the
+            # core what the standby saw of it (a state is reported only when it changes).
+            if warm.warmer is not None:
+                warm.warmer.cancel()
+            self._links[name] = _Link(cfg=cfg, remote=warm.remote, maintain=warm.maintain)
+            if warm.up is not None:
+                event = health.SshRestored() if warm.up else health.SshLost(reason=warm.reason)
+                self._inbox.put(fleet.HostObserved(name, event))
+            return
+        if warm is not None:  # its settings changed meanwhile: a connection of its own
+            warm.cancel_tasks()
+            self._spawn(_aclose_quietly(warm.remote, name), f"close:{name}")
+        remote = self._new_remote(cfg)
+        link = _Link(cfg=cfg, remote=remote)
+        self._links[name] = link
+        link.maintain = self._spawn(self._maintain(name, remote), f"ssh:{name}")
+        if action.added:
+            log.info("host.added", host=name, shard=action.shard)
+
+    def _new_remote(self, cfg: HostConfig) -> RemoteLike:
+        name = cfg.name
+        return self._remote_factory(
             cfg,
             self._fleet_ssh(),
             self._config.worker.python,
@@ -571,11 +899,6 @@ class Daemon:
             lambda up, reason: self._on_connection(name, up, reason),
             lambda news: self._on_exit_pushed(name, news),
         )
-        link = _Link(cfg=cfg, remote=remote)
-        self._links[name] = link
-        link.maintain = self._spawn(self._maintain(name, remote), f"ssh:{name}")
-        if action.added:
-            log.info("host.added", host=name, shard=action.shard)
 
     async def _maintain(self, name: str, remote: RemoteLike) -> None:
         """The host's connection for as long as it is a member; its faults stay its own."""
@@ -608,6 +931,8 @@ class Daemon:
         async with asyncio.TaskGroup() as tg:
             for name, link in self._links.items():
                 tg.create_task(_aclose_quietly(link.remote, name))
+            for name, warm in self._warm.items():
+                tg.create_task(_aclose_quietly(warm.remote, name))
 
     async def _scan(self, hosts: tuple[str, ...]) -> None:
         """Read joining hosts' files; the core hears the sentinels first, then the rest."""
@@ -632,6 +957,10 @@ class Daemon:
         event: health.Event
         try:
             result = await link.remote.launch(spec)
+        except Fenced as exc:
+            log.error("host.fenced", host=name, op="launch", reason=exc.reason)
+            self._inbox.put(fleet.Fenced(host=name, reason=exc.reason))
+            return
         except ShardHeld as exc:
             log.warning(
                 "host.launch_refused", host=name, holder_pid=exc.holder_pid, reason=exc.reason
@@ -664,6 +993,10 @@ class Daemon:
             await link.remote.terminate(
                 self._spec(link), action.pid, grace_s=action.grace_s, kill=action.kill
             )
+        except Fenced as exc:
+            log.error("host.fenced", host=name, op="terminate", pid=action.pid, reason=exc.reason)
+            self._inbox.put(fleet.Fenced(host=name, reason=exc.reason))
+            return
         except RemoteError as exc:
             log.error("host.terminate_failed", host=name, pid=action.pid, reason=exc.reason)
             event = health.TerminateFailed(pid=action.pid, reason=exc.reason, evidence=evidence)
@@ -735,7 +1068,9 @@ class Daemon:
         self._inbox.put(fleet.HostObserved(name, event))
 
     def _spec(self, link: _Link) -> LaunchSpec:
-        return layout.launch_spec(self._config, link.cfg)
+        # Every launch and terminate carries this leadership's epoch: the agent refuses one
+        # lower than the run directory's (fencing a deposed leader).
+        return replace(layout.launch_spec(self._config, link.cfg), epoch=self._fleet.epoch)
 
     async def _write_sentinel(self, action: fleet.WriteStopSentinel) -> None:
         run = layout.layout_of(self._config)
@@ -805,6 +1140,16 @@ class Daemon:
         self._notifier.ready()
         self._publish_status()
         log.info("daemon.ready", summary=self._summary, watch_mode=self._watcher.mode)
+        if self._takeover_started_at is not None and self._lock_taken_at is not None:
+            now = time.monotonic()
+            log.info(
+                "ha.in_charge",
+                epoch=self._epoch,
+                since_lock_s=round(now - self._lock_taken_at, 3),
+                since_lock_free_s=round(now - self._takeover_started_at, 3),
+                adopted=sum(1 for h in self._fleet.hosts.values() if h.pid is not None),
+                hosts=len(self._fleet.hosts),
+            )
         self._collector = self._spawn(self._collect_loop(), "gc")
 
     def _shutdown_done(self, done: fleet.ShutdownDone) -> None:
@@ -832,7 +1177,13 @@ class Daemon:
             return
         loop = asyncio.get_running_loop()
         while True:
-            if self._watcher.healthy(loop.time()):
+            if self._role == "standby":
+                # A standby's one job is its wait for the lock: healthy while that loop turns.
+                window = max(STANDBY_HEALTH_MIN_S, 4 * self._config.ha.poll_interval_s)
+                healthy = loop.time() - self._standby_tick_at <= window
+            else:
+                healthy = self._watcher.healthy(loop.time())
+            if healthy:
                 self._notifier.watchdog()
             else:
                 log.warning("daemon.watchdog_withheld", reason="file watcher not healthy")
@@ -875,10 +1226,23 @@ class Daemon:
             loop = asyncio.get_running_loop()
             snapshot = self._history_snapshot(time.time() - loop.time())
             try:
-                await asyncio.to_thread(self._write_history, snapshot)
+                saved = await asyncio.to_thread(self._write_history, snapshot)
             except OSError as exc:
                 self._history_dirty.set()
+                self._check_now.set()  # an I/O error on the run root: do we still lead?
                 log.error("history.not_saved", reason=str(exc))
+            else:
+                if not saved:
+                    self._check_now.set()  # another epoch on disk: the check deposes us
+
+    def _not_ours(self) -> str | None:
+        """Why this daemon must not write the run's files (another leadership's epoch is on
+        disk), or None. In a thread."""
+        run = layout.layout_of(self._config)
+        on_disk = runfiles.read_epoch(run.epoch_file, root=run.root)
+        if on_disk is not None and on_disk != self._epoch:
+            return f"the run directory's epoch is {on_disk}, ours {self._epoch}"
+        return None
 
     def _history_snapshot(self, wall_minus_mono: float) -> dict[str, Any]:
         """Every host's restart history with instants converted to wall-clock time."""
@@ -901,9 +1265,16 @@ class Daemon:
             "hosts": hosts,
         }
 
-    def _write_history(self, snapshot: dict[str, Any]) -> None:
+    def _write_history(self, snapshot: dict[str, Any]) -> bool:
+        """Save the restart history, unless another leader's epoch is on disk (then it owns
+        the file: False). In a thread."""
+        why = self._not_ours()
+        if why is not None:
+            log.error("history.not_saved", reason=f"{why}: another supervisor leads")
+            return False
         run = layout.layout_of(self._config)
         runfiles.write_json_atomic(run.state_file, snapshot, root=run.root)
+        return True
 
     def _load_history(self) -> dict[str, health.History]:
         run = layout.layout_of(self._config)
@@ -935,6 +1306,8 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         """Request ``{"cmd": "status"}``; response ``{"daemon": {...}, "hosts": {...}}``."""
+        if self._role == "standby":
+            return self._standby_status()
         self._publish_status()  # the summary as of now, not as of the last coalesced update
         now = asyncio.get_running_loop().time()
         core = self._fleet
@@ -955,6 +1328,8 @@ class Daemon:
     def host_status(self, name: str) -> dict[str, Any]:
         """Request ``{"cmd": "status", "host": H}``; response ``{"daemon": {...}, "host": H,
         ...}``, the host's row with its progress, restarts, last exit and evidence in full."""
+        if self._role == "standby":
+            raise ControlError(f"this daemon is a standby; the leader is {self._leader or '?'}")
         self._publish_status()
         now = asyncio.get_running_loop().time()
         core = self._fleet
@@ -987,6 +1362,9 @@ class Daemon:
             "root": str(self._config.run.root),
             "uptime_s": round(now - self._started_at, 3),
             "started_at": self._started_wall,
+            "role": self._role,
+            "leader": self._leader,
+            "epoch": self._epoch,
             "ready": self._ready,
             "stopping": self._stop_requested,
             "summary": self._summary,
@@ -1014,6 +1392,41 @@ class Daemon:
             "pointer": view.pointer_row(
                 self._config.run.pointer_file, core.pointer, self._pointer_written_wall, now
             ),
+        }
+
+    def _standby_status(self) -> dict[str, Any]:
+        """A standby's status: who leads, the epoch, its warm connections, and the hosts as
+        the run directory shows them (re-read every STANDBY_VIEW_INTERVAL_S)."""
+        now = asyncio.get_running_loop().time()
+        self._view_asked_at = now
+        hosts = dict(self._standby_view.get("hosts", {}))
+        leader = self._leader or "unknown"
+        return {
+            "daemon": {
+                "running": True,
+                "role": "standby",
+                "leader": leader,
+                "epoch": self._epoch_on_disk,
+                "pid": os.getpid(),
+                "version": __version__,
+                "config": str(self._config.source),
+                "root": str(self._config.run.root),
+                "uptime_s": round(now - self._started_at, 3),
+                "started_at": self._started_wall,
+                "ready": True,
+                "stopping": self._stop_requested,
+                "summary": f"standby, leader: {leader}",
+                "on_exit": self._config.run.on_exit,
+                "stop_grace_s": self._config.health.stop_grace_s,
+                "warm": {
+                    "hosts": len(self._warm),
+                    "connected": sum(1 for w in self._warm.values() if w.up),
+                    "probed": sum(1 for w in self._warm.values() if w.probed),
+                },
+                "note": "standby: hosts as the run directory shows them; the leader acts",
+                "view_age_s": round(now - self._view_at, 3),
+            },
+            "hosts": hosts,
         }
 
     async def restart_host(self, host: str) -> dict[str, Any]:
@@ -1066,9 +1479,15 @@ class Daemon:
     async def reload(self) -> dict[str, Any]:
         """Re-read and validate the config; apply it, or keep the old one and say why.
 
+        A standby only checks the file: it applies the config as it is when it takes over.
+
         Request ``{"cmd": "reload"}``; response ``{"reloaded": bool, "errors": [...],
         "added": [...], "removed": [...], "restarted": [...], "updated": [...]}``.
         """
+        if self._role == "standby":
+            raise ControlError(
+                "this daemon is a standby: restart it to apply a new config before it leads"
+            )
         async with self._reload_lock:
             self._notifier.reloading()
             try:
@@ -1142,6 +1561,11 @@ def _event_of(obs: Observation) -> health.Event | None:
             return health.StopSentinelAppeared() if present else health.StopSentinelRemoved()
         case _:
             assert_never(obs)
+
+
+def _identity() -> str:
+    """How this daemon names itself in the run lock (``runfiles.lock_run`` writes it)."""
+    return f"{socket.gethostname()} pid {os.getpid()}"
 
 
 def _since(started: float) -> float:

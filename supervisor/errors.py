@@ -59,7 +59,17 @@ class DaemonNotRunning(ControlError):
 
 
 class RunLocked(SupervisorError):
-    """Another reward-supervisor holds this run's lock (``ctl/supervisor.lock``)."""
+    """Another reward-supervisor holds this run's lock (``ctl/supervisor.lock``); ``holder``
+    is who, as it wrote it ("" when unknown)."""
+
+    def __init__(self, message: str, *, holder: str = "") -> None:
+        self.holder = holder
+        super().__init__(message)
+
+
+class Fenced(RemoteError):
+    """A host's agent refused a launch or terminate: the run directory's epoch is higher
+    than the one the request carried, so another supervisor leads now."""
 
 
 class UnsafeFileError(SupervisorError, OSError):

@@ -25,7 +25,12 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
 5. Start-up settles when every host has answered (its probe and any launch it led to) or
    could not be reached, or at the start-up deadline, whichever is first.
 6. Shutdown completes when every host is stopped, or unreachable with nothing in flight,
-   or at the shutdown deadline; the hosts left unstopped are named.
+   or at the shutdown deadline; the hosts left unstopped are named. "Unreachable" means its
+   connection's first outcome came and was a failure: a host still connecting (a daemon
+   stopped during its start-up, a standby that just took over) is waited for, so that the
+   workers it runs are found and stopped, not left behind. For the same reason hosts whose
+   files are being read when a stop begins still join, only to be stopped; a detach lets
+   nobody join. A stop asked for before the boot is begun right after it.
 7. The pointer file (``run.pointer_file``, the seed's "this run's workers are up" marker) is
    written once, when the fleet is first all ready; a failed write is retried with a
    doubling delay whatever the fleet does meanwhile, and never stops anything.
@@ -41,6 +46,14 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
    held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
    written before the host is stopped and start-host has it removed before the host starts,
    so the file, which outlives the daemon, always agrees with what was done.
+10. Leadership. The fleet acts under the leadership it booted with (``Booted.epoch``, the
+   number the shell wrote to ``ctl/supervisor.epoch`` under the run lock). It is deposed
+   when a check finds the lock lost, or an epoch on disk other than its own (a standby took
+   over and wrote a higher one), or when a host's agent fenced one of its requests (the
+   agent saw a higher epoch). Deposed means ``Deposed`` and nothing more, at once and in
+   every phase: no stop, no launch, no reply, no history write (the new leader owns it).
+   An epoch file that cannot be read deposes no one: the lock is the election, the epoch
+   only the fence.
 
 Theory of operation. ``Fleet`` is a sans-I/O state machine in the manner of h11's
 connection: the shell feeds batches of events with ``now`` (a monotonic reading) and
@@ -111,6 +124,27 @@ class Booted:
     daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
 
     histories: Mapping[str, health.History] = field(default_factory=dict)
+    #: This leadership's epoch (``ctl/supervisor.epoch``); 0 where nothing fences.
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeadershipChecked:
+    """The shell looked at the run lock and the epoch file: ``held`` is whether this daemon
+    still holds the lock, ``epoch_on_disk`` the epoch recorded there (None: unreadable)."""
+
+    held: bool
+    epoch_on_disk: int | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fenced:
+    """A host's agent refused a launch or terminate of ``host``: the run directory's epoch
+    is higher than this leadership's."""
+
+    host: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +264,8 @@ FleetEvent = (
     | StopSentinelDeleted
     | PointerWritten
     | FilesystemDiagnosed
+    | LeadershipChecked
+    | Fenced
 )
 Event = HostObserved | FleetEvent
 
@@ -449,6 +485,16 @@ class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deposed:
+    """Another daemon leads now: stop acting at once (touch no worker, write no file) and
+    exit, so the service manager restarts this one as a standby."""
+
+    epoch: int
+    epoch_on_disk: int | None
+    reason: str
+
+
 Action = (
     ScanFiles
     | Connect
@@ -474,6 +520,7 @@ Action = (
     | CrashSignatureFound
     | CrashSignatureCleared
     | HistoryChanged
+    | Deposed
 )
 
 _HISTORY_CHANGED: Final = HistoryChanged()
@@ -504,6 +551,8 @@ class Fleet:
         self._joining: dict[str, Member] = {}
         self._retiring: set[str] = set()
         self._booted = False
+        #: A stop (not a detach) asked for before the boot: done right after it.
+        self._stop_at_boot = False
         #: Joining as the daemon starts (not "added" by a reload).
         self._at_boot: set[str] = set()
         self.freeze = Freeze()
@@ -536,6 +585,9 @@ class Fleet:
         self.held: dict[str, str] = {}
         #: The names of joined and joining hosts; a new object whenever they change.
         self.names: frozenset[str] = frozenset()
+        #: This leadership's epoch (from ``Booted``) and whether it was deposed.
+        self.epoch = 0
+        self.deposed = False
 
     # --- queries -----------------------------------------------------------------------
 
@@ -616,11 +668,16 @@ class Fleet:
         out: list[Action] = []
         for event in events:
             if self._finished:
-                return out  # nothing happens after shutdown
+                break  # nothing happens after shutdown
             if isinstance(event, HostObserved):
                 self._observed(event.host, event.event, now, out)
             else:
                 self._fleet_event(event, now, out)
+        if self.deposed:
+            # Whatever this batch asked for before the news came is not done either.
+            return [a for a in out if type(a) is Deposed]
+        if self._finished:
+            return out
         # A batch matters to the freeze only if the fleet is frozen (heartbeats thaw it) or
         # a host changed state (the count of hosts that should run sets the threshold):
         # heartbeats alone only shorten silences, so they cannot freeze it.
@@ -661,6 +718,10 @@ class Fleet:
                 if change is not None:
                     self._apply_freeze(change, now, out)
                 out.append(Reply(token=event.token, result={"frozen": False, "was_frozen": was}))
+            case ShutdownRequested() if not self._booted and not event.detach:
+                # Before the boot (a signal while the shell read the history): the stop
+                # comes once the members are known, so their workers are found and stopped.
+                self._stop_at_boot = True
             case ShutdownRequested():
                 self._shutdown(event.detach, now, out)
             case PointerWritten():
@@ -669,6 +730,10 @@ class Fleet:
                 if self.freeze.frozen:  # thawed meanwhile: old news
                     self.finding = event.finding
                     out.append(FreezeExplained(finding=event.finding, free_bytes=event.free_bytes))
+            case LeadershipChecked():
+                self._leadership_checked(event, out)
+            case Fenced():
+                self._depose(None, f"{event.host}: fenced: {event.reason}", out)
             case _:
                 assert_never(event)
 
@@ -782,7 +847,7 @@ class Fleet:
             if not self._unsettled and self._booted and not self._joining:
                 self._settle((), out)
         if self._shutting_down:
-            if _stop_done(host):
+            if self._stop_done(name, host):
                 self._stop_pending.discard(name)
             else:
                 self._stop_pending.add(name)
@@ -803,9 +868,13 @@ class Fleet:
         if self._booted:
             return
         self._booted = True
+        self.epoch = event.epoch
         self._histories = dict(event.histories)
         self._admit(now, out)
         self._at_boot = set(self._joining)
+        if self._stop_at_boot:
+            self._shutdown(False, now, out)
+            return
         if not self._joining:
             self._settle((), out)
 
@@ -827,15 +896,19 @@ class Fleet:
             out.append(ScanFiles(hosts=tuple(joining)))
 
     def _files_scanned(self, event: FilesScanned, now: float, out: list[Action]) -> None:
-        if self._shutting_down:
-            return  # nobody joins a fleet that is stopping
+        # A stop under way (a detach has finished already): they join only to be stopped,
+        # so that a worker already running there is found and stopped, not left behind.
+        stopping = self._shutting_down
         if self._startup_deadline_at is None:
             self._startup_deadline_at = now + self._policy.startup_timeout_s
         # In the order they joined, which is the config's: hosts connect as listed.
         for name in [n for n in self._joining if n in event.hosts]:
             member = self._joining.pop(name)
             if self._configured.get(name) != member:
-                continue  # a reload removed or changed it meanwhile: admitted afresh below
+                # A reload removed or changed it meanwhile: admitted afresh below (not while
+                # stopping: commands are refused then, so it changed before the stop).
+                self._stop_pending.discard(name)
+                continue
             host = health.new_host(
                 name,
                 now,
@@ -849,10 +922,16 @@ class Fleet:
             added = name not in self._at_boot
             self._at_boot.discard(name)
             out.append(Connect(host=name, shard=member.shard, added=added))
-            if self.freeze.frozen:
+            if stopping:
+                self._feed(name, _SHUTDOWN_STOP, now, out)
+            elif self.freeze.frozen:
                 self._feed(name, health.FleetFrozen(reason=self.freeze.reason), now, out)
             self._arm(name, self._hosts[name].deadline_at)
         self._names_changed()
+        if stopping:
+            if not self._stop_pending:
+                self._finish(out)
+            return
         self._admit(now, out)
         if not self._settled and not self._unsettled and not self._joining:
             self._settle((), out)
@@ -917,6 +996,10 @@ class Fleet:
         if name in self._joining:
             del self._joining[name]  # never connected: nothing to stop
             self._names_changed()
+            if self._shutting_down:  # a stop waited for it to join: no longer
+                self._stop_pending.discard(name)
+                if not self._stop_pending:
+                    self._finish(out)
             return
         if name not in self._hosts or name in self._retiring:
             return
@@ -992,7 +1075,8 @@ class Fleet:
             self._finish(out, detached=True)  # workers keep running; the next daemon adopts them
             return
         self._shutdown_deadline_at = now + self._policy.shutdown_timeout_s
-        self._stop_pending = set(self._hosts)
+        # Hosts whose files are being read join once they are, only to be stopped.
+        self._stop_pending = set(self._hosts) | set(self._joining)
         for name in list(self._hosts):
             # Feeding one host can only drop that host (a removed one, now stopped).
             self._feed(name, _SHUTDOWN_STOP, now, out)
@@ -1000,9 +1084,16 @@ class Fleet:
         if not self._stop_pending:
             self._finish(out)
 
+    def _stop_done(self, name: str, host: Host) -> bool:
+        """Shutdown is done with this host: stopped, or unreachable (its connection's first
+        outcome came, a failure) with nothing in flight."""
+        if host.state is S.STOPPED:
+            return True
+        return not host.ssh_up and host.op is None and name in self._connect_seen
+
     def _track_stop(self, name: str) -> None:
         host = self._hosts.get(name)
-        if host is not None and _stop_done(host):
+        if host is not None and self._stop_done(name, host):
             self._stop_pending.discard(name)
 
     def _finish(self, out: list[Action], *, detached: bool = False) -> None:
@@ -1019,6 +1110,22 @@ class Fleet:
             # promise kept for workers that may well run on.
             unreachable = tuple(n for n, h in self._hosts.items() if h.state is not S.STOPPED)
             out.append(ShutdownDone(unreachable=unreachable))
+
+    # --- leadership ------------------------------------------------------------------------------
+
+    def _leadership_checked(self, event: LeadershipChecked, out: list[Action]) -> None:
+        if not event.held:
+            self._depose(event.epoch_on_disk, event.reason or "the run lock is lost", out)
+        elif event.epoch_on_disk is not None and event.epoch_on_disk != self.epoch:
+            reason = f"the run directory's epoch is {event.epoch_on_disk}, ours {self.epoch}"
+            self._depose(event.epoch_on_disk, reason, out)
+
+    def _depose(self, epoch_on_disk: int | None, reason: str, out: list[Action]) -> None:
+        """Stop at once: ``Deposed`` is the last action, whatever was under way."""
+        self.deposed = True
+        self._finished = True
+        self._joining.clear()
+        out.append(Deposed(epoch=self.epoch, epoch_on_disk=epoch_on_disk, reason=reason))
 
     # --- crash signatures ------------------------------------------------------------------------
 
@@ -1202,11 +1309,6 @@ class Fleet:
 _SHUTDOWN_STOP: Final = health.StopRequested(
     reason="daemon shutdown", cause=health.StopCause.SHUTDOWN
 )
-
-
-def _stop_done(host: Host) -> bool:
-    """Shutdown is done with this host: stopped, or unreachable with nothing in flight."""
-    return host.state is S.STOPPED or (not host.ssh_up and host.op is None)
 
 
 # --------------------------------------------------------------------------------------

@@ -139,6 +139,9 @@ class Policy:
     restart_window_s: float = 3600.0
     stop_grace_s: float = 60.0
     kill_after_grace: bool = False
+    #: A stuck worker is SIGKILLed after the grace even without ``kill_after_grace``: its
+    #: hung call cannot end on SIGTERM, so without the kill it would never be replaced.
+    kill_stuck: bool = True
     #: False: an unhealthy worker is never replaced automatically (the seed's --no-respawn).
     auto_restart: bool = True
     #: A ready worker with tasks in flight and no task finished for this long is stuck
@@ -1292,12 +1295,13 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
     # an operator's restart goes ahead).
     held = host.frozen and host.state is S.STALE and host.restart_is_automatic
     if host.state in (S.STALE, S.STOPPING) and host.pid is not None and not held:
+        automatic = host.state is S.STALE and host.restart_is_automatic
         terminate = Terminate(
             pid=host.pid,
             grace_s=policy.stop_grace_s,
-            kill=policy.kill_after_grace,
-            collect_evidence=host.state is S.STALE
-            and host.restart_is_automatic
+            kill=policy.kill_after_grace
+            or (policy.kill_stuck and automatic and host.cause_code is Cause.STUCK),
+            collect_evidence=automatic
             and host.cause_code in _LIVE_BUT_UNHEALTHY
             and policy.evidence_timeout_s > 0,
         )

@@ -50,6 +50,16 @@ class RunLayout:
         return self.ctl / "launch_meta.json"
 
     @property
+    def epoch_file(self) -> Path:
+        """``ctl/supervisor.epoch``: the current leadership's epoch (fencing)."""
+        return self.ctl / "supervisor.epoch"
+
+    @property
+    def lock_file(self) -> Path:
+        """``ctl/supervisor.lock``: the run lock, one leading supervisor per run."""
+        return self.ctl / "supervisor.lock"
+
+    @property
     def state_file(self) -> Path:
         """Restart history and backoff, kept across daemon restarts."""
         return self.ctl / "supervisor-state.json"
@@ -120,6 +130,10 @@ class LaunchSpec:
     lock: str
     log_max_bytes: int
     log_backups: int
+    #: ``ctl/supervisor.epoch``, and the epoch of the leadership asking: the agent refuses a
+    #: launch or terminate whose epoch is lower than the file's (fencing; 0: never refused).
+    epoch_file: str = ""
+    epoch: int = 0
 
 
 def launch_spec(config: Config, host: HostConfig) -> LaunchSpec:
@@ -139,6 +153,7 @@ def launch_spec(config: Config, host: HostConfig) -> LaunchSpec:
         lock=str(layout.shard_lock(host.shard)),
         log_max_bytes=config.worker.log_max_bytes,
         log_backups=config.worker.log_backups,
+        epoch_file=str(layout.epoch_file),
     )
 
 

@@ -361,6 +361,24 @@ class _SnapshotCollector(Collector):
             return
         hosts: Mapping[str, Mapping[str, Any]] = status.get("hosts", {})
         daemon: Mapping[str, Any] = status.get("daemon", {})
+        role = str(daemon.get("role", "leader"))
+        role_gauge = GaugeMetricFamily(
+            "reward_supervisor_role",
+            "1 for this daemon's role: leader (in charge) or standby (waiting for the lock).",
+            labels=["role"],
+        )
+        for each in ("leader", "standby"):
+            role_gauge.add_metric([each], 1 if each == role else 0)
+        yield role_gauge
+        yield _gauge(
+            "reward_supervisor_epoch",
+            "The run's leadership epoch this daemon leads under (a standby: the one on disk).",
+            float(daemon.get("epoch") or 0),
+        )
+        if role == "standby":
+            # The hosts are the leader's to report; a standby's view of them is the files'.
+            yield _gauge("reward_supervisor_up", "1 while the daemon serves.", 1)
+            return
         by_state = GaugeMetricFamily(
             "reward_supervisor_hosts", "Hosts in each state.", labels=["state"]
         )

@@ -49,7 +49,7 @@ import structlog
 from supervisor import agent as protocol
 from supervisor import health
 from supervisor.config import HostConfig, SshConfig
-from supervisor.errors import RemoteError, ShardHeld
+from supervisor.errors import Fenced, RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
 from supervisor.measured import remote_program
 
@@ -772,6 +772,8 @@ class RemoteHost:
             error = host_text(reply.error) or "the agent gave no reason"
             if reply.kind == "refused":
                 raise ShardHeld(self.name, error, holder_pid=reply.holder_pid)
+            if reply.kind == "fenced":
+                raise Fenced(self.name, f"{op}: {error}")
             raise RemoteError(self.name, f"{op}: {error}")
         if not isinstance(reply, expected):
             raise RemoteError(self.name, f"{op}: the agent answered with another kind of reply")

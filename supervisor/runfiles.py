@@ -347,7 +347,8 @@ def lock_run(path: Path, *, root: Path) -> int:
         os.close(fd)
         raise RunLocked(
             f"another reward-supervisor already runs this run ({path} is locked by"
-            f" {holder or 'unknown'})"
+            f" {holder or 'unknown'})",
+            holder=holder,
         ) from None
     try:
         os.ftruncate(fd, 0)
@@ -356,6 +357,94 @@ def lock_run(path: Path, *, root: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+#: ``ctl/supervisor.epoch`` holds one number and a newline.
+EPOCH_MAX_BYTES: Final = 64
+#: Far beyond any count of takeovers; bounded so that a planted number stays a small int.
+EPOCH_MAX: Final = 2**53
+
+
+def read_epoch(path: Path, *, root: Path) -> int | None:
+    """The leadership epoch in ``ctl/supervisor.epoch``: 0 when there is none yet, None when
+    the file is there but unreadable or not a number (never followed, never more than a
+    few bytes read)."""
+    try:
+        data = read_capped(path, EPOCH_MAX_BYTES, root=root)
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
+    text = data.strip()
+    if len(data) > EPOCH_MAX_BYTES or not text.isdigit() or len(text) > 16:
+        return None
+    epoch = int(text)
+    return epoch if epoch <= EPOCH_MAX else None
+
+
+def bump_epoch(path: Path, *, root: Path) -> int:
+    """Write the next epoch (the one on disk plus one; 1 when there is none or it cannot be
+    read) and return it. Call it only holding the run lock: the lock orders the bumps."""
+    current = read_epoch(path, root=root)
+    epoch = (current or 0) + 1
+    write_atomic(path, f"{epoch}\n".encode(), root=root)
+    return epoch
+
+
+def lock_holder(path: Path, *, root: Path) -> str:
+    """Who holds (or last held) the run lock, as its holder wrote it; "" when it cannot be
+    read. Never call it in the process holding the lock: closing any descriptor of the
+    file releases a process's lockf locks."""
+    try:
+        dir_fd, name = _open_parent(path, root)
+    except OSError:
+        return ""
+    try:
+        fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
+    except OSError:
+        return ""
+    finally:
+        os.close(dir_fd)
+    try:
+        return _holder(fd)
+    finally:
+        os.close(fd)
+
+
+def check_lock(fd: int, path: Path, *, root: Path) -> str | None:
+    """Whether we still hold the run lock on ``fd``; None if we do, else why not.
+
+    The name must still be the file we locked (one removed or replaced under us means the
+    next daemon locks another file: two leaders), and the lock must still answer: taking
+    it again on the same descriptor is a no-op for a holder, and the I/O that tells an NFS
+    client its lease lapsed and its lock is gone (EIO). Nothing here opens the lock file:
+    closing another descriptor of it would release the lock.
+    """
+    try:
+        ours = os.fstat(fd)
+    except OSError as exc:
+        return f"the lock descriptor failed: {exc}"
+    try:
+        dir_fd, name = _open_parent(path, root)
+    except OSError as exc:
+        return f"{path.parent} cannot be opened: {exc}"
+    try:
+        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return f"{path} was removed"
+    except OSError as exc:
+        return f"{path} cannot be looked at: {exc}"
+    finally:
+        os.close(dir_fd)
+    if (now.st_dev, now.st_ino) != (ours.st_dev, ours.st_ino):
+        return f"{path} was replaced by another file"
+    if ours.st_nlink == 0:
+        return f"{path} was removed"
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return f"the lock on {path} failed: {exc}"
+    return None
 
 
 def lock_is_held(path: Path, *, root: Path) -> bool:

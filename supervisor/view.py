@@ -259,6 +259,17 @@ def render_table(status: Mapping[str, Any]) -> str:
     daemon = status.get("daemon", {})
     hosts: Mapping[str, Mapping[str, Any]] = status.get("hosts", {})
     lines: list[str] = []
+    if daemon.get("role") == "standby":
+        warm = daemon.get("warm") or {}
+        lines.append(
+            terminal_text(
+                f"standby pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
+                f" leader: {daemon.get('leader')}, epoch {daemon.get('epoch')},"
+                f" warm {warm.get('connected')}/{warm.get('hosts')} connected,"
+                f" {warm.get('probed')} probed; hosts as the run directory shows them:"
+            )
+        )
+        return "\n".join([*lines, *_offline_table(hosts)])
     if daemon.get("running", True):
         frozen = " FROZEN: restarts held" if daemon.get("frozen") else ""
         if frozen and daemon.get("freeze_finding"):
@@ -267,6 +278,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             terminal_text(
                 f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
                 f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
+                + (f", leader, epoch {daemon['epoch']}" if daemon.get("epoch") else "")
             )
         )
         lines += [terminal_text(line) for line in crash_signature_lines(daemon)]

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -112,11 +112,22 @@ class FaultRun:
         """Write the config (atomically) to ``path`` or the run's config path."""
         return write_config_atomic(path or self.config_path, raw)
 
-    async def start(self, config: Path | None = None, *, ready: int | None = None) -> DaemonProcess:
-        """Start ``reward-supervisor run``; with ``ready=N``, return once N hosts are ready."""
-        daemon = DaemonProcess(config or self.config_path, self.tmp_path)
+    async def start(
+        self,
+        config: Path | None = None,
+        *,
+        ready: int | None = None,
+        args: Sequence[str] = (),
+        socket: Path | None = None,
+        watchdog_usec: int | None = None,
+    ) -> DaemonProcess:
+        """Start ``reward-supervisor run`` (with ``args``, answering on ``socket`` if given);
+        with ``ready=N``, return once N hosts are ready."""
+        daemon = DaemonProcess(
+            config or self.config_path, self.tmp_path, args=args, control_socket=socket
+        )
         self.daemons.append(daemon)
-        await daemon.start()
+        await daemon.start(watchdog_usec=watchdog_usec)
         if ready is not None:
             await daemon.wait_status(lambda s: all_ready(s, ready), READY_S, f"{ready} ready")
         return daemon

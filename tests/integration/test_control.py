@@ -104,6 +104,11 @@ class FakeDaemon:
         self.calls.append(("unfreeze", None))
         return {"frozen": False}
 
+    async def handover(self) -> dict[str, Any]:
+        """Record the call; report the handover begun."""
+        self.calls.append(("handover", None))
+        return {"handing_over": True, "leader": "node-a pid 1", "epoch": 1}
+
     def subscribe(self) -> Subscription:
         """A subscription to this fake's hub."""
         return self.hub.subscribe()
@@ -266,6 +271,12 @@ async def ping_as_nobody(path: Path) -> dict[str, Any]:
         ("reload", {}, {"reloaded": True, "errors": []}, ("reload", None)),
         ("stop", {}, {"stopping": True}, ("stop", None)),
         ("unfreeze", {}, {"frozen": False}, ("unfreeze", None)),
+        (
+            "handover",
+            {},
+            {"handing_over": True, "leader": "node-a pid 1", "epoch": 1},
+            ("handover", None),
+        ),
     ],
 )
 async def test_command_reaches_the_daemon_and_its_reply_comes_back(
@@ -393,7 +404,10 @@ async def test_unknown_command_reply_lists_the_known_commands(server: ControlSer
         await request(server.path, "restart-everything")
     message = str(caught.value)
     assert '"restart-everything"' in message
-    known = "events, ping, reload, restart-host, start-host, status, stop, stop-host, unfreeze"
+    known = (
+        "events, handover, ping, reload, restart-host, start-host, status, stop, stop-host,"
+        " unfreeze"
+    )
     assert message.endswith(f"known commands: {known}")
 
 

@@ -189,3 +189,28 @@ async def test_metrics_stop_frees_the_port_and_a_bad_address_raises() -> None:
         Metrics(lambda: {}).start("127.0.0.1", port)
     again.stop()
     assert threading.active_count() == threads_before
+
+
+def test_role_and_epoch_gauges_and_a_standby_exports_no_host_series() -> None:
+    """A leader exports ``role{role="leader"} 1`` and its epoch with its host series; a
+    standby ``role{role="standby"} 1``, the epoch on disk, and no per-host series (the hosts
+    are the leader's to report)."""
+    row = {"state": "ready", "ssh": "connected", "restarts": 2, "heartbeat_age_s": 0.5}
+    leader = (
+        Metrics(lambda: {"daemon": {"role": "leader", "epoch": 7}, "hosts": {"worker-0": row}})
+        .render("text/plain", "")[0]
+        .decode()
+    )
+    assert 'reward_supervisor_role{role="leader"} 1.0' in leader
+    assert 'reward_supervisor_role{role="standby"} 0.0' in leader
+    assert "reward_supervisor_epoch 7.0" in leader
+    assert 'reward_supervisor_host_state{host="worker-0",state="ready"} 1.0' in leader
+    standby = (
+        Metrics(lambda: {"daemon": {"role": "standby", "epoch": 7}, "hosts": {"worker-0": row}})
+        .render("text/plain", "")[0]
+        .decode()
+    )
+    assert 'reward_supervisor_role{role="standby"} 1.0' in standby
+    assert "reward_supervisor_epoch 7.0" in standby
+    assert "reward_supervisor_up 1.0" in standby
+    assert "worker-0" not in standby

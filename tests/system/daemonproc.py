@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,21 @@ def write_config(path: Path, raw: Mapping[str, Any]) -> Path:
 class DaemonProcess:
     """One ``reward-supervisor run -c CONFIG`` child process and what it says."""
 
-    def __init__(self, config_path: Path, workdir: Path) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        workdir: Path,
+        *,
+        args: Sequence[str] = (),
+        control_socket: Path | None = None,
+    ) -> None:
         self.config_path = config_path
         self.workdir = workdir
+        #: More arguments of ``run`` (``--standby``, ``--control-socket PATH``: then pass
+        #: ``control_socket`` too, the one the daemon will answer on).
+        self.args = tuple(args)
         # Read once: a test may break the file later to exercise a failed reload.
-        self.socket = load(config_path).control.socket
+        self.socket = control_socket or load(config_path).control.socket
         self.lines: list[dict[str, Any]] = []
         self.bad_lines: list[str] = []
         self.notifications: list[str] = []
@@ -97,6 +107,7 @@ class DaemonProcess:
             str(self.config_path),
             "--log-format",
             "json",
+            *self.args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

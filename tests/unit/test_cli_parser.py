@@ -124,3 +124,19 @@ def test_check_config_takes_c_the_environment_or_the_positional(
     monkeypatch.delenv(cli.CONFIG_ENV)
     with pytest.raises(cli.CliError):
         cli._check_config_path(parser.parse_args(["check-config"]))
+
+
+def test_run_standby_control_socket_and_handover_parse() -> None:
+    """``run --standby --control-socket P``, ``status --control-socket P`` and ``handover``
+    (with ``--timeout``) parse; without the flags, nothing is overridden."""
+    parser = cli.build_parser()
+    args = parser.parse_args(["run", "-c", "c.toml", "--standby", "--control-socket", "/r/b.sock"])
+    assert (args.standby, args.control_socket) == (True, "/r/b.sock")
+    args = parser.parse_args(["run", "-c", "c.toml"])
+    assert (args.standby, args.control_socket) == (False, None)
+    args = parser.parse_args(["status", "-c", "c.toml", "--control-socket", "/r/b.sock"])
+    assert args.control_socket == "/r/b.sock"
+    args = parser.parse_args(["handover", "-c", "c.toml", "--timeout", "12", "--json"])
+    assert (args.handler, args.timeout, args.json) == (cli.cmd_handover, 12.0, True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["handover", "-c", "c.toml", "--timeout", "0"])

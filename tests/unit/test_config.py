@@ -65,6 +65,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert c.health.backoff_max_s == 300
     assert c.health.max_restarts == 0
     assert c.health.kill_after_grace is False
+    assert c.health.kill_stuck is True
     assert c.ssh.keepalive_interval_s == 15
     assert c.ssh.connect_timeout_s == 20
     assert c.run.forbid_hosts == ("head",)
@@ -369,3 +370,61 @@ def test_privilege_warnings_name_root_use_and_nothing_else() -> None:
         "ssh.root_login",
     ]
     assert config.privilege_warnings(everyone, euid=0)[1][1]["hosts"] == ["worker-0", "worker-1"]
+
+
+def test_ha_defaults_and_values() -> None:
+    """``[ha]`` left out: no standby, the documented timings; given: taken as written."""
+    default = config.parse(minimal(), Path("/etc/x.toml")).ha
+    assert default == config.HaConfig(
+        standby=False,
+        poll_interval_s=0.5,
+        check_interval_s=5.0,
+        confirm_timeout_s=30.0,
+        handover_hold_s=5.0,
+    )
+    given = config.parse(
+        minimal(
+            ha={
+                "standby": True,
+                "poll_interval_s": 1,
+                "check_interval_s": 30,
+                "confirm_timeout_s": 60,
+                "handover_hold_s": 2.5,
+            }
+        ),
+        Path("/etc/x.toml"),
+    ).ha
+    assert given == config.HaConfig(
+        standby=True,
+        poll_interval_s=1.0,
+        check_interval_s=30.0,
+        confirm_timeout_s=60.0,
+        handover_hold_s=2.5,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ha", "problem"),
+    [
+        ({"standby": "yes"}, "ha.standby: must be"),
+        ({"poll_interval_s": 0}, "ha.poll_interval_s: must be"),
+        ({"check_interval_s": 31}, "ha.check_interval_s: must be at most 30"),
+        ({"confirm_timeout_s": -1}, "ha.confirm_timeout_s: must be"),
+        ({"handover_hold_s": "5"}, "ha.handover_hold_s: must be"),
+        ({"stanby": True}, "ha.stanby: unknown key"),
+    ],
+)
+def test_bad_ha_values_are_problems_naming_the_key(ha: dict[str, Any], problem: str) -> None:
+    """Each bad ``[ha]`` value is refused naming its key (a typo with a did-you-mean)."""
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(ha=ha), Path("/etc/x.toml"))
+    reported = [f"{p.key}: {p.reason}" for p in caught.value.problems]
+    assert any(r.startswith(problem) for r in reported), reported
+
+
+def test_kill_stuck_can_be_turned_off_and_must_be_a_boolean() -> None:
+    """health.kill_stuck = false reaches the core's policy; a string is refused by name."""
+    c = config.parse(minimal(health={"kill_stuck": False}), Path("/etc/x.toml"))
+    assert c.health.kill_stuck is False
+    with pytest.raises(ConfigError, match=r"health\.kill_stuck"):
+        config.parse(minimal(health={"kill_stuck": "no"}), Path("/etc/x.toml"))

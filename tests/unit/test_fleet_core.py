@@ -501,12 +501,37 @@ def test_an_empty_fleet_settles_at_once() -> None:
     assert s.feed(f.Booted()) == [f.Settled(slow=())]
 
 
-def test_hosts_whose_files_arrive_during_shutdown_do_not_join() -> None:
-    """Nobody joins a fleet that is stopping: no connection is opened."""
+def test_hosts_whose_files_arrive_during_a_stop_join_only_to_be_stopped() -> None:
+    """A stop that begins while hosts' files are read (a daemon stopped during its start-up,
+    a standby that just took over) waits for them: they join, connect, and the worker found
+    there is stopped, not left running. A detach lets nobody join."""
     s = shell(("a", 0))
     s.feed(f.Booted())
+    scan = s.last(f.ScanFiles)
+    assert scan is not None
     s.feed(f.ShutdownRequested(detach=False))
-    assert s.core.finished  # nothing had joined: nothing to stop
+    assert not s.core.finished  # "a" may run a worker: it must be found first
+    out = s.scanned(scan)
+    assert s.of(out, f.Connect) == [f.Connect(host="a", shard=0, added=False)]
+    s.on("a", h.SshRestored())
+    probe = s.last(f.Probe, "a")
+    assert probe is not None
+    s.on("a", h.ProbeResult(pid=100))
+    assert s.last(f.Terminate, "a") == f.Terminate(
+        host="a", pid=100, grace_s=HEALTH.stop_grace_s, kill=HEALTH.kill_after_grace
+    )
+    assert not s.core.finished
+    out = s.on("a", h.TerminateConfirmed(pid=100))
+    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+
+    d = shell(("a", 0))
+    d.feed(f.Booted())
+    scan = d.last(f.ScanFiles)
+    assert scan is not None
+    d.feed(f.ShutdownRequested(detach=True))
+    assert d.core.finished
+    assert d.scanned(scan) == []
+
     s2 = shell(("a", 0), ("b", 1))
     s2.boot()
     s2.run_worker("a", 100)
@@ -521,8 +546,69 @@ def test_hosts_whose_files_arrive_during_shutdown_do_not_join() -> None:
     scan = s2.last(f.ScanFiles)
     assert scan == f.ScanFiles(hosts=("c",))
     s2.feed(f.ShutdownRequested(detach=False))
-    assert not s2.of(s2.scanned(scan), f.Connect)
-    assert "c" not in s2.core.hosts
+    assert s2.of(s2.scanned(scan), f.Connect) == [f.Connect(host="c", shard=2, added=True)]
+    assert "c" in s2.core.hosts
+
+
+def test_a_stop_before_the_boot_stops_the_workers_found_after_it() -> None:
+    """A SIGTERM while the shell still reads the history (before ``Booted``): the fleet
+    boots, its hosts join only to be stopped, and the worker found is stopped; a detach
+    before the boot just ends it."""
+    s = shell(("a", 0))
+    assert s.feed(f.ShutdownRequested(detach=False)) == []
+    out = s.feed(f.Booted())
+    assert s.of(out, f.ShutdownBegan) == [f.ShutdownBegan(detach=False)]
+    scan = s.last(f.ScanFiles)
+    assert scan == f.ScanFiles(hosts=("a",))
+    s.scanned(scan)
+    s.on("a", h.SshRestored())
+    s.on("a", h.ProbeResult(pid=100))
+    assert s.last(f.Terminate, "a") is not None
+    assert s.last(f.Launch, "a") is None
+    out = s.on("a", h.TerminateConfirmed(pid=100))
+    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+
+    d = shell(("a", 0))
+    out = d.feed(f.ShutdownRequested(detach=True))
+    assert d.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert d.feed(f.Booted()) == []
+
+
+def test_a_stop_waits_for_a_host_s_first_connection_outcome() -> None:
+    """A host whose connection has not come up yet is not "unreachable": the stop waits for
+    it (up: probe and stop; down: unreachable, named), or for its deadline."""
+    s = shell(("a", 0), ("b", 1))
+    s.boot()
+    s.feed(f.ShutdownRequested(detach=False))
+    assert not s.finished()
+    s.on("a", h.SshLost(reason="refused"))
+    assert not s.finished()
+    s.on("b", h.SshRestored())
+    s.on("b", h.ProbeResult(pid=None))
+    assert s.finished()
+    done = s.last(f.ShutdownDone)
+    assert done == f.ShutdownDone(unreachable=("a",))
+
+
+def test_a_host_changed_by_a_reload_while_read_then_a_stop_is_not_waited_for() -> None:
+    """A reload changes a joining host; a stop comes before its files are read: the stale
+    scan admits nothing and the stop does not wait for it."""
+    s = shell(("a", 0))
+    s.feed(f.Booted())
+    scan = s.last(f.ScanFiles)
+    assert scan is not None
+    s.feed(
+        f.Reconfigured(
+            members=(f.Member(name="a", shard=0, launch_key=("new",)),),
+            health=HEALTH,
+            policy=POLICY,
+            token=1,
+        )
+    )
+    s.feed(f.ShutdownRequested(detach=False))
+    out = s.scanned(scan)
+    assert s.of(out, f.Connect) == []
+    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
 
 
 def test_a_host_changed_while_its_files_are_read_joins_with_its_new_settings() -> None:
@@ -876,6 +962,24 @@ def test_a_reload_during_shutdown_lets_nobody_join() -> None:
         )
     )
     assert not s.of(out, f.ScanFiles) and "b" not in s.core.joining
+
+
+def test_a_joining_host_removed_by_a_reload_during_a_stop_is_not_waited_for() -> None:
+    """A stop waits for the hosts being read; a reload that removes the only one of them
+    ends the wait: the shutdown is done (one of two: the other is still waited for)."""
+    s = shell(("a", 0))
+    s.feed(f.Booted())
+    s.feed(f.ShutdownRequested(detach=False))
+    assert not s.finished()
+    out = s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=1))
+    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert s.finished()
+    t = shell(("a", 0), ("b", 1))
+    t.feed(f.Booted())
+    t.feed(f.ShutdownRequested(detach=False))
+    only_b = (f.Member(name="b", shard=1),)
+    out = t.feed(f.Reconfigured(members=only_b, health=HEALTH, policy=POLICY, token=1))
+    assert not t.of(out, f.ShutdownDone) and not t.finished()  # "b" is still waited for
 
 
 def test_a_silent_worker_s_terminate_asks_for_evidence_and_the_restart_carries_it() -> None:

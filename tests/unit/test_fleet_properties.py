@@ -141,8 +141,11 @@ class FleetWorld(RuleBasedStateMachine):
         if not self.stopping or self.detached:
             return
         hosts = self.core.hosts
-        all_done = all(
-            x.state is S.STOPPED or (not x.ssh_up and x.op is None) for x in hosts.values()
+        # A host still joining, or whose connection has had no outcome yet, may run a worker
+        # that must be found and stopped: shutdown waits for it.
+        all_done = not self.core.joining and all(
+            x.state is S.STOPPED or (not x.ssh_up and x.op is None and n not in self.connecting)
+            for n, x in hosts.items()
         )
         if self.done is None:
             assert not all_done or self.now >= self.stop_deadline, "shutdown should be over"

@@ -85,8 +85,27 @@ def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replace
     assert stuck[0].reason == "stuck: no task finished in 300 s with 4 in flight"
     assert host.cause_code is h.Cause.STUCK
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)]
+    # Killed after the grace although kill_after_grace is off: the hung call ignores SIGTERM.
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True)]
     assert host.state is S.STALE and host.op == "terminate"
+
+
+def test_with_kill_stuck_off_a_stuck_worker_is_only_asked_to_stop() -> None:
+    """health.kill_stuck = false: a stuck worker gets SIGTERM and the grace, like any other
+    (it is then replaced only if it exits, or with kill_after_grace)."""
+    policy = replace(POLICY, kill_stuck=False)
+    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
+    terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)]
+
+
+def test_only_a_stuck_worker_is_killed_without_kill_after_grace() -> None:
+    """A worker whose heartbeat went stale is asked to stop and not killed (the contract's
+    kill_after_grace = false): it may be a slow disk, and its tasks may still finish."""
+    host, actions = run(ready(), (h.DeadlinePassed(), 12.0))
+    assert host.cause_code is h.Cause.HEARTBEAT_STALE
+    terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
+    assert [t.kill for t in terminate] == [False]
 
 
 def test_an_idle_worker_is_never_restarted_for_lack_of_progress() -> None:
@@ -251,7 +270,7 @@ def test_no_evidence_is_asked_for_when_the_timeout_is_zero() -> None:
     policy = replace(POLICY, evidence_timeout_s=0.0)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=False)]
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=False)]
 
 
 def test_tasks_per_minute_need_a_minute_of_reports() -> None:
