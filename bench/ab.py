@@ -1,6 +1,7 @@
 """A/B: the supervisor of another checkout against this one, alternated in one run.
 
-    .venv/bin/python bench/ab.py --old /work/wt/old [--rounds 2] [--hosts 1000] [--out FILE]
+    .venv/bin/python bench/ab.py --old /work/wt/old [--rounds 2] [--hosts 100 1000]
+                                 [--modes inotify,poll] [--crashes 10] [--starts 3] [--out FILE]
 
 ``--old`` is a checkout (a ``git worktree`` of the old commit) whose ``supervisor`` package
 the old arm imports (it goes first on ``PYTHONPATH`` of every process the arm spawns: the
@@ -8,10 +9,14 @@ daemon and the fleet simulator alike); the new arm runs this checkout. Each roun
 arms, old first in odd rounds and new first in even ones, so a machine that gets busier or
 quieter during the run weighs on both alike. Per arm and round:
 
-- ``scale`` at ``--hosts`` simulated hosts, inotify and poll (``bench/scale.py``): the
-  daemon's steady CPU, and exit record -> ``host.state`` / -> launch issued
-  (``host.launch_begin``), first heartbeat -> ``ready``, p50 and p99;
-- ``simstart`` of 50 simulated hosts (``bench/simstart.py``): spawn -> every host ready.
+- ``scale`` at each of ``--hosts`` simulated fleet sizes, in each of ``--modes``
+  (``bench/scale.py``): the daemon's steady CPU, and crash (the simulator's SIGKILL) ->
+  ``host.state`` / -> launch issued (``host.launch_begin``), first heartbeat -> ``ready``,
+  p50 and p99;
+- with ``--crashes N``, ``bench/bench_crash.py`` on the real sshd, each watch mode: crash ->
+  launch issued, -> replacement ready, and the worker's own start-up;
+- with ``--starts N`` (0 skips it), ``simstart`` of 50 simulated hosts
+  (``bench/simstart.py``): spawn -> every host ready.
 
 Prints a markdown table of medians over the rounds with new / old ratios, and writes it to
 ``--out`` if given. Measurements only; nothing here asserts a time.
@@ -35,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `python bench/ab.py` from a checkout
 
-from bench import procs, scale, simstart  # noqa: E402
+from bench import bench_crash, procs, scale, simstart  # noqa: E402
 from bench.common import load_average, machine_facts, median, percentile  # noqa: E402
 
 
@@ -69,31 +74,48 @@ def on_pythonpath(path: str) -> Iterator[None]:
 
 
 async def one_round(
-    arm: Arm, hosts: int, window_s: float, starts: int, modes: tuple[str, ...]
+    arm: Arm,
+    sizes: list[int],
+    window_s: float,
+    starts: int,
+    modes: tuple[str, ...],
+    crashes: int,
 ) -> None:
     """Every measurement once for ``arm``."""
     with on_pythonpath(arm.pythonpath):
-        for mode in modes:
-            result = await scale.run_scale(hosts, mode, window_s=window_s, floor_parts=())
-            arm.errors += [f"scale {mode}: {e}" for e in result.errors]
-            if result.cpu is not None:
-                arm.add(
-                    f"{mode}: daemon CPU, % of a core", 100 * result.cpu.cpu_s / result.cpu.seconds
-                )
-            for label, samples in (
-                ("exit record -> host.state", result.exit_to_state),
-                ("exit record -> launch issued", result.exit_to_launch),
-                ("first heartbeat -> ready", result.beat_to_ready),
-            ):
-                if samples:
-                    arm.add(f"{mode}: {label}, p50 ms", 1000 * percentile(samples, 50))
-                    arm.add(f"{mode}: {label}, p99 ms", 1000 * percentile(samples, 99))
-        if starts <= 0:
-            return
-        start = await simstart.run_simstart(50, starts)
-        arm.errors += [f"simstart: {e}" for e in start.errors]
-        for value in start.all_ready:
-            arm.add("start 50 simulated hosts: all ready, ms", 1000 * value)
+        for hosts in sizes:
+            for mode in modes:
+                result = await scale.run_scale(hosts, mode, window_s=window_s, floor_parts=())
+                arm.errors += [f"scale {hosts} {mode}: {e}" for e in result.errors]
+                where = f"{hosts} hosts, {mode}"
+                if result.cpu is not None:
+                    cpu = 100 * result.cpu.cpu_s / result.cpu.seconds
+                    arm.add(f"{where}: daemon CPU, % of a core", cpu)
+                for label, samples in (
+                    ("crash -> host.state", result.crash_to_state),
+                    ("crash -> launch issued", result.crash_to_launch),
+                    ("first heartbeat -> ready", result.beat_to_ready),
+                ):
+                    if samples:
+                        arm.add(f"{where}: {label}, p50 ms", 1000 * percentile(samples, 50))
+                        arm.add(f"{where}: {label}, p99 ms", 1000 * percentile(samples, 99))
+        if crashes:
+            for mode in modes:
+                try:
+                    found = await bench_crash.run_crash(mode, crashes)
+                except (TimeoutError, AssertionError, RuntimeError, OSError) as exc:
+                    arm.errors.append(f"crash {mode}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                for label, samples in found.items():
+                    if samples:
+                        where = f"real sshd, {mode}: {label}"
+                        arm.add(f"{where}, p50 ms", 1000 * percentile(samples, 50))
+                        arm.add(f"{where}, p99 ms", 1000 * percentile(samples, 99))
+        if starts > 0:
+            start = await simstart.run_simstart(50, starts)
+            arm.errors += [f"simstart: {e}" for e in start.errors]
+            for value in start.all_ready:
+                arm.add("start 50 simulated hosts: all ready, ms", 1000 * value)
 
 
 def neutral_directory() -> Path:
@@ -128,7 +150,8 @@ def report(old: Arm, new: Arm, args: argparse.Namespace, started: str) -> str:
         f"The old arm imports `{old.imported}`, the new arm `{new.imported}`.",
         "",
         f"Started {started}; {args.rounds} rounds, alternated; {args.hosts} simulated hosts,"
-        f" {args.window:g} s CPU windows, watch modes {args.modes}; load average at the end"
+        f" {args.window:g} s CPU windows, watch modes {args.modes}, {args.crashes} crashes per"
+        f" mode on the real sshd; load average at the start {args.load_before}, at the end"
         f" {load_average()}.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
         "",
@@ -156,8 +179,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", required=True, help="checkout of the old code (its root)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both arms")
-    parser.add_argument("--hosts", type=int, default=1000, help="simulated hosts for scale")
+    parser.add_argument(
+        "--hosts", type=int, nargs="+", default=[1000], help="simulated fleet sizes for scale"
+    )
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, seconds")
+    parser.add_argument(
+        "--crashes", type=int, default=0, help="crashes per watch mode on the real sshd"
+    )
     parser.add_argument(
         "--starts", type=int, default=3, help="simstart samples per round (0: none)"
     )
@@ -182,6 +210,7 @@ def main() -> None:
     if old.imported == new.imported:
         parser.error(f"both arms import {old.imported}: --old must be another checkout")
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    args.load_before = load_average()
     asyncio.run(run(old, new, args))
     text = report(old, new, args, started)
     print(text)
@@ -195,7 +224,7 @@ async def run(old: Arm, new: Arm, args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for arm in (old, new) if round_ % 2 == 0 else (new, old):
             print(f"round {round_ + 1}: {arm.name}", file=sys.stderr, flush=True)
-            await one_round(arm, args.hosts, args.window, args.starts, modes)
+            await one_round(arm, args.hosts, args.window, args.starts, modes, args.crashes)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ What is real and what is simulated (the report repeats this):
 stdin takes JSON commands, one per line; stdout reports JSON events, one per line:
 
 - ``{"cmd": "exit", "host": H}``: SIGKILL H's worker and write its exit record as a shepherd
-  would; reports ``exit_written`` with the wall time of the rename.
+  would; reports ``exit_written`` with the wall time of the rename (``t``) and of the kill
+  (``killed``). The simulated agents watch every worker they found or launched and push its
+  exit, as the real agent does (where the agent module has ``ExitWatch``).
 - ``{"cmd": "silence", "host": H}``: stop H's heartbeats until its pid changes; reports
   ``silenced`` with the wall time of H's last write.
 - a new pid's first heartbeat reports ``first_beat`` with the wall time of the rename (with
@@ -88,6 +90,13 @@ def _emit(event: str, **fields: Any) -> None:
 # --- SSH endpoints with the agent answered in-process -----------------------------------
 
 
+#: Every simulated host's agent watches its workers and pushes their exits, as the real
+#: agent does, with one watch (one thread, no limit: a real agent keeps 64, enough for its one
+#: host) for the whole fleet; None where the agent module
+#: has none (an older checkout's, in bench/ab.py's old arm): no pushes, as its agent.
+EXITS: Any = agent.ExitWatch(limit=1 << 20) if hasattr(agent, "ExitWatch") else None
+
+
 class _AgentSession(asyncssh.SSHServerSession[bytes]):
     """The agent's protocol on one exec channel, served by this process."""
 
@@ -95,6 +104,7 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
         self._pool = pool
         self._chan: asyncssh.SSHServerChannel[bytes] | None = None
         self._buffer = b""
+        self._loop = asyncio.get_running_loop()
 
     def connection_made(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
         """Keep the channel to answer on."""
@@ -123,7 +133,24 @@ class _AgentSession(asyncssh.SSHServerSession[bytes]):
             except ValueError as exc:
                 request = {"op": "bad request", "error": str(exc)}
             future = asyncio.get_running_loop().run_in_executor(self._pool, agent.answer, request)
-            future.add_done_callback(lambda f: self._send(f.result()))
+            future.add_done_callback(lambda f, r=request: self._answered(r, f.result()))
+
+    def _answered(self, request: Any, reply: dict[str, Any]) -> None:
+        """Send the reply, then watch what it launched or found (as the agent does)."""
+        self._send(reply)
+        if EXITS is None:
+            return
+        target = agent.watch_target(request, reply)
+        if target is not None:
+            EXITS.watch(*target, self._push)
+
+    def _push(self, line: str) -> None:
+        """A pushed exit line, from the watch's thread."""
+        self._loop.call_soon_threadsafe(self._send_line, line)
+
+    def _send_line(self, line: str) -> None:
+        if self._chan is not None and not self._chan.is_closing():
+            self._chan.write(line.encode())
 
     def eof_received(self) -> bool:
         """End the channel as the agent ends at EOF."""
@@ -239,6 +266,8 @@ class SimHost:
     #: --fresh: the first worker's ``launched_at``, for its ``first_beat`` event.
     launched_at: float | None = None
     writes: int = 0
+    #: Wall time of the last ``exit`` command's SIGKILL: the crash.
+    killed_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -377,11 +406,13 @@ class Fleet:
         pid = host.pid
         if pid is None:
             raise RuntimeError(f"{host.name} has no worker")
+        killed_at = time.time()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         if host.child is not None and host.child.pid == pid:
             host.child.wait()
             host.child = None
+        host.killed_at = killed_at
         record = {
             "pid": pid,
             "start_time": 0,
@@ -497,7 +528,7 @@ async def _commands(fleet: Fleet, done: asyncio.Event) -> None:
         host = fleet.by_name[command["host"]]
         if cmd == "exit":
             t = fleet.kill_and_record_exit(host)
-            _emit("exit_written", host=host.name, pid=host.pid, t=t)
+            _emit("exit_written", host=host.name, pid=host.pid, t=t, killed=host.killed_at)
         elif cmd == "silence":
             host.silenced = True
             _emit("silenced", host=host.name, pid=host.pid, last_beat=host.last_write)

@@ -102,11 +102,15 @@ async def hold_connections(config_path: str, stop: asyncio.Event) -> None:
     are up."""
     cfg = configuration.load(config_path)
     handshakes = asyncio.Semaphore(cfg.ssh.max_concurrent_handshakes)  # as the daemon does
+    # The keepalive each connection of the daemon uses (spread over the fleet, where the
+    # supervisor imported has that).
+    spread = getattr(configuration, "fleet_ssh", None)
+    ssh = cfg.ssh if spread is None else spread(cfg.ssh, len(cfg.hosts))
 
     async def connect(host: configuration.HostConfig) -> asyncssh.SSHClientConnection:
         """One connection, opened as the daemon opens it."""
         async with handshakes:
-            return await asyncssh.connect(host.address, host.port, **connect_options(host, cfg.ssh))
+            return await asyncssh.connect(host.address, host.port, **connect_options(host, ssh))
 
     conns = await asyncio.gather(*(connect(host) for host in cfg.hosts))
     try:

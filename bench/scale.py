@@ -37,6 +37,7 @@ from bench.common import (
     thread_count,
 )
 from bench.procs import LogIndex, SimProcess, spawn_module, stop_daemon
+from supervisor import config as configuration
 from supervisor.config import load as load_config
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import DaemonProcess
@@ -61,6 +62,9 @@ class ScaleResult:
     threads: int = 0
     exit_to_state: list[float] = field(default_factory=list)
     exit_to_launch: list[float] = field(default_factory=list)
+    #: From the SIGKILL (the crash itself), as an agent's push can see it before any record.
+    crash_to_state: list[float] = field(default_factory=list)
+    crash_to_launch: list[float] = field(default_factory=list)
     beat_to_ready: list[float] = field(default_factory=list)
     stale_error: list[float] = field(default_factory=list)
     writer_late_p99_ms: float = float("nan")
@@ -145,7 +149,10 @@ async def run_scale(
             if part == "ssh":
                 # Each connection's keepalive comes once per interval: a whole interval, so
                 # that connections made early and late weigh the same.
-                keepalive_s = load_config(ready["config"]).ssh.keepalive_interval_s
+                cfg = load_config(ready["config"])
+                spread = getattr(configuration, "fleet_ssh", None)
+                ssh = cfg.ssh if spread is None else spread(cfg.ssh, len(cfg.hosts))
+                keepalive_s = ssh.keepalive_interval_s
                 seconds = max(window_s / 2, keepalive_s)
                 result.floor[part] = await run_floor(part, seconds, config=ready["config"])
             else:
@@ -254,10 +261,13 @@ async def _exit_samples(
         await sim.send(cmd="exit", host=host)
         event = await sim.wait_host_event("exit_written", host, 30)
         written[host] = float(event["t"])
+        killed = float(event.get("killed") or event["t"])
         t_state, _ = await logs.wait("host.state", 30, host=host, to="stale")
         result.exit_to_state.append(t_state - written[host])
+        result.crash_to_state.append(t_state - killed)
         t_launch, _ = await logs.wait("host.launch_begin", 30, host=host)
         result.exit_to_launch.append(t_launch - written[host])
+        result.crash_to_launch.append(t_launch - killed)
         # One at a time, apart by a random gap: each sample sees an otherwise steady daemon,
         # and no sample is phase-locked to the poller's period (which would fake a constant
         # latency in poll mode).

@@ -14,7 +14,7 @@ import stat
 import string
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, cast
@@ -121,6 +121,10 @@ class SshConfig:
     connect_timeout_s: float = 20.0
     keepalive_interval_s: float = 15.0
     keepalive_count_max: int = 3
+    #: The whole fleet's keepalives per second, at most: a large fleet's connections each
+    #: send theirs less often than ``keepalive_interval_s`` (``fleet_ssh``). Nomad caps its
+    #: fleet's heartbeats at 50/s the same way. 0: every connection at its interval.
+    keepalive_fleet_rate: float = 50.0
     # OpenSSH drops unauthenticated connections past MaxStartups (default 10:30:100).
     max_concurrent_handshakes: int = 8
     # OpenSSH's MaxSessions defaults to 10 channels per connection; keep one spare.
@@ -249,6 +253,18 @@ def render_argv(config: Config, host: HostConfig) -> tuple[str, ...]:
     """The worker's argv for ``host``: each template element becomes exactly one argument."""
     values = argv_fields(config, host)
     return tuple(element.format_map(values) for element in config.worker.argv)
+
+
+def fleet_ssh(ssh: SshConfig, hosts: int) -> SshConfig:
+    """``ssh`` as each of ``hosts`` connections uses it: its keepalive interval stretched so
+    the fleet sends at most ``keepalive_fleet_rate`` keepalives a second (1000 hosts at
+    50/s: one every 20 s each). Keepalives only find dead connections; whether a worker
+    lives its heartbeat says, and a request that goes unanswered checks its connection at
+    once (remote.py), so a longer interval delays nothing a worker needs."""
+    rate = ssh.keepalive_fleet_rate
+    if rate <= 0 or hosts / rate <= ssh.keepalive_interval_s:
+        return ssh
+    return replace(ssh, keepalive_interval_s=hosts / rate)
 
 
 def members(config: Config) -> tuple[Member, ...]:
@@ -527,6 +543,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "connect_timeout_s",
         "keepalive_interval_s",
         "keepalive_count_max",
+        "keepalive_fleet_rate",
         "max_concurrent_handshakes",
         "max_channels_per_host",
         "reconnect_min_s",
@@ -652,6 +669,15 @@ class _Validator:
         if table.get(key) == 0 and not isinstance(table.get(key), bool):
             return 0.0
         return self.seconds(table, where, key, default, minimum)
+
+    def rate_or_off(self, table: Mapping[str, Any], where: str, key: str, default: float) -> float:
+        """A rate per second, or 0 for no limit."""
+        value = self.get(table, where, key, float, default)
+        if value is None:
+            return default
+        if value < 0 or value != value or value == float("inf"):
+            self.problem(_join(where, key), f"must be a rate per second >= 0, not {value}")
+        return value
 
     def exit_codes(self, table: Mapping[str, Any], where: str, key: str) -> frozenset[int]:
         """A list of process exit codes (0-255)."""
@@ -946,6 +972,9 @@ class _Validator:
             keepalive_interval_s=self.seconds(t, w, "keepalive_interval_s", d.keepalive_interval_s),
             keepalive_count_max=self.positive_int(
                 t, w, "keepalive_count_max", d.keepalive_count_max
+            ),
+            keepalive_fleet_rate=self.rate_or_off(
+                t, w, "keepalive_fleet_rate", d.keepalive_fleet_rate
             ),
             max_concurrent_handshakes=self.positive_int(
                 t, w, "max_concurrent_handshakes", d.max_concurrent_handshakes

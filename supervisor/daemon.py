@@ -28,6 +28,7 @@ import structlog
 
 from supervisor import config as config_mod
 from supervisor import fleet, health, layout, runfiles, view
+from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
 from supervisor.errors import (
@@ -118,7 +119,15 @@ class RemoteLike(Protocol):
 
 
 RemoteFactory = Callable[
-    [HostConfig, SshConfig, str, asyncio.Semaphore, Callable[[bool, str], None]], RemoteLike
+    [
+        HostConfig,
+        SshConfig,
+        str,
+        asyncio.Semaphore,
+        Callable[[bool, str], None],
+        Callable[[WorkerExit], None],
+    ],
+    RemoteLike,
 ]
 WatcherFactory = Callable[[Config], WatcherProtocol]
 
@@ -129,11 +138,19 @@ def default_remote_factory(
     python: str,
     handshakes: asyncio.Semaphore,
     on_connection: Callable[[bool, str], None],
+    on_exit: Callable[[WorkerExit], None],
 ) -> RemoteLike:
     """A real ``RemoteHost`` over asyncssh."""
     from supervisor.remote import RemoteHost
 
-    return RemoteHost(host, ssh, python=python, handshakes=handshakes, on_connection=on_connection)
+    return RemoteHost(
+        host,
+        ssh,
+        python=python,
+        handshakes=handshakes,
+        on_connection=on_connection,
+        on_exit=on_exit,
+    )
 
 
 def default_watcher_factory(config: Config) -> Watcher:
@@ -646,6 +663,19 @@ class Daemon:
     # Inputs: everything becomes an event in the inbox.
 
     def _on_observations(self, observations: list[Observation]) -> None:
+        for obs in observations:
+            if isinstance(obs, ExitObserved) and obs.record is not None:
+                # Rare (one per exit) and the fact behind a restart: worth a line, like the
+                # agent's report of the same exit.
+                record = obs.record
+                log.info(
+                    "worker.exit_reported",
+                    host=obs.host,
+                    pid=record.pid,
+                    exit_code=record.exit_code,
+                    signal=record.signal,
+                    via="record",
+                )
         self._inbox.put_all(_events_of(observations))
 
     def _on_connection(self, name: str, up: bool, reason: str) -> None:
@@ -657,6 +687,20 @@ class Daemon:
             warm.changed.set()
             return
         event = health.SshRestored() if up else health.SshLost(reason=reason)
+        self._inbox.put(fleet.HostObserved(name, event))
+
+    def _on_exit_pushed(self, name: str, news: WorkerExit) -> None:
+        """The host's agent saw a worker end: the same fact as its exit record, sooner; the
+        core acts on whichever comes first and takes the other as old news."""
+        log.info(
+            "worker.exit_reported",
+            host=name,
+            pid=news.pid,
+            exit_code=news.exit_code,
+            signal=news.signal,
+            via="agent",
+        )
+        event = health.WorkerExited(pid=news.pid, exit_code=news.exit_code, signal=news.signal)
         self._inbox.put(fleet.HostObserved(name, event))
 
     def _arm_timer(self) -> None:
@@ -849,10 +893,11 @@ class Daemon:
         name = cfg.name
         return self._remote_factory(
             cfg,
-            self._config.ssh,
+            self._fleet_ssh(),
             self._config.worker.python,
             self._handshakes,
             lambda up, reason: self._on_connection(name, up, reason),
+            lambda news: self._on_exit_pushed(name, news),
         )
 
     async def _maintain(self, name: str, remote: RemoteLike) -> None:
@@ -876,7 +921,11 @@ class Daemon:
         link = self._links[name]
         cfg = self._config.host(name)
         link.cfg = cfg or link.cfg
-        link.remote.update(link.cfg, self._config.ssh, self._config.worker.python)
+        link.remote.update(link.cfg, self._fleet_ssh(), self._config.worker.python)
+
+    def _fleet_ssh(self) -> SshConfig:
+        """The SSH settings each connection uses: keepalives spread over the whole fleet."""
+        return config_mod.fleet_ssh(self._config.ssh, len(self._config.hosts))
 
     async def _close_remotes(self) -> None:
         async with asyncio.TaskGroup() as tg:

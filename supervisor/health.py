@@ -200,7 +200,11 @@ class StatusMissing:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerExited:
-    """An exit record: ``pid`` ended with ``exit_code`` or was killed by ``signal``."""
+    """``pid`` ended with ``exit_code`` or was killed by ``signal`` (neither: not known).
+
+    Told by the shepherd's exit record or, sooner, pushed by the host's agent: the same exit
+    comes twice, and only the first applies (the second names a pid no longer current).
+    """
 
     pid: int
     exit_code: int | None = None
@@ -619,6 +623,8 @@ def describe_exit(event: WorkerExited) -> str:
         return f"killed by signal {event.signal}" + (f" ({name})" if name else "")
     if event.exit_code == 0:
         return "exited with code 0 (unexpected)"
+    if event.exit_code is None:
+        return "exited (how is not known)"
     return f"exited with code {event.exit_code}"
 
 

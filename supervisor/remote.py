@@ -79,6 +79,18 @@ OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 #: longer than this is not a reply, and is dropped unparsed. asyncssh's readline already
 #: cuts a line at the channel's receive window (2 MiB), so this bounds the parse, not the read.
 MAX_REPLY_CHARS: Final = 64 * 1024
+#: A request unanswered this long has its channel checked with a ping (``_check_channel``):
+#: a probe or launch answers in ~0.1 s, so a healthy host rarely pays a ping; a terminate
+#: waiting out its grace pays one, answered in a millisecond.
+CHECK_AFTER_S: Final = 1.0
+#: A ping answers in about a millisecond on a live channel (the agent answers it in a thread
+#: of its own, whatever else it does); silence this long means a dead connection.
+CHECK_TIMEOUT_S: Final = 5.0
+#: Pushed exits a host may send: a burst, then one per ``PUSH_EVERY_S``. A host has one
+#: worker, so even a crash loop sends a few a second; more is a hostile or broken agent,
+#: whose extra pushes are dropped (and counted as noise): the exit records still tell.
+PUSH_BURST: Final = 20
+PUSH_EVERY_S: Final = 0.1
 #: What of a line from the host is kept for logs and error messages.
 MAX_NOISE_CHARS: Final = 500
 #: ``run()`` keeps at most this much of a command's stdout (and of its stderr): the commands
@@ -228,6 +240,20 @@ def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
     return rid, reply
 
 
+def parse_push(line: str) -> protocol.WorkerExit | str | None:
+    """The exit ``line`` pushes; why it is a malformed push (a string); None when it is no
+    push at all. Never raises: every byte from a host is hostile input."""
+    if len(line) > MAX_REPLY_CHARS or '"exit"' not in line:
+        return None
+    try:
+        return protocol.read_push(json.loads(line))
+    except (ValueError, RecursionError) as exc:
+        # ProtocolError is a ValueError: a push whose fields are wrong.
+        return (
+            f"malformed push: {str(exc)[:200]}" if isinstance(exc, protocol.ProtocolError) else None
+        )
+
+
 _SURROGATES: Final = re.compile("[\ud800-\udfff]")
 
 
@@ -365,6 +391,7 @@ class RemoteHost:
         python: str,
         handshakes: asyncio.Semaphore,
         on_connection: Callable[[bool, str], None],
+        on_exit: Callable[[protocol.WorkerExit], None] | None = None,
     ) -> None:
         self.name = host.name
         self._host = host
@@ -372,6 +399,12 @@ class RemoteHost:
         self._python = python
         self._handshakes = handshakes
         self._on_connection = on_connection
+        self._on_exit = on_exit
+        #: The worker the agent is to watch (the last one launched or found), so that the
+        #: agent of a new connection watches it too: (what of its spec the watch reads, pid,
+        #: start time if known). Not the whole spec: a thousand of them add up.
+        self._worker: tuple[dict[str, str], int, int | None] | None = None
+        self._pushes = TokenBucket(PUSH_BURST, PUSH_EVERY_S)
         self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
         self._noise = NoiseLog(host.name)
         self._link: _Link | None = None
@@ -465,7 +498,12 @@ class RemoteHost:
         try:
             async with asyncio.TaskGroup() as tasks:
                 link = _Link(self.name, conn, ended, tasks, self._noise)
+                link.on_push = self._pushed
+                link.on_agent = self._agent_started
                 self._link = link
+                if self._on_exit is not None:
+                    # The agent at once, not at the first request: it watches the worker.
+                    link.spawn(self._start_agent(link))
                 log.info(
                     "ssh.connected",
                     host=self.name,
@@ -535,6 +573,45 @@ class RemoteHost:
         if python != old_python:
             link.retire_agent()
 
+    async def _start_agent(self, link: _Link) -> None:
+        """Start the connection's agent now, so that a worker's exit is pushed even before
+        the daemon's next request; a failure here is the next request's to report."""
+        with contextlib.suppress(RemoteError):
+            await link.agent(self._python)
+
+    def _agent_started(self, link: _Link, agent: _Agent) -> None:
+        """A new agent watches the worker an earlier one launched or found (it may have
+        ended meanwhile: then the agent pushes its exit at once)."""
+        if self._worker is not None and self._on_exit is not None:
+            link.spawn(self._watch(agent, *self._worker))
+
+    async def _watch(
+        self, agent: _Agent, spec: dict[str, str], pid: int, start: int | None
+    ) -> None:
+        """Ask ``agent`` to watch ``pid``; best effort (the exit record is the fallback)."""
+        request = protocol.WatchRequest(spec=spec, pid=pid, start_time=start)
+        try:
+            raw = await agent.call("watch", request, RPC_TIMEOUT_S)
+            reply = protocol.read_reply(raw, protocol.WatchReply)
+        except (RemoteError, protocol.ProtocolError) as exc:
+            log.info("remote.watch_failed", host=self.name, pid=pid, reason=str(exc)[:200])
+            return
+        log.debug("remote.watching", host=self.name, pid=pid, reply=repr(reply)[:200])
+
+    def _pushed(self, news: protocol.WorkerExit) -> None:
+        """An exit the agent pushed: to the daemon, within a budget (the exit record is the
+        durable truth, so a host that floods pushes loses only the fast path)."""
+        if self._on_exit is None:
+            return
+        if not self._pushes.take(time.monotonic()):
+            self._noise.line("agent.push_dropped", f"exit of pid {news.pid}")
+            return
+        if self._worker is not None and self._worker[1] == news.pid:
+            self._worker = None
+        # call_soon: a launch's reply is dispatched before its worker's exit, and the task
+        # awaiting that reply was woken first; so the daemon hears Launched, then the exit.
+        asyncio.get_running_loop().call_soon(self._on_exit, news)
+
     async def aclose(self) -> None:
         """Close the connection (bounded wait); ``maintain()`` then returns. Idempotent."""
         self._closed.set()
@@ -555,6 +632,7 @@ class RemoteHost:
         request = protocol.LaunchRequest(spec=_spec_json(spec))
         reply = await self._call(request, protocol.LaunchReply, RPC_TIMEOUT_S)
         started = Started(pid=reply.pid, start_time=reply.start_time)
+        self._worker = (_watch_spec(spec), started.pid, started.start_time)  # watched now
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
@@ -590,6 +668,8 @@ class RemoteHost:
         request = protocol.ProbeRequest(spec=_spec_json(spec), pid=pid)
         reply = await self._call(request, protocol.ProbeReply, RPC_TIMEOUT_S)
         log.debug("remote.probed", host=self.name, pid=reply.pid)
+        # The agent watches a worker it found; none found, there is nothing to watch.
+        self._worker = None if reply.pid is None else (_watch_spec(spec), reply.pid, None)
         return reply.pid
 
     async def disarm_seed(
@@ -766,6 +846,10 @@ class _Link:
         self._running: set[asyncio.Task[None]] = set()
         self._agent: _Agent | None = None
         self._agent_lock = asyncio.Lock()
+        #: Called with each exit an agent of this connection pushes.
+        self.on_push: Callable[[protocol.WorkerExit], None] | None = None
+        #: Called with each agent started on this connection.
+        self.on_agent: Callable[[_Link, _Agent], None] | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> bool:
         """Run ``coro`` for the life of the connection; False (and closed) if it ended."""
@@ -781,11 +865,18 @@ class _Link:
         """The running agent, started first if there is none (or it died)."""
         async with self._agent_lock:
             if self._agent is not None and self._agent.accepting:
-                return self._agent
+                if self._agent.python == python:
+                    return self._agent
+                # Started with the python of before a reload (it was starting when the
+                # reload retired agents): the new python's agent takes over.
+                self._agent.retire()
+                self._agent = None
             if self.ended.is_set():
                 raise RemoteError(self.host, f"not connected: {self.ended.reason}")
             agent = await _Agent.start(self, python)
             self._agent = agent
+            if self.on_agent is not None:
+                self.on_agent(self, agent)
             return agent
 
     def retire_agent(self) -> None:
@@ -813,6 +904,9 @@ class _Agent:
         self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self._stderr: deque[str] = deque(maxlen=20)
         self._retiring = False
+        self._checking = False
+        #: The interpreter it runs on (a reload may name another).
+        self.python = ""
         self.closed_reason: str | None = None
         self.hello: protocol.Hello | None = None
 
@@ -829,6 +923,7 @@ class _Agent:
         except (asyncssh.Error, OSError) as exc:
             raise RemoteError(link.host, f"cannot start the agent: {_describe(exc)}") from None
         agent = cls(link, process)
+        agent.python = python
         try:
             async with asyncio.timeout(AGENT_START_TIMEOUT_S):
                 message = await agent._read_hello()
@@ -893,6 +988,10 @@ class _Agent:
         try:
             self._process.stdin.write(protocol.request_line(rid, request))
             async with asyncio.timeout(timeout_s):
+                if op != "ping":
+                    done, _ = await asyncio.wait({future}, timeout=CHECK_AFTER_S)
+                    if not done:
+                        self._check_channel()
                 return await future
         except TimeoutError:
             raise RemoteError(
@@ -906,6 +1005,27 @@ class _Agent:
             self._pending.pop(rid, None)
             if self._retiring and not self._pending:
                 self.close("retired")
+
+    def _check_channel(self) -> None:
+        """A request is slow to answer: ping the agent (it answers each request in a thread
+        of its own, so at once if the channel lives); no answer within ``CHECK_TIMEOUT_S``
+        ends the connection. The keepalives may be far apart on a large fleet; this finds
+        a dead connection the moment something is asked of it."""
+        if self._checking or not self.accepting:
+            return
+        self._checking = True
+        self._link.spawn(self._ping_or_end())
+
+    async def _ping_or_end(self) -> None:
+        try:
+            await self.call("ping", protocol.PingRequest(), CHECK_TIMEOUT_S)
+        except RemoteError as exc:
+            if not exc.connection_lost and self.closed_reason is None:
+                why = f"no answer to a ping within {CHECK_TIMEOUT_S:g}s: connection presumed dead"
+                log.warning("ssh.unresponsive", host=self._host, reason=why)
+                self._link.ended.set(why, reconnect_now=True)
+        finally:
+            self._checking = False
 
     def retire(self) -> None:
         """Take no new requests; close once the pending ones are answered."""
@@ -951,7 +1071,14 @@ class _Agent:
         """Resolve the request ``line`` answers; anything else is logged as noise."""
         parsed = parse_reply(line)
         if parsed is None:
-            self._link.noise.line("agent.noise", line[:MAX_NOISE_CHARS])
+            news = parse_push(line)
+            if isinstance(news, protocol.WorkerExit):
+                if self._link.on_push is not None:
+                    self._link.on_push(news)
+            elif news is not None:
+                self._link.noise.line("agent.bad_push", f"{news}: {line[:MAX_NOISE_CHARS]}")
+            else:
+                self._link.noise.line("agent.noise", line[:MAX_NOISE_CHARS])
             return
         rid, reply = parsed
         entry = self._pending.pop(rid, None)
@@ -1139,6 +1266,11 @@ def _spec_json(spec: LaunchSpec) -> dict[str, Any]:
     data["argv"] = list(spec.argv)
     data["env"] = dict(spec.env)
     return data
+
+
+def _watch_spec(spec: LaunchSpec) -> dict[str, str]:
+    """What of the spec a watch reads: where the worker's exit record is."""
+    return {"root": spec.root, "exit_record": spec.exit_record}
 
 
 def _describe(exc: BaseException | None) -> str:

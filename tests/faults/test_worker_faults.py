@@ -83,17 +83,21 @@ async def test_killed_worker_is_replaced_at_once_and_no_task_is_lost(
     ],
     ids=["non-zero", "zero"],
 )
-async def test_worker_exit_is_read_from_its_exit_record_and_replaced(
+async def test_worker_exit_is_reported_with_its_code_and_replaced(
     fault_run: FaultRun, fault: str, reason: str, code: int
 ) -> None:
-    """A worker that exits by itself, with an error code or an unexpected 0, is seen dead from
-    the shepherd's exit record and replaced by exactly one new worker."""
+    """A worker that exits by itself, with an error code or an unexpected 0, is seen dead with
+    its code (from the agent's push or the shepherd's exit record, whichever comes first) and
+    replaced by exactly one new worker."""
     fault_run.write(fault_run.raw(1, env={"REWARD_WORKER_FAULT": fault}))
     daemon = await fault_run.start(ready=1)
     first = pid_of(await daemon.status(), "worker-0")
     stale = await daemon.wait_log("host.state", host="worker-0", to="stale")
     assert stale["reason"] == reason
-    record = json.loads((fault_run.root / "ctl" / "worker-0.exit.json").read_text())
+    exit_record = fault_run.root / "ctl" / "worker-0.exit.json"
+    # The agent's push can come before the shepherd has written the record.
+    await poll_until(exit_record.exists, READY_S, "the exit record")
+    record = json.loads(exit_record.read_text())
     second = await wait_ready_pid(daemon, "worker-0", other_than=first)
     if record["pid"] == first:  # the replacement may already have crashed in turn
         assert (record["exit_code"], record["signal"]) == (code, None)

@@ -209,6 +209,8 @@ class Agent:
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
         self._buffer = b""
         self._next_id = 0
+        #: Exits the agent pushed (``{"exit": {...}}`` lines), in order.
+        self.pushed: list[dict[str, Any]] = []
         self.hello = self.read_message()["hello"]
 
     @property
@@ -242,6 +244,9 @@ class Agent:
         self.process.stdin.write((json.dumps(request) + "\n").encode())
         self.process.stdin.flush()
         reply = self.read_message()
+        while "exit" in reply and "id" not in reply:
+            self.pushed.append(reply["exit"])  # a worker's exit, pushed unasked
+            reply = self.read_message()
         assert reply["id"] == self._next_id
         return reply
 
@@ -531,6 +536,28 @@ def test_launcher_leaves_no_zombies_after_several_launches(
     assert agent.launcher() == launcher
 
 
+def test_a_worker_s_exit_is_pushed_with_its_code_after_the_launch_reply(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """A worker that exits 3 is pushed unasked, after the launch's reply, with code 3 and its
+    start time, as its exit record then says."""
+    spec = make_spec(tmp_path, ["sh", "-c", "sleep 0.3; exit 3"])
+    agent = cleanup.agent()
+    launched = cleanup.launch(agent, spec)
+    pushed = agent.read_message()
+    assert "id" not in pushed
+    news = pushed["exit"]
+    assert (news["pid"], news["exit_code"], news["signal"]) == (launched.pid, 3, None)
+    wait_until(lambda: read_json(spec["exit_record"]) is not None, "the exit record")
+    record = read_json(spec["exit_record"])
+    assert record is not None
+    assert (record["pid"], record["exit_code"], record["start_time"]) == (
+        launched.pid,
+        3,
+        news["start_time"],
+    )
+
+
 def test_launcher_exits_when_the_agent_does_and_the_worker_carries_on(
     tmp_path: Path, cleanup: Cleanup
 ) -> None:
@@ -748,3 +775,79 @@ def test_wait_dead_times_out_on_a_live_process_and_returns_once_it_dies(
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- the exit watch, on its own --------------------------------------------------------
+
+
+class Pushes:
+    """The lines an ``ExitWatch`` pushed, read back as exits."""
+
+    def __init__(self) -> None:
+        self.exits: list[agent_module.WorkerExit] = []
+        self._lock = threading.Lock()
+
+    def send(self, line: str) -> None:
+        """The ``send`` handed to the watch (called from its thread)."""
+        news = agent_module.read_push(json.loads(line))
+        assert news is not None
+        with self._lock:
+            self.exits.append(news)
+
+    def pids(self) -> list[int]:
+        """The pids pushed so far, in order."""
+        with self._lock:
+            return [news.pid for news in self.exits]
+
+
+def test_without_pidfds_the_watch_polls_proc_and_still_pushes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the kernel or Python has no pidfd, a killed worker's exit is still pushed (found
+    by the watch's bounded look at /proc)."""
+    monkeypatch.delattr(os, "pidfd_open")
+    spec = make_spec(tmp_path)
+    pushes = Pushes()
+    watch = agent_module.ExitWatch()
+    with subprocess.Popen(["sleep", "300"]) as worker:
+        assert watch.watch(spec, worker.pid, None, pushes.send)
+        assert pushes.pids() == []
+        worker.kill()
+        wait_until(lambda: pushes.pids() == [worker.pid], "the pushed exit")
+    assert watch.watched() == []
+
+
+def test_a_pid_already_dead_is_pushed_at_once_with_its_record_s_status(tmp_path: Path) -> None:
+    """Asked to watch a worker that ended while nobody watched, the watch pushes its exit at
+    once, with the code its shepherd's exit record gives."""
+    spec = make_spec(tmp_path)
+    with subprocess.Popen(["sleep", "300"]) as worker:
+        start = agent_module.proc_stat(worker.pid)
+        assert start is not None
+        worker.kill()
+    Path(spec["exit_record"]).write_text(
+        json.dumps({"pid": worker.pid, "start_time": start[2], "exit_code": 7, "signal": None})
+    )
+    pushes = Pushes()
+    assert not agent_module.ExitWatch().watch(spec, worker.pid, start[2], pushes.send)
+    assert [(n.pid, n.exit_code, n.signal) for n in pushes.exits] == [(worker.pid, 7, None)]
+
+
+def test_the_watch_keeps_at_most_its_limit_dropping_the_oldest(tmp_path: Path) -> None:
+    """Past its limit the watch forgets the oldest worker: its exit is left to its record."""
+    spec = make_spec(tmp_path)
+    pushes = Pushes()
+    watch = agent_module.ExitWatch(limit=2)
+    workers = [subprocess.Popen(["sleep", "300"]) for _ in range(3)]
+    try:
+        for worker in workers:
+            assert watch.watch(spec, worker.pid, None, pushes.send)
+        assert watch.watched() == [w.pid for w in workers[1:]]
+        for worker in workers:
+            worker.kill()
+        wait_until(lambda: sorted(pushes.pids()) == sorted(w.pid for w in workers[1:]), "two")
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    assert workers[0].pid not in pushes.pids()

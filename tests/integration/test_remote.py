@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from supervisor import agent as protocol
 from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
@@ -144,6 +145,8 @@ class Harness:
     config: Config
     host: HostConfig
     events: list[tuple[bool, str]] = field(default_factory=list)
+    #: Every exit the agent pushed, in order.
+    exits: list[protocol.WorkerExit] = field(default_factory=list)
 
     @property
     def spec(self) -> LaunchSpec:
@@ -203,6 +206,7 @@ async def maintained(
         python=config.worker.python,
         handshakes=asyncio.Semaphore(config.ssh.max_concurrent_handshakes),
         on_connection=on_connection,
+        on_exit=lambda news: harness.exits.append(news),
     )
     harness = Harness(remote, config, host)
     async with asyncio.TaskGroup() as tasks:
@@ -494,6 +498,47 @@ async def test_kill9_is_recorded_in_the_exit_record(
         # The shard lock went with the shepherd: a new launch is allowed.
         again = reaper.add(await h.remote.launch(h.spec))
         await h.wait_ready(again.pid)
+
+
+async def test_a_killed_worker_s_exit_is_pushed_with_its_signal_once(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """The agent that launched a worker pushes its exit unasked, with pid, start time and
+    the signal that killed it, exactly once."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        assert h.exits == []
+        os.kill(started.pid, signal.SIGKILL)
+        await wait_until(lambda: h.exits, "the pushed exit")
+        await h.exit_record(started.pid, timeout_s=10)
+        news = h.exits[0]
+        assert (news.pid, news.start_time) == (started.pid, started.start_time)
+        assert (news.exit_code, news.signal) == (None, signal.SIGKILL)
+        # Another request's round trip: any second push would have arrived before its reply.
+        assert await h.remote.probe(h.spec, None) is None
+        assert len(h.exits) == 1
+
+
+async def test_a_worker_that_dies_while_the_channel_is_down_is_pushed_by_the_next_agent(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A worker killed while the connection is down is not forgotten: the agent of the next
+    connection is asked to watch it and pushes its exit."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+        link = h.remote._link
+        assert link is not None
+        link.ended.set("cut by the test")
+        await wait_until(lambda: not h.events[-1][0], "the disconnect")
+        os.kill(started.pid, signal.SIGKILL)
+        await wait_until(lambda: h.exits, "the exit pushed by the next agent")
+        assert h.events[-1][0], "pushed over a new connection"
+        news = h.exits[0]
+        assert (news.pid, news.signal) == (started.pid, signal.SIGKILL)
 
 
 async def test_stopped_worker_is_continued_and_terminated(
@@ -1056,6 +1101,33 @@ async def test_frozen_sshd_session_is_detected_by_keepalive_set_live(
             await wait_until(lambda: len(h.events) >= 2, "keepalive to give up", timeout_s=15)
             assert h.events[1][0] is False
             assert "keepalive" in h.events[1][1]
+            await wait_until(lambda: h.remote.connected, "a new connection")
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_request_to_a_frozen_session_ends_the_connection_without_waiting_for_keepalives(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """With keepalives two minutes apart, a probe sent into a connection whose sshd stopped
+    answering has its channel pinged, and the silence ends the connection (outcome
+    unknown) after the ping's timeout, not the keepalives'; a new connection follows."""
+    config = make_config(openssh, run_root, ssh={"keepalive_interval_s": 120.0})
+    address = config.hosts[0].address
+    async with maintained(config) as h:
+        assert await h.remote.probe(h.spec, None) is None  # the agent runs
+        frozen = openssh.session_pids(address)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RemoteError) as failed:
+                await h.remote.probe(h.spec, None)
+            assert failed.value.connection_lost
+            await wait_until(lambda: len(h.events) >= 2, "the connection reported lost")
+            assert h.events[1][0] is False
+            assert "ping" in h.events[1][1]
             await wait_until(lambda: h.remote.connected, "a new connection")
         finally:
             for pid in frozen:

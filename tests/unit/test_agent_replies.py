@@ -14,6 +14,7 @@ from supervisor.remote import (
     TokenBucket,
     evidence_of,
     host_text,
+    parse_push,
     parse_reply,
 )
 
@@ -162,6 +163,8 @@ def test_requests_round_trip_and_unknown_ops_are_refused() -> None:
         protocol.TerminateRequest(spec=spec, pid=7, grace_s=3.0, kill=True),
         protocol.PingRequest(),
         protocol.DisarmSeedRequest(spec=spec, wrap_script="/r/ctl/w.wrap.sh"),
+        protocol.WatchRequest(spec=spec, pid=7, start_time=123),
+        protocol.WatchRequest(spec=spec, pid=7),
     ):
         line = protocol.request_line(9, request)
         assert protocol.read_request(json.loads(line)) == (9, request)
@@ -214,6 +217,87 @@ def test_token_bucket_refills_after_a_quiet_spell() -> None:
     assert [bucket.take(0.0) for _ in range(5)] == [True, True, True, False, False]
     assert bucket.take(0.5) is False
     assert [bucket.take(10.0) for _ in range(4)] == [True, True, True, False]
+
+
+def test_a_pushed_exit_reads_back_as_written() -> None:
+    """What the agent pushes the daemon reads as the same exit, whatever it knew of it."""
+    for news in (
+        protocol.WorkerExit(pid=7, start_time=99, signal=9, exited_at=1.5e9),
+        protocol.WorkerExit(pid=7, exit_code=3),
+        protocol.WorkerExit(pid=7),
+    ):
+        assert parse_push(protocol.push_line(news)) == news
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"pid": 0},
+        {"pid": -1},
+        {"pid": 1 << 40},
+        {"pid": "7"},
+        {"pid": True},
+        {"pid": 7, "exit_code": 256},
+        {"pid": 7, "exit_code": -1},
+        {"pid": 7, "signal": 0},
+        {"pid": 7, "signal": 999},
+        {"pid": 7, "exited_at": 1e999},
+        {"pid": 7, "start_time": -1},
+        {},
+        [7],
+        "7",
+        None,
+    ],
+)
+def test_a_malformed_push_is_named_never_raised(body: object) -> None:
+    """A push with a field out of range or of the wrong type is reported as malformed (a
+    string for the noise log), never an exception and never an exit."""
+    assert isinstance(parse_push(json.dumps({"exit": body})), str)
+
+
+@given(
+    st.text(max_size=1000)
+    | st.builds(
+        lambda v: json.dumps({"exit": v}),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+            lambda children: (
+                st.lists(children, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(["pid", "exit_code", "signal", "start_time", "exited_at", "x"]),
+                    children,
+                    max_size=6,
+                )
+            ),
+            max_leaves=20,
+        ),
+    )
+)
+def test_any_line_is_an_exit_a_malformed_push_or_no_push(line: str) -> None:
+    """Whatever a host writes, parse_push returns an exit, a reason or None."""
+    result = parse_push(line)
+    assert result is None or isinstance(result, str | protocol.WorkerExit)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"exit": ' + "[" * 200_000,
+        '{"exit": {"pid": 7}}' + " " * MAX_REPLY_CHARS,
+        '{"id": 1, "exit": {}}',
+    ],
+)
+def test_deep_long_or_reply_lines_are_no_push(line: str) -> None:
+    """Deep nesting, overlong lines and replies are not pushes, and raise nothing."""
+    assert parse_push(line) is None
+
+
+def test_the_agent_reads_a_waitpid_status_as_code_or_signal() -> None:
+    """A status word is an exit code or a signal, as waitpid encodes them."""
+    assert protocol.wait_status_exit(3 << 8) == (3, None)
+    assert protocol.wait_status_exit(0) == (0, None)
+    assert protocol.wait_status_exit(9) == (None, 9)
+    assert protocol.wait_status_exit(11 | 0x80) == (None, 11)
 
 
 def test_an_evidence_reply_is_cut_to_its_bounds() -> None:

@@ -228,6 +228,27 @@ def test_progress_check_can_be_turned_off_and_permanent_codes_are_a_set() -> Non
     assert config.parse(minimal(), Path("x")).health.progress_stale_s == 300
 
 
+def test_keepalives_are_spread_so_the_fleet_sends_at_most_its_rate() -> None:
+    """Each connection keeps its interval while the fleet stays under the rate (50/s by
+    default); past it, intervals stretch to hosts / rate; a rate of 0 turns that off."""
+    ssh = config.parse(minimal(), Path("x")).ssh
+    assert ssh.keepalive_fleet_rate == 50
+    assert config.fleet_ssh(ssh, 100) is ssh
+    assert config.fleet_ssh(ssh, 750) is ssh  # 750 / 50 = 15 s: exactly the interval
+    assert config.fleet_ssh(ssh, 1000).keepalive_interval_s == 20
+    assert config.fleet_ssh(ssh, 1000).keepalive_count_max == ssh.keepalive_count_max
+    off = config.parse(minimal(ssh={**minimal()["ssh"], "keepalive_fleet_rate": 0}), Path("x"))
+    assert config.fleet_ssh(off.ssh, 10_000) is off.ssh
+
+
+@pytest.mark.parametrize("rate", [-1, float("nan"), float("inf"), "fast"])
+def test_a_bad_keepalive_fleet_rate_is_a_problem_naming_the_key(rate: object) -> None:
+    """A negative, NaN, infinite or non-numeric rate is refused with the key."""
+    with pytest.raises(ConfigError) as refused:
+        config.parse(minimal(ssh={**minimal()["ssh"], "keepalive_fleet_rate": rate}), Path("x"))
+    assert "ssh.keepalive_fleet_rate" in str(refused.value)
+
+
 def test_evidence_settings_default_to_three_seconds_auto_and_can_be_turned_off() -> None:
     """Evidence is collected for at most 3 s by default, stacks by py-spy or the signal;
     ``evidence_timeout_s = 0`` turns collection off."""

@@ -44,6 +44,8 @@ class World:
     alive: set[int] = field(default_factory=set)
     hung: set[int] = field(default_factory=set)
     exits: list[int] = field(default_factory=list)
+    #: Dead workers whose agent has pushed the exit (their record may still come).
+    pushed: set[int] = field(default_factory=set)
     next_pid: int = 1000
     stamp: float = 0.0
     ssh_up: bool = False
@@ -192,6 +194,17 @@ class FleetOfOne(RuleBasedStateMachine):
         if self.world.exits:
             self.feed(h.WorkerExited(pid=self.world.exits.pop(0), exit_code=1))
 
+    @rule(data=st.data())
+    def agent_pushes_an_exit(self, data: st.DataObject) -> None:
+        """The host's agent tells of a dead worker before (or after) its record, once, not
+        always knowing how it ended."""
+        fresh = [pid for pid in self.world.exits if pid not in self.world.pushed]
+        if fresh:
+            pid = data.draw(st.sampled_from(fresh))
+            self.world.pushed.add(pid)
+            code = data.draw(st.sampled_from([None, 1]))
+            self.feed(h.WorkerExited(pid=pid, exit_code=code))
+
     @rule()
     def worker_hangs(self) -> None:
         """Every live worker stops heartbeating but stays alive."""
@@ -296,6 +309,43 @@ TestFleetOfOne.settings = settings(max_examples=200, stateful_step_count=50, dea
 
 
 # --- focused properties ----------------------------------------------------------------------
+
+
+@given(
+    policy=policies,
+    order=st.permutations(["push", "record", "answer"]),
+    gaps=st.lists(st.floats(0.0, 5.0), min_size=3, max_size=3),
+    pushed_code=st.sampled_from([None, 1]),
+)
+def test_an_exit_told_by_push_and_by_record_launches_once(
+    policy: h.Policy, order: list[str], gaps: list[float], pushed_code: int | None
+) -> None:
+    """One exit, reported by the agent and by the exit record in either order, around the
+    answer of the launch it caused: one Launch at most, and one unless the first report
+    made the host ``failed``."""
+    host, now = _ready_host(policy, pid=7)
+    launches = 0
+    first: h.WorkerExited | None = None
+    for what, gap in zip(order, gaps, strict=True):
+        now += gap
+        event: h.Event
+        if what == "push":
+            event = h.WorkerExited(pid=7, exit_code=pushed_code)
+        elif what == "record":
+            event = h.WorkerExited(pid=7, exit_code=1)
+        elif host.op == "launch":
+            event = h.Launched(pid=8)
+        else:
+            continue  # no launch asked yet: nothing to answer
+        if first is None and isinstance(event, h.WorkerExited):
+            first = event
+        host, actions = h.step(host, event, now, policy)
+        launches += sum(isinstance(a, h.Launch) for a in actions)
+    host, actions = h.step(host, h.DeadlinePassed(), now + 1.0, policy)
+    launches += sum(isinstance(a, h.Launch) for a in actions)
+    assert first is not None
+    gave_up = not policy.auto_restart or first.exit_code in policy.permanent_exit_codes
+    assert launches == (0 if gave_up else 1)
 
 
 def _ready_host(policy: h.Policy, pid: int = 7) -> tuple[h.Host, float]:

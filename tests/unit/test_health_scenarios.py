@@ -222,6 +222,7 @@ def test_exit_descriptions_name_code_or_signal() -> None:
     assert h.describe_exit(h.WorkerExited(pid=1, exit_code=3)) == "exited with code 3"
     assert h.describe_exit(h.WorkerExited(pid=1, signal=9)) == "killed by signal 9 (SIGKILL)"
     assert h.describe_exit(h.WorkerExited(pid=1, signal=64)) == "killed by signal 64"
+    assert h.describe_exit(h.WorkerExited(pid=1)) == "exited (how is not known)"
 
 
 def test_display_helpers_measure_on_our_clock() -> None:
