@@ -1352,8 +1352,8 @@ class Daemon:
             raise ControlError(f"unknown host {name!r}")
         return {"daemon": self._daemon_row(now), "host": name, **detail}
 
-    def _daemon_row(self, now: float) -> dict[str, Any]:
-        core = self._fleet
+    def _identity(self, now: float) -> dict[str, Any]:
+        """The fields of a status's ``daemon`` row that a leader and a standby share."""
         return {
             "running": True,
             "pid": os.getpid(),
@@ -1362,15 +1362,21 @@ class Daemon:
             "root": str(self._config.run.root),
             "uptime_s": round(now - self._started_at, 3),
             "started_at": self._started_wall,
+            "stopping": self._stop_requested,
+            "on_exit": self._config.run.on_exit,
+            "stop_grace_s": self._config.health.stop_grace_s,
+        }
+
+    def _daemon_row(self, now: float) -> dict[str, Any]:
+        core = self._fleet
+        return {
+            **self._identity(now),
             "role": self._role,
             "leader": self._leader,
             "epoch": self._epoch,
             "ready": self._ready,
-            "stopping": self._stop_requested,
             "summary": self._summary,
             "watch_mode": self._watcher.mode,
-            "on_exit": self._config.run.on_exit,
-            "stop_grace_s": self._config.health.stop_grace_s,
             "reloads": self._reloads,
             "last_reload_errors": self._last_reload_error,
             "frozen": core.freeze.frozen,
@@ -1403,21 +1409,12 @@ class Daemon:
         leader = self._leader or "unknown"
         return {
             "daemon": {
-                "running": True,
+                **self._identity(now),
                 "role": "standby",
                 "leader": leader,
                 "epoch": self._epoch_on_disk,
-                "pid": os.getpid(),
-                "version": __version__,
-                "config": str(self._config.source),
-                "root": str(self._config.run.root),
-                "uptime_s": round(now - self._started_at, 3),
-                "started_at": self._started_wall,
                 "ready": True,
-                "stopping": self._stop_requested,
                 "summary": f"standby, leader: {leader}",
-                "on_exit": self._config.run.on_exit,
-                "stop_grace_s": self._config.health.stop_grace_s,
                 "warm": {
                     "hosts": len(self._warm),
                     "connected": sum(1 for w in self._warm.values() if w.up),
