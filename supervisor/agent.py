@@ -314,6 +314,9 @@ class WorkerExit:
     exit_code: int | None = None
     signal: int | None = None
     exited_at: float = 0.0
+    #: The end of the worker's log as the shepherd's exit record will carry it: the crash
+    #: signature of a pushed exit must be the one its record would give.
+    log_tail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1068,6 +1071,7 @@ class ExitWatch:
             exit_code=code,
             signal=sig,
             exited_at=time.time(),
+            log_tail=exit_log_tail(entry.spec),
         )
         with contextlib.suppress(Exception):  # a channel gone is the daemon's loss, not ours
             entry.send(push_line(news))
@@ -1928,6 +1932,22 @@ def _log_tail(log_fd: int) -> str | None:
     lines = data.splitlines(keepends=True)
     kept = b"".join(line for line in lines if not line.startswith(_SHEPHERD_LINE))
     return kept.decode("utf-8", "replace") or None
+
+
+def exit_log_tail(spec: dict[str, Any]) -> str | None:
+    """The log's end as ``_log_tail`` gives it to the exit record, read by path (the agent
+    holds no descriptor of the log); None when there is none or it cannot be read."""
+    path = spec.get("log")
+    if not isinstance(path, str):
+        return None
+    try:
+        fd = open_file(path, os.O_RDONLY, spec.get("root"))
+    except (OSError, OpError):
+        return None
+    try:
+        return _log_tail(fd)
+    finally:
+        os.close(fd)
 
 
 def _name_process(name: str) -> None:

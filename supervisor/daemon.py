@@ -700,7 +700,9 @@ class Daemon:
             signal=news.signal,
             via="agent",
         )
-        event = health.WorkerExited(pid=news.pid, exit_code=news.exit_code, signal=news.signal)
+        event = health.WorkerExited(
+            pid=news.pid, exit_code=news.exit_code, signal=news.signal, log_tail=news.log_tail
+        )
         self._inbox.put(fleet.HostObserved(name, event))
 
     def _arm_timer(self) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -246,12 +247,15 @@ def parse_push(line: str) -> protocol.WorkerExit | str | None:
     if len(line) > MAX_REPLY_CHARS or '"exit"' not in line:
         return None
     try:
-        return protocol.read_push(json.loads(line))
+        news = protocol.read_push(json.loads(line))
     except (ValueError, RecursionError) as exc:
         # ProtocolError is a ValueError: a push whose fields are wrong.
         return (
             f"malformed push: {str(exc)[:200]}" if isinstance(exc, protocol.ProtocolError) else None
         )
+    if news is None or news.log_tail is None:
+        return news
+    return dataclasses.replace(news, log_tail=host_text(news.log_tail, protocol.LOG_TAIL_MAX))
 
 
 _SURROGATES: Final = re.compile("[\ud800-\udfff]")

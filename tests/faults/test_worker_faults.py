@@ -104,6 +104,11 @@ async def test_worker_exit_is_reported_with_its_code_and_replaced(
         ready = events(daemon, "host.state", host="worker-0", to="ready", pid=second)[0]
         fault_run.record(f"{fault}: exit noticed", wall(stale) - record["exited_at"])
         fault_run.record(f"{fault}: replacement ready", wall(ready) - record["exited_at"])
+    # The monitor's latest scan can predate the replacement: look after two more.
+    taken = fault_run.monitor.samples
+    await daemon.wait_until(
+        lambda: fault_run.monitor.samples >= taken + 2, READY_S, "two fresh monitor samples"
+    )
     assert fault_run.monitor.pids_seen(0)[:2] == [first, second]
     assert not pid_alive(first)
 

@@ -539,22 +539,27 @@ def test_launcher_leaves_no_zombies_after_several_launches(
 def test_a_worker_s_exit_is_pushed_with_its_code_after_the_launch_reply(
     tmp_path: Path, cleanup: Cleanup
 ) -> None:
-    """A worker that exits 3 is pushed unasked, after the launch's reply, with code 3 and its
-    start time, as its exit record then says."""
-    spec = make_spec(tmp_path, ["sh", "-c", "sleep 0.3; exit 3"])
+    """A worker that exits 3 is pushed unasked, after the launch's reply, with code 3, its
+    start time and its last words, as its exit record then says (the same log tail, so a
+    crash signature is the same whichever of the two comes first)."""
+    spec = make_spec(
+        tmp_path, ["sh", "-c", "sleep 0.3; echo 'ImportError: no module named rewards'; exit 3"]
+    )
     agent = cleanup.agent()
     launched = cleanup.launch(agent, spec)
     pushed = agent.read_message()
     assert "id" not in pushed
     news = pushed["exit"]
     assert (news["pid"], news["exit_code"], news["signal"]) == (launched.pid, 3, None)
+    assert news["log_tail"].endswith("ImportError: no module named rewards\n"), news
     wait_until(lambda: read_json(spec["exit_record"]) is not None, "the exit record")
     record = read_json(spec["exit_record"])
     assert record is not None
-    assert (record["pid"], record["exit_code"], record["start_time"]) == (
+    assert (record["pid"], record["exit_code"], record["start_time"], record["log_tail"]) == (
         launched.pid,
         3,
         news["start_time"],
+        news["log_tail"],
     )
 
 

@@ -225,8 +225,21 @@ def test_a_pushed_exit_reads_back_as_written() -> None:
         protocol.WorkerExit(pid=7, start_time=99, signal=9, exited_at=1.5e9),
         protocol.WorkerExit(pid=7, exit_code=3),
         protocol.WorkerExit(pid=7),
+        protocol.WorkerExit(pid=7, exit_code=2, log_tail="Traceback ...\nImportError: x\n"),
     ):
         assert parse_push(protocol.push_line(news)) == news
+
+
+def test_a_pushed_log_tail_is_bounded_and_safe_to_encode() -> None:
+    """A host's log tail is cut to LOG_TAIL_MAX and a lone surrogate becomes U+FFFD, so the
+    status reply that carries it later can be encoded; anything but a string is malformed."""
+    body = {"pid": 7, "log_tail": "\ud800" + "x" * (2 * protocol.LOG_TAIL_MAX)}
+    news = parse_push(json.dumps({"exit": body}))
+    assert isinstance(news, protocol.WorkerExit) and news.log_tail is not None
+    assert len(news.log_tail) == protocol.LOG_TAIL_MAX
+    assert news.log_tail.startswith("\ufffd")
+    news.log_tail.encode("utf-8")
+    assert isinstance(parse_push(json.dumps({"exit": {"pid": 7, "log_tail": 5}})), str)
 
 
 @pytest.mark.parametrize(
