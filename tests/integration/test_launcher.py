@@ -289,7 +289,8 @@ class Cleanup:
     """Agents and workers started by a test; killed at its end, whatever it did."""
 
     agents: list[Agent] = field(default_factory=list)
-    workers: list[int] = field(default_factory=list)
+    #: Each worker's pid (its process group's id) and its start time when launched.
+    workers: list[tuple[int, int | None]] = field(default_factory=list)
 
     def agent(
         self,
@@ -307,12 +308,24 @@ class Cleanup:
     def launch(self, on: Agent, spec: dict[str, Any]) -> Launched:
         """``on.launch(spec)``, the worker's group killed at the end of the test."""
         launched = on.launch(spec)
-        self.workers.append(launched.pid)
+        self.track(launched.pid)
         return launched
 
+    def track(self, pid: int) -> None:
+        """Kill ``pid``'s process group at the end of the test, if it is still that group."""
+        stat = agent_module.proc_stat(pid)
+        self.workers.append((pid, stat[2] if stat is not None else None))
+
     def run(self) -> None:
-        """Kill every worker group (its shepherd then exits) and every agent still running."""
-        for pid in self.workers:
+        """Kill every worker group (its shepherd then exits) and every agent still running.
+
+        A group whose leader has died and whose number now belongs to another process is
+        not ours any more (the kernel reuses a number only once no group holds it): with
+        several test runs at once it may be another run's launcher, so it is left alone."""
+        for pid, launched_at in self.workers:
+            stat = agent_module.proc_stat(pid)
+            if stat is not None and (launched_at is None or stat[2] != launched_at):
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         for started in self.agents:
@@ -684,7 +697,7 @@ def test_answer_in_process_starts_a_launcher_on_first_launch(
     spec = make_spec(tmp_path)
     reply = agent_module.answer({"id": 7, "op": "launch", "spec": spec})
     assert reply["ok"], reply
-    cleanup.workers.append(reply["result"]["pid"])
+    cleanup.track(reply["result"]["pid"])
     [launcher] = agent_module._LAUNCHER
     assert reply["result"]["via"] == f"launcher pid {launcher.process.pid} (started now)"
     assert os.getpid() not in ancestors(reply["result"]["pid"])
@@ -705,7 +718,7 @@ def test_launch_goes_fresh_when_no_launcher_can_start(
     spec = make_spec(tmp_path)
     reply = agent_module.answer({"id": 1, "op": "launch", "spec": spec})
     assert reply["ok"], reply
-    cleanup.workers.append(reply["result"]["pid"])
+    cleanup.track(reply["result"]["pid"])
     assert reply["result"]["via"].startswith("fresh interpreter; no launcher (cannot start one:")
     assert "No such file or directory" in reply["result"]["via"]
     log = Path(spec["log"]).read_text()

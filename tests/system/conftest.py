@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import agent
 from tests.system.daemonproc import Daemons, kill_quietly
 
 
@@ -24,6 +25,11 @@ async def daemons(tmp_path: Path) -> AsyncIterator[Daemons]:
     for pidfile in tmp_path.rglob("ctl/*.pid"):
         with contextlib.suppress(ValueError, OSError):
             pid = int(pidfile.read_text().strip())
+            # A pidfile outlives its worker, and its number may now be another process's
+            # (another test run's daemon, at three interpreters at once): only a process
+            # whose command line names this test's directory is one of ours.
+            if not any(str(tmp_path) in arg for arg in agent.cmdline(pid)):
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
             kill_quietly(pid)
