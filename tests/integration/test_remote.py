@@ -902,17 +902,19 @@ async def test_garbage_from_the_agent_is_noise_and_the_link_stays_up(
     fake.write_text(f"#!{sys.executable}\n{HOSTILE_AGENT}")
     fake.chmod(0o755)
     config = make_config(openssh, run_root, python=str(fake))
-    async with maintained(config) as h:
-        with capture_logs() as logs:
+    # Captured from before the connection: the agent starts as soon as it is up, and what it
+    # says then spends the host's noise budget too.
+    with capture_logs() as logs:
+        async with maintained(config) as h:
             assert await h.remote.probe(h.spec, None) is None
             with pytest.raises(RemoteError, match="'pid'"):
                 await h.remote.probe(h.spec, 999)
             assert await h.remote.probe(h.spec, None) is None
-        assert h.remote.connected
-        assert h.events == [(True, h.events[0][1])]  # connected once, never lost
-        noise = [e for e in logs if e["event"] == "agent.noise"]
-        assert len(noise) >= 20
-        assert all(len(e["line"]) <= 500 for e in noise)
+            assert h.remote.connected
+            assert h.events == [(True, h.events[0][1])]  # connected once, never lost
+    noise = [e for e in logs if e["event"] == "agent.noise"]
+    assert len(noise) >= 20
+    assert all(len(e["line"]) <= 500 for e in noise)
 
 
 FLOODING_AGENT = """\
