@@ -239,6 +239,22 @@ def kill(pid: int, signum: int = signal.SIGKILL) -> None:
         os.kill(pid, signum)
 
 
+async def kill_storm(fault_run: FaultRun, rng: random.Random, stop: asyncio.Event) -> int:
+    """kill -9 a random live worker every 0.2-0.7 s until ``stop``; the number killed."""
+    killed = 0
+    while not stop.is_set():
+        live = fault_run.monitor.live()
+        if live:
+            kill(rng.choice(live).pid)
+            killed += 1
+        try:
+            async with asyncio.timeout(rng.uniform(0.2, 0.7)):
+                await stop.wait()
+        except TimeoutError:
+            pass
+    return killed
+
+
 async def hold_for(seconds: float, check: Callable[[], None], every_s: float = 0.25) -> None:
     """Keep calling ``check`` (which asserts) for ``seconds``: for faults that last a while
     by definition, where the point is what does *not* happen meanwhile."""

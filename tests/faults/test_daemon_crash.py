@@ -18,7 +18,7 @@ from tests.faults.harness import (
     Workload,
     events,
     host_row,
-    kill,
+    kill_storm,
     wall,
 )
 from tests.system.daemonproc import DaemonProcess, all_ready
@@ -39,22 +39,6 @@ def history(root: Path) -> dict[str, Any]:
         "hosts"
     ]
     return hosts
-
-
-async def storm(fault_run: FaultRun, rng: random.Random, stop: asyncio.Event) -> int:
-    """kill -9 a random live worker every 0.2-0.7 s until ``stop``; the number killed."""
-    killed = 0
-    while not stop.is_set():
-        live = fault_run.monitor.live()
-        if live:
-            kill(rng.choice(live).pid)
-            killed += 1
-        try:
-            async with asyncio.timeout(rng.uniform(0.2, 0.7)):
-                await stop.wait()
-        except TimeoutError:
-            pass
-    return killed
 
 
 async def until_some_host_cools_down(daemon: DaemonProcess, root: Path) -> str:
@@ -90,7 +74,7 @@ async def test_sigkilled_daemon_in_a_restart_storm_is_replaced_safely(
     try:
         daemon = await fault_run.start(ready=HOSTS)
         async with asyncio.TaskGroup() as tg:
-            storming = tg.create_task(storm(fault_run, rng, stop_storm))
+            storming = tg.create_task(kill_storm(fault_run, rng, stop_storm))
             for round_ in range(ROUNDS):
                 await asyncio.sleep(rng.uniform(0.2, 1.5))  # wait-ok: a random moment (seeded)
                 saved_restarts = {h: v["restarts"] for h, v in _history_or_empty(fault_run)}

@@ -29,6 +29,7 @@ from tests.faults.harness import (
     Workload,
     events,
     kill,
+    kill_storm,
 )
 from tests.system.daemonproc import DaemonProcess, all_ready, host_pids, poll_until
 
@@ -259,7 +260,7 @@ async def test_leader_sigkilled_at_random_moments_of_a_restart_storm(
         await standby_ready(standby)
         paths = {id(leader): first, id(standby): second}
         async with asyncio.TaskGroup() as tg:
-            storming = tg.create_task(_storm(fault_run, rng, stop_storm))
+            storming = tg.create_task(kill_storm(fault_run, rng, stop_storm))
             for round_ in range(3):
                 await asyncio.sleep(rng.uniform(0.2, 1.5))  # wait-ok: a random moment (seeded)
                 leader.send_signal(signal.SIGKILL)
@@ -282,22 +283,6 @@ async def test_leader_sigkilled_at_random_moments_of_a_restart_storm(
     finally:
         stop_storm.set()
         work.close()
-
-
-async def _storm(fault_run: FaultRun, rng: random.Random, stop: asyncio.Event) -> int:
-    """kill -9 a random live worker every 0.2-0.7 s until ``stop``; the number killed."""
-    killed = 0
-    while not stop.is_set():
-        live = fault_run.monitor.live()
-        if live:
-            kill(rng.choice(live).pid)
-            killed += 1
-        try:
-            async with asyncio.timeout(rng.uniform(0.2, 0.7)):
-                await stop.wait()
-        except TimeoutError:
-            pass
-    return killed
 
 
 def _cli(*args: str) -> list[str]:
