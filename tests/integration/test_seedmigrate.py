@@ -91,7 +91,8 @@ def test_the_old_watch_is_asked_to_exit_through_its_own_stop_file(tmp_path: Path
     watch = subprocess.Popen([sys.executable, "-c", WATCH, str(run.ctl)])
     try:
         pidfile = run.ctl / "watch.pid"
-        while not pidfile.exists() and watch.poll() is None:
+        # The watch creates its pidfile, then writes its pid: wait for the pid, not the file.
+        while watch.poll() is None and not (pidfile.exists() and pidfile.read_text().strip()):
             time.sleep(0.02)  # wait-ok: polling for a file another process writes
         dry = seedmigrate.stop_watch(run, timeout_s=1, dry_run=True)
         assert dry.outcome == "would_stop" and watch.poll() is None
