@@ -976,16 +976,28 @@ class _Watched:
 
 class ExitWatch:
     """Watches workers and pushes each one's exit (``WorkerExit``) through the ``send`` it
-    was registered with; one thread, a pidfd per worker where the kernel has them."""
+    was registered with; one thread, a pidfd per worker where the kernel has them.
+
+    The pidfds sit in one epoll set, so a wake costs what became ready, not what is
+    watched: a host watches one or two workers, but the fleet simulator's one process
+    watches a thousand, and rebuilding a poll set of all of them at every exit put a
+    millisecond of its own into every crash it timed. Without pidfds, /proc is looked at
+    every ``WATCH_POLL_S`` for those workers only.
+    """
 
     def __init__(self, limit: int = WATCH_MAX) -> None:
         self._limit = limit
         self._lock = threading.Lock()
         self._watched: dict[int, _Watched] = {}
+        #: pidfd -> its entry, for the ones in the epoll set; the rest are looked at in /proc.
+        self._by_fd: dict[int, _Watched] = {}
+        self._polled: dict[int, _Watched] = {}
+        self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
             fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+        self._epoll.register(self._wake_r, select.EPOLLIN)
         self._thread: threading.Thread | None = None
 
     def watch(
@@ -1011,18 +1023,23 @@ class ExitWatch:
         entry.pidfd = pidfd
         with self._lock:
             old = self._watched.pop(pid, None)
-            if old is not None and old.pidfd is not None:
-                os.close(old.pidfd)
+            if old is not None:
+                self._forget(old)
             self._watched[pid] = entry
+            if pidfd is not None:
+                self._by_fd[pidfd] = entry
+                self._epoll.register(pidfd, select.EPOLLIN)
+            else:
+                self._polled[pid] = entry
             while len(self._watched) > self._limit:
-                dropped = self._watched.pop(next(iter(self._watched)))
-                if dropped.pidfd is not None:
-                    os.close(dropped.pidfd)
+                self._forget(self._watched.pop(next(iter(self._watched))))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="exits", daemon=True)
                 self._thread.start()
-        with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
-            os.write(self._wake_w, b"w")
+        if pidfd is None:
+            # The thread may be asleep with no timeout: it must start looking at /proc.
+            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+                os.write(self._wake_w, b"w")
         return True
 
     def watched(self) -> list[int]:
@@ -1030,27 +1047,32 @@ class ExitWatch:
         with self._lock:
             return list(self._watched)
 
+    def _forget(self, entry: _Watched) -> None:
+        """Stop watching ``entry`` (its pid already out of ``_watched``); under the lock."""
+        if self._polled.get(entry.pid) is entry:
+            del self._polled[entry.pid]
+        fd = entry.pidfd
+        if fd is None:
+            return
+        entry.pidfd = None
+        self._by_fd.pop(fd, None)
+        # Out of the set before the close, so a reused descriptor number cannot alias it.
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(fd)
+        os.close(fd)
+
     def _run(self) -> None:
         while True:
-            poller = select.poll()
-            poller.register(self._wake_r, select.POLLIN)
             with self._lock:
-                entries = list(self._watched.values())
-            by_fd = {}
-            polling = False
-            for entry in entries:
-                if entry.pidfd is None:
-                    polling = True
-                else:
-                    poller.register(entry.pidfd, select.POLLIN)
-                    by_fd[entry.pidfd] = entry
-            ready = poller.poll(int(WATCH_POLL_S * 1000) if polling else None)
-            if any(fd == self._wake_r for fd, _ in ready):
+                polled = bool(self._polled)
+            events = self._epoll.poll(WATCH_POLL_S if polled else -1)
+            with self._lock:
+                candidates = [self._by_fd[fd] for fd, _ in events if fd in self._by_fd]
+                candidates += self._polled.values()
+            if any(fd == self._wake_r for fd, _ in events):
                 with contextlib.suppress(OSError):
                     os.read(self._wake_r, 4096)
-            for entry in entries:
-                if entry.pidfd is not None and not any(fd == entry.pidfd for fd, _ in ready):
-                    continue
+            for entry in candidates:
                 stat = proc_stat(entry.pid)
                 if not is_dead(stat) and stat is not None and stat[2] == entry.start_time:
                     continue
@@ -1058,8 +1080,7 @@ class ExitWatch:
                     if self._watched.get(entry.pid) is not entry:
                         continue  # replaced or dropped meanwhile
                     del self._watched[entry.pid]
-                    if entry.pidfd is not None:
-                        os.close(entry.pidfd)
+                    self._forget(entry)
                 self._push(entry, entry.start_time)
 
     @staticmethod

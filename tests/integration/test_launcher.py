@@ -869,3 +869,60 @@ def test_the_watch_keeps_at_most_its_limit_dropping_the_oldest(tmp_path: Path) -
             worker.kill()
             worker.wait()
     assert workers[0].pid not in pushes.pids()
+
+
+#: Run by each host Python: watch ``n`` sleeps, kill them in reverse order, print each
+#: pushed exit line as it comes, then the pids still watched. ``agent.py`` is loaded from
+#: its file as the daemon sends it (a host has no ``supervisor`` package).
+_WATCH_MANY = """
+import importlib.util, json, os, signal, subprocess, sys, threading, time
+spec = importlib.util.spec_from_file_location("agent", sys.argv[1])
+agent = importlib.util.module_from_spec(spec)
+sys.modules["agent"] = agent  # as the daemon's ``-c`` program runs it: a module of its own
+spec.loader.exec_module(agent)
+n = int(sys.argv[2])
+lines, lock = [], threading.Lock()
+def send(line):
+    with lock:
+        lines.append(line)
+watch = agent.ExitWatch()
+workers = [subprocess.Popen(["sleep", "300"]) for _ in range(n)]
+for w in workers:
+    assert watch.watch({"exit_record": None, "root": None}, w.pid, None, send)
+spawned = [w.pid for w in workers]
+print(json.dumps({"watched": sorted(watch.watched()), "spawned": spawned}), flush=True)
+for w in reversed(workers):
+    w.kill()
+    deadline = time.monotonic() + 30
+    while not any('"pid":%d,' % w.pid in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    w.wait()
+time.sleep(0.2)  # a second push of one exit would have come by now
+for line in lines:
+    print(line.strip(), flush=True)
+print(json.dumps({"left": watch.watched()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_the_watch_pushes_each_of_many_exits_once_on_every_host_python(python: str) -> None:
+    """On every host Python (pidfds from 3.9, /proc looks before), each of many watched
+    workers' exits is pushed once, in the order they died, and leaves the watch empty."""
+    agent_path = Path(agent_module.__file__)
+    done = subprocess.run(
+        [python, "-c", _WATCH_MANY, str(agent_path), "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    first, *pushed, last = (json.loads(line) for line in done.stdout.splitlines())
+    spawned = first["spawned"]
+    assert first["watched"] == sorted(spawned)
+    exits = [agent_module.read_push(message) for message in pushed]
+    assert None not in exits
+    assert [(e.pid, e.signal) for e in exits if e is not None] == [
+        (pid, signal.SIGKILL) for pid in reversed(spawned)
+    ]
+    assert last == {"left": []}
