@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -216,8 +216,16 @@ def agent_source() -> str:
 
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
-    # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
     program = remote_program(agent_source(), AGENT_PATH)  # the source, but in ./dev test
+    return _python_command(python, program)
+
+
+# One string per interpreter, shared by every host: each channel keeps its command for its
+# whole life, and with the agent's ~90 KB of source in it, a command built per host held
+# ~90 MB at 1000 hosts (tracemalloc, docs/BENCHMARKS.md).
+@lru_cache(maxsize=16)
+def _python_command(python: str, program: str) -> str:
+    # -X utf8: paths and argv are UTF-8 on both ends whatever the remote locale says.
     return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(program)} agent"
 
 

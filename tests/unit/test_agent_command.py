@@ -1,0 +1,20 @@
+"""The command that starts a host's agent: one string for the whole fleet."""
+
+from __future__ import annotations
+
+import shlex
+
+from supervisor import remote
+
+
+def test_every_host_with_the_same_python_shares_one_command_string() -> None:
+    """Each channel keeps its command for its life and the agent's source is in it (~90 KB):
+    hosts with the same interpreter must share one string, not hold a copy each."""
+    first = remote.agent_command("/usr/bin/python3")
+    assert remote.agent_command("/usr/bin/python3") is first
+    other = remote.agent_command("/opt/my python/bin/python3")
+    assert other is not first
+    words = shlex.split(other)
+    assert words[:5] == ["exec", "/opt/my python/bin/python3", "-X", "utf8", "-u"]
+    assert words[5] == "-c" and words[-1] == "agent"
+    assert len(first) > 50_000  # the source itself travels in the command
