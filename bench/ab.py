@@ -91,6 +91,7 @@ async def one_round(
                 if result.cpu is not None:
                     cpu = 100 * result.cpu.cpu_s / result.cpu.seconds
                     arm.add(f"{where}: daemon CPU, % of a core", cpu)
+                    arm.add(f"{where}: daemon RSS, MB", result.cpu.rss_end / 1e6)
                 for label, samples in (
                     ("crash -> host.state", result.crash_to_state),
                     ("crash -> launch issued", result.crash_to_launch),
