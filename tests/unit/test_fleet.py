@@ -301,3 +301,34 @@ def test_a_filesystem_stall_of_any_length_restarts_nobody(
                 assert not [a for a in actions if not isinstance(a, h.StateChanged)]
     assert not freeze.frozen
     assert [(x.state, x.pid) for x in hosts] == [(S.READY, i + 1) for i in range(n)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(list(S)),
+            st.one_of(st.none(), st.floats(0.0, 200.0)),
+        ),
+        max_size=30,
+    ),
+    now=st.floats(0.0, 250.0),
+    ignore_before_at=st.floats(0.0, 100.0) | st.just(float("-inf")),
+    silent_after_s=st.floats(0.0, 60.0),
+)
+def test_one_survey_says_what_the_three_looks_at_the_fleet_say(
+    rows: list[tuple[S, float | None]], now: float, ignore_before_at: float, silent_after_s: float
+) -> None:
+    """``survey``'s one pass gives the count of hosts that should run, ``silent_hosts``
+    (same hosts, same order) and ``next_assessment_at``, boundaries included; and
+    ``assess`` decides the same from it as from the hosts."""
+    hosts = [host(f"w{i}", alive_at, state) for i, (state, alive_at) in enumerate(rows)]
+    freeze = replace(fleet.Freeze(), ignore_before_at=ignore_before_at)
+    surveyed = fleet.survey(freeze, hosts, now, silent_after_s)
+    assert surveyed.expected == sum(1 for x in hosts if x.state in h.WANT_RUNNING_STATES)
+    assert surveyed.silent == fleet.silent_hosts(hosts, now, silent_after_s, freeze)
+    assert surveyed.next_at == fleet.next_assessment_at(freeze, hosts, now, silent_after_s)
+    for start in (freeze, replace(freeze, frozen=True, hosts=frozenset({"w0", "w1"}))):
+        assert fleet.assess(
+            start, hosts, now, POLICY, silent_after_s, surveyed=surveyed
+        ) == fleet.assess(start, hosts, now, POLICY, silent_after_s)
