@@ -68,7 +68,8 @@ def stat_of(pid: int) -> tuple[str, int] | None:
     """``(state, start_time)`` from /proc/PID/stat, or None when the pid is gone."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # ESRCH at the read: the process was reaped between our open and our read.
         return None
     fields = data[data.rindex(b")") + 2 :].split()
     return fields[0].decode(), int(fields[19])

@@ -61,7 +61,7 @@ def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped mid-read
         return False
     return fields[0] != "Z"
 

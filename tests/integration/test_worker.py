@@ -85,7 +85,7 @@ def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped mid-read
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
 
