@@ -111,6 +111,14 @@ def beat(root: Path, host: str, seq: int, *, pid: int = 4242, ready: bool = True
     return StatusRecord(pid=pid, ready=ready, heartbeat_at=1000.0 + seq, seq=seq)
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` at once (a dot-named temp file, then a rename), so no
+    reader ever sees it truncated and not yet written."""
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)
+
+
 def write_json_in_place(path: Path, data: object) -> None:
     """Truncate ``path`` and write ``data`` into it: the inode stays, unlike an atomic write."""
     with path.open("r+") as f:
@@ -411,9 +419,10 @@ async def test_broken_file_is_logged_once_per_reason_and_counted_per_read(
             mark = seen.mark()
             before = watcher.parse_errors
             for i in range(1, 4):
-                path.write_bytes(b"garbage " * i)
+                # Atomic: a poll between a truncate and its write would see "empty".
+                write_bytes_atomic(path, b"garbage " * i)
                 await until(at_least(lambda: watcher.parse_errors, before + i))
-            path.write_bytes(b"")
+            write_bytes_atomic(path, b"")
             await seen.wait_for(StatusObserved("h1", StatusProblem("empty")), after=mark)
             record = beat(root, "h1", 2)
             await seen.wait_for(StatusObserved("h1", record), after=mark)
