@@ -1407,7 +1407,8 @@ class Survey:
 
 
 def survey(freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: float) -> Survey:
-    """``expected``, ``silent_hosts`` and ``next_assessment_at`` in one pass over the fleet.
+    """How many hosts should run, which ready hosts are silent, and when the next one will
+    be (``next_assessment_at``), in one pass over the fleet.
 
     The core assesses the freeze after every batch that changed a host's state, a crash
     included, so at a thousand hosts three passes were most of the step that turns a
@@ -1425,8 +1426,8 @@ def survey(freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: fl
         alive_at = h.alive_at
         if state is not ready or alive_at is None or alive_at < ignore_before_at:
             continue
-        # The two tests as silent_hosts and next_assessment_at write them, each on its own:
-        # in floating point one is not always the negation of the other.
+        # Two tests, each written on its own: in floating point one is not always the
+        # negation of the other.
         if now - alive_at >= silent_after_s:
             silent.append(h)
         crossing = alive_at + silent_after_s
@@ -1434,21 +1435,6 @@ def survey(freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: fl
             next_at = crossing
     silent.sort(key=lambda h: h.alive_at or 0.0, reverse=True)
     return Survey(expected=expected, silent=silent, next_at=next_at)
-
-
-def silent_hosts(
-    hosts: Iterable[Host], now: float, silent_after_s: float, freeze: Freeze
-) -> list[Host]:
-    """Ready hosts whose heartbeat is older than ``silent_after_s``, newest silence first."""
-    silent = [
-        h
-        for h in hosts
-        if h.state is HostState.READY
-        and h.alive_at is not None
-        and h.alive_at >= freeze.ignore_before_at
-        and now - h.alive_at >= silent_after_s
-    ]
-    return sorted(silent, key=lambda h: h.alive_at or 0.0, reverse=True)
 
 
 def assess(
@@ -1525,15 +1511,7 @@ def next_assessment_at(
     freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: float
 ) -> float | None:
     """When a ready host will cross the silence threshold, if nothing else happens first."""
-    crossings = [
-        h.alive_at + silent_after_s
-        for h in hosts
-        if h.state is HostState.READY
-        and h.alive_at is not None
-        and h.alive_at >= freeze.ignore_before_at
-        and h.alive_at + silent_after_s > now
-    ]
-    return min(crossings) if crossings else None
+    return survey(freeze, hosts, now, silent_after_s).next_at
 
 
 def _thawed(freeze: Freeze) -> Freeze:
