@@ -380,7 +380,8 @@ def test_malformed_task_is_quarantined_with_an_error_result(start_worker: StartW
     result = wait_for(lambda: worker.outbox().get("junk"), "the error result")
     assert result["reward"] == 0.0
     assert result["error"].startswith("malformed task: not JSON")
-    assert worker.has_event("task.malformed") is not None
+    # Logged last, after the result and the move: seen a moment after them.
+    wait_for(lambda: worker.has_event("task.malformed"), "the task.malformed line")
     write_task(worker.root, "after", {"answer": "1", "reference": "1"})
     wait_for(lambda: "after" in worker.outbox(), "a later task")
 
