@@ -895,9 +895,9 @@ for w in reversed(workers):
     w.kill()
     deadline = time.monotonic() + 30
     while not any('"pid":%d,' % w.pid in line for line in lines) and time.monotonic() < deadline:
-        time.sleep(0.005)
+        time.sleep(0.005)  # wait-ok: poll interval of a deadline loop
     w.wait()
-time.sleep(0.2)  # a second push of one exit would have come by now
+time.sleep(0.2)  # wait-ok: an absence is checked: a second push of one exit would be here
 for line in lines:
     print(line.strip(), flush=True)
 print(json.dumps({"left": watch.watched()}), flush=True)
