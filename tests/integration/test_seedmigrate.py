@@ -76,7 +76,7 @@ ctl = sys.argv[1]
 stop = os.path.join(ctl, "watch.stop")
 open(os.path.join(ctl, "watch.pid"), "w").write(str(os.getpid()))
 while not os.path.exists(stop):
-    time.sleep(0.1)
+    time.sleep(0.1)  # wait-ok: the old watch's own round, as the seed script sleeps
 os.unlink(os.path.join(ctl, "watch.pid"))
 """
 
