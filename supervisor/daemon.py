@@ -265,6 +265,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self._publish_pending = False
         self._history_dirty = asyncio.Event()  # set when restart history needs saving
+        self._history_encoder = runfiles.HistoryEncoder()
         self._summary = ""
         self._started_wall = time.time()
         self._started_at = 0.0
@@ -381,9 +382,8 @@ class Daemon:
         await self._close_remotes()
         if not self._booted or self._fleet.deposed:
             return  # the history is the leader's: a standby or a deposed one leaves it alone
-        snapshot = self._history_snapshot(time.time() - asyncio.get_running_loop().time())
         try:
-            await asyncio.to_thread(self._write_history, snapshot)
+            await asyncio.to_thread(self._write_history, self._history_file())
         except OSError as exc:
             log.error("history.not_saved", reason=str(exc))
 
@@ -1225,10 +1225,8 @@ class Daemon:
             await self._history_dirty.wait()
             await asyncio.sleep(PERSIST_INTERVAL_S)
             self._history_dirty.clear()
-            loop = asyncio.get_running_loop()
-            snapshot = self._history_snapshot(time.time() - loop.time())
             try:
-                saved = await asyncio.to_thread(self._write_history, snapshot)
+                saved = await asyncio.to_thread(self._write_history, self._history_file())
             except OSError as exc:
                 self._history_dirty.set()
                 self._check_now.set()  # an I/O error on the run root: do we still lead?
@@ -1246,28 +1244,17 @@ class Daemon:
             return f"the run directory's epoch is {on_disk}, ours {self._epoch}"
         return None
 
-    def _history_snapshot(self, wall_minus_mono: float) -> dict[str, Any]:
-        """Every host's restart history with instants converted to wall-clock time."""
-        hosts: dict[str, Any] = {}
-        for name, hist in self._fleet.histories().items():
-            nxt = hist.next_restart_at
-            hosts[name] = {
-                "failures": hist.failures,
-                "restarts": hist.restarts,
-                "restart_times": [t + wall_minus_mono for t in hist.restart_times_at],
-                "next_restart_at": None if nxt is None else nxt + wall_minus_mono,
-                "cause": hist.cause,
-                "cause_code": None if hist.cause_code is None else hist.cause_code.value,
-                "failed": hist.failed,
-            }
-        return {
-            "version": layout.STATE_VERSION,
-            "saved_at": time.time(),
-            "hostname": socket.gethostname(),
-            "hosts": hosts,
-        }
+    def _history_file(self) -> bytes:
+        """Every host's restart history as the state file's bytes (``HistoryEncoder``)."""
+        return self._history_encoder.encode(
+            self._fleet.histories(),
+            wall_minus_mono=time.time() - asyncio.get_running_loop().time(),
+            saved_at=time.time(),
+            hostname=socket.gethostname(),
+            version=layout.STATE_VERSION,
+        )
 
-    def _write_history(self, snapshot: dict[str, Any]) -> bool:
+    def _write_history(self, data: bytes) -> bool:
         """Save the restart history, unless another leader's epoch is on disk (then it owns
         the file: False). In a thread."""
         why = self._not_ours()
@@ -1275,7 +1262,7 @@ class Daemon:
             log.error("history.not_saved", reason=f"{why}: another supervisor leads")
             return False
         run = layout.layout_of(self._config)
-        runfiles.write_json_atomic(run.state_file, snapshot, root=run.root)
+        runfiles.write_atomic(run.state_file, data, root=run.root)
         return True
 
     def _load_history(self) -> dict[str, health.History]:

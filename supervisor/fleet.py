@@ -541,7 +541,11 @@ class Fleet:
     ) -> None:
         self._health = health_policy
         self._policy = policy
+        #: Histories a previous daemon left for hosts that have not joined.
         self._histories: dict[str, health.History] = {}
+        #: ``health.history_of`` of every joined host, replaced only when it changes: the
+        #: shell saves the history after every change and re-encodes only new objects.
+        self._joined_histories: dict[str, health.History] = {}
         #: Configured members, joined or not, in config order.
         self._configured: dict[str, Member] = {m.name: m for m in members}
         #: Members that joined: their files are read and their connection is kept.
@@ -639,10 +643,9 @@ class Fleet:
         return name in self._retiring
 
     def histories(self) -> dict[str, health.History]:
-        """What of every host must survive a restart of the daemon."""
-        out = dict(self._histories)
-        out.update((name, health.history_of(host)) for name, host in self._hosts.items())
-        return out
+        """What of every host must survive a restart of the daemon; a host's object is the
+        same one until its history changes."""
+        return {**self._histories, **self._joined_histories}
 
     @property
     def deadline_at(self) -> float | None:
@@ -770,6 +773,7 @@ class Fleet:
             self._host_action(name, host, action, now, out)
         self._arm(name, host.deadline_at)
         if health.history_changed(before, host):
+            self._joined_histories[name] = health.history_of(host)
             out.append(_HISTORY_CHANGED)
         if host.state is not before.state or host.ssh_up != before.ssh_up or host.op != before.op:
             self._after_change(name, before, now, out)
@@ -916,6 +920,7 @@ class Fleet:
                 history=self._histories.pop(name, None),
             )
             self._hosts[name] = host
+            self._joined_histories[name] = health.history_of(host)
             self._members[name] = member
             if not self._settled:
                 self._unsettled.add(name)
@@ -939,6 +944,7 @@ class Fleet:
     def _drop(self, name: str, now: float, out: list[Action]) -> None:
         """``name`` is stopped and no longer configured: it leaves, and others may join."""
         del self._hosts[name]
+        del self._joined_histories[name]
         del self._members[name]
         self._retiring.discard(name)
         self._armed.pop(name, None)

@@ -489,6 +489,64 @@ def _holder(fd: int) -> str:
 HistoryProblem = tuple[str, str]
 
 
+def history_entry(hist: health.History, wall_minus_mono: float) -> dict[str, Any]:
+    """One host's entry of the state file, its instants converted to wall-clock time."""
+    nxt = hist.next_restart_at
+    return {
+        "failures": hist.failures,
+        "restarts": hist.restarts,
+        "restart_times": [t + wall_minus_mono for t in hist.restart_times_at],
+        "next_restart_at": None if nxt is None else nxt + wall_minus_mono,
+        "cause": hist.cause,
+        "cause_code": None if hist.cause_code is None else hist.cause_code.value,
+        "failed": hist.failed,
+    }
+
+
+class HistoryEncoder:
+    """Encodes the state file, one host to a line, encoding again only what changed.
+
+    The daemon saves the history within half a second of any host's change; at a thousand
+    hosts, building and indenting the whole document each time held the event loop (and,
+    from the writing thread, the GIL) for about 10 ms, and a worker's exit that arrived
+    meanwhile waited for it (docs/BENCHMARKS.md). A host's entry is kept while the core
+    hands over the same ``History`` object (``Fleet.histories``) and, if it holds instants,
+    the same wall-clock offset: rounded to the millisecond, so that it stays the same until
+    the wall clock is stepped.
+    """
+
+    def __init__(self) -> None:
+        #: host -> (its history, the offset its instants were converted with, its line).
+        self._lines: dict[str, tuple[health.History, float | None, str]] = {}
+
+    def encode(
+        self,
+        histories: dict[str, health.History],
+        *,
+        wall_minus_mono: float,
+        saved_at: float,
+        hostname: str,
+        version: int,
+    ) -> bytes:
+        """The whole file: ``{"hostname", "hosts", "saved_at", "version"}``, keys sorted."""
+        offset = round(wall_minus_mono, 3)
+        lines: dict[str, tuple[health.History, float | None, str]] = {}
+        for name in sorted(histories):
+            hist = histories[name]
+            timed = bool(hist.restart_times_at) or hist.next_restart_at is not None
+            key = offset if timed else None
+            kept = self._lines.get(name)
+            if kept is None or kept[0] is not hist or kept[1] != key:
+                entry = json.dumps(history_entry(hist, offset), sort_keys=True)
+                kept = (hist, key, f"{json.dumps(name)}: {entry}")
+            lines[name] = kept
+        self._lines = lines
+        hosts = ",\n".join(line for _, _, line in lines.values())
+        head = f'{{"hostname": {json.dumps(hostname)}, "hosts": {{'
+        tail = f'}}, "saved_at": {json.dumps(saved_at)}, "version": {json.dumps(version)}}}\n'
+        return (head + ("\n" + hosts + "\n" if hosts else "") + tail).encode("utf-8")
+
+
 def load_history(path: Path, *, root: Path, policy: health.Policy) -> dict[str, health.History]:
     """The restart history a previous daemon left, by host; an unreadable file is logged and
     is no history, a bad entry is logged and skipped. Never raises."""

@@ -355,6 +355,14 @@ class FleetWorld(RuleBasedStateMachine):
             else:
                 assert host.op == expected, (name, host.op, pending)
 
+    @invariant()
+    def saved_histories_are_every_host_s_current_one(self) -> None:
+        """``histories()`` keeps a host's object until its history changes: it must still be
+        what the host's health says, or the saved file would miss a restart."""
+        histories = self.core.histories()
+        for name, host in self.core.hosts.items():
+            assert histories[name] == h.history_of(host), name
+
 
 FleetWorld.detached = False
 FleetWorld.stop_deadline = 0.0

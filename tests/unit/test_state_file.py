@@ -3,6 +3,7 @@ entry skipped with one problem, and no content at all able to make the parser ra
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -15,6 +16,8 @@ from supervisor.runfiles import (
     HISTORY_MAX_COUNT,
     HISTORY_MAX_TEXT,
     HISTORY_SKEW_S,
+    HistoryEncoder,
+    history_entry,
     history_from_json,
 )
 
@@ -206,3 +209,81 @@ def test_history_parser_never_raises_on_any_entry(raw: dict[str, Any]) -> None:
     history, problems = parse(raw)
     check_accepted(history)
     assert len(history) + len(problems) == len(raw["hosts"])
+
+
+# --- writing: the daemon's encoder ------------------------------------------------------
+
+MONO_NOW = 10_000.0  # the daemon's monotonic clock as it saves
+histories = st.builds(
+    health.History,
+    failures=st.integers(0, 50),
+    restarts=st.integers(0, 50),
+    restart_times_at=st.lists(st.floats(MONO_NOW - 3000, MONO_NOW), max_size=3).map(tuple),
+    next_restart_at=st.none() | st.floats(MONO_NOW, MONO_NOW + 200),
+    cause=st.none() | st.text(max_size=20),
+    cause_code=st.none() | st.sampled_from(list(health.Cause)),
+    failed=st.none() | st.text(max_size=20),
+)
+host_names = st.sampled_from(["worker-0", "worker-1", "w\u00e9\"2", "3"])
+#: One save: hosts whose history is new (or that joined), hosts that left, the offset.
+saves = st.tuples(
+    st.dictionaries(host_names, histories, max_size=4),
+    st.lists(host_names, max_size=2),
+    st.sampled_from([NOW - MONO_NOW, NOW - MONO_NOW + 0.0001, NOW - MONO_NOW + 3600.0]),
+)
+
+
+def encode(
+    encoder: HistoryEncoder, current: dict[str, health.History], wall_minus_mono: float
+) -> Any:
+    """One save through ``encoder``, parsed back as JSON."""
+    data = encoder.encode(
+        current, wall_minus_mono=wall_minus_mono, saved_at=NOW, hostname="node-1", version=1
+    )
+    assert data.endswith(b"}\n")
+    return json.loads(data)
+
+
+@given(st.lists(saves, min_size=1, max_size=8))
+def test_each_save_is_the_whole_history_however_little_changed(
+    sequence: list[tuple[dict[str, health.History], list[str], float]],
+) -> None:
+    """An encoder that keeps unchanged hosts' lines writes, at every save, exactly what a
+    fresh one writes: changed, joined and departed hosts and a stepped wall clock included."""
+    kept = HistoryEncoder()
+    current: dict[str, health.History] = {}
+    for changed, left, offset in sequence:
+        current = {n: h for n, h in current.items() if n not in left} | changed
+        written = encode(kept, current, offset)
+        assert written == encode(HistoryEncoder(), current, offset)
+        assert written["version"] == 1 and written["saved_at"] == NOW
+        assert written["hostname"] == "node-1"
+        assert written["hosts"] == {
+            name: history_entry(h, round(offset, 3)) for name, h in current.items()
+        }
+
+
+@given(st.dictionaries(host_names, histories, max_size=4))
+def test_what_the_encoder_writes_loads_back(current: dict[str, health.History]) -> None:
+    """Written at one offset and read at the same instant: the same histories, to the
+    millisecond the offset is rounded to."""
+    offset = NOW - MONO_NOW + 0.0004
+    written = encode(HistoryEncoder(), current, offset)
+    policy = health.Policy(backoff_max_s=300.0)
+    loaded, problems = history_from_json(
+        written, now_wall=NOW + 0.0004, offset=-offset, policy=policy
+    )
+    assert problems == [] and loaded.keys() == current.keys()
+    for name, h in current.items():
+        back = loaded[name]
+        assert back.restart_times_at == pytest.approx(h.restart_times_at, abs=0.002)
+        assert (back.next_restart_at is None) == (h.next_restart_at is None)
+        if h.next_restart_at is not None:
+            assert back.next_restart_at == pytest.approx(h.next_restart_at, abs=0.002)
+        assert (back.failures, back.restarts, back.cause, back.cause_code, back.failed) == (
+            h.failures,
+            h.restarts,
+            h.cause,
+            h.cause_code,
+            h.failed,
+        )
