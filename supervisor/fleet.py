@@ -578,6 +578,13 @@ class Fleet:
         self._armed: dict[str, float] = {}
         self._assess_at: float | None = None
         self._assess_due = False
+        #: Joined hosts in WANT_RUNNING_STATES, counted as they change (``survey``'s
+        #: ``expected`` without the look).
+        self._expected = 0
+        #: No more ready hosts than this are silent before ``_assess_at``; None: unknown.
+        #: The look at every host that a state change calls for is skipped while too few
+        #: hosts can be silent to freeze the fleet (``_no_freeze_possible``).
+        self._silent_bound: int | None = None
         #: The pointer file's progress (written at most once per path).
         self.pointer = Pointer()
         self._pointer_due = False
@@ -769,6 +776,17 @@ class Fleet:
         before = self._hosts[name]
         host, actions = health.step(before, event, now, self._health)
         self._hosts[name] = host
+        if host.state is not before.state:
+            self._expected += (host.state in WANT_RUNNING_STATES) - (
+                before.state in WANT_RUNNING_STATES
+            )
+        if host.state is S.READY and (
+            before.state is not S.READY
+            or (host.alive_at != before.alive_at and host.alive_at != now)
+        ):
+            # Ready now, or its last heartbeat moved other than to now (a routine beat):
+            # its silence may begin sooner than the next crossing the last look found.
+            self._track_silence(host, now)
         for action in actions:
             self._host_action(name, host, action, now, out)
         self._arm(name, host.deadline_at)
@@ -921,6 +939,7 @@ class Fleet:
             )
             self._hosts[name] = host
             self._joined_histories[name] = health.history_of(host)
+            self._expected += host.state in WANT_RUNNING_STATES
             self._members[name] = member
             if not self._settled:
                 self._unsettled.add(name)
@@ -943,7 +962,7 @@ class Fleet:
 
     def _drop(self, name: str, now: float, out: list[Action]) -> None:
         """``name`` is stopped and no longer configured: it leaves, and others may join."""
-        del self._hosts[name]
+        self._expected -= self._hosts.pop(name).state in WANT_RUNNING_STATES
         del self._joined_histories[name]
         del self._members[name]
         self._retiring.discard(name)
@@ -968,6 +987,9 @@ class Fleet:
         new = {m.name: m for m in event.members}
         self._configured = new
         self._health = event.health
+        # Another stale threshold moves every crossing: the next assessment looks at all.
+        self._silent_bound = None
+        self._assess_due = True
         if event.policy.pointer_file != self._policy.pointer_file:
             self.pointer = Pointer()  # another file: it has never been written
             self._pointer_due = True
@@ -1280,21 +1302,55 @@ class Fleet:
 
     def _assess(self, now: float, out: list[Action]) -> None:
         self._assess_due = False
+        if self._no_freeze_possible(now):
+            return
         hosts = self._hosts.values()
         silent_after_s = self._health.heartbeat_stale_s / 2
         surveyed = survey(self.freeze, hosts, now, silent_after_s)
         self.freeze, change = assess(
             self.freeze, hosts, now, self._policy, silent_after_s, surveyed=surveyed
         )
-        if change is None:
-            # Neither the hosts nor the freeze's ignore_before_at changed since the survey.
-            self._assess_at = surveyed.next_at
+        if change is not None:
+            self._apply_freeze(change, now, out)
+            # The freeze's ignore_before_at and the hosts may have changed: look again.
+            surveyed = survey(self.freeze, self._hosts.values(), now, silent_after_s)
+        self._assess_at = surveyed.next_at
+        self._silent_bound = len(surveyed.silent)
+
+    def _no_freeze_possible(self, now: float) -> bool:
+        """Too few hosts can be silent to freeze the fleet, so the look can be skipped.
+
+        A state change (a crash among them) calls for an assessment, and at a thousand
+        hosts looking at every one was most of what stood between a pushed exit and its
+        relaunch (docs/BENCHMARKS.md). Between looks silence only shrinks (heartbeats,
+        hosts leaving ``ready``) until the next crossing, except where ``_track_silence``
+        says otherwise; the threshold follows the hosts that should run.
+        """
+        return (
+            not self.freeze.frozen
+            and self._silent_bound is not None
+            and (self._assess_at is None or now < self._assess_at)
+            and self._silent_bound < threshold(self._expected, self._policy)
+        )
+
+    def _track_silence(self, host: Host, now: float) -> None:
+        """Keep the bound and the next crossing true for a host that became ready, or whose
+        last heartbeat was moved back (``survey``'s tests, host by host)."""
+        alive_at = host.alive_at
+        if alive_at is None or alive_at < self.freeze.ignore_before_at:
             return
-        self._apply_freeze(change, now, out)
-        self._assess_at = next_assessment_at(self.freeze, self._hosts.values(), now, silent_after_s)
+        silent_after_s = self._health.heartbeat_stale_s / 2
+        if now - alive_at >= silent_after_s:
+            self._silent_bound = None  # silent already: the next assessment looks
+            self._assess_due = True
+            return
+        crossing = alive_at + silent_after_s
+        if crossing > now and (self._assess_at is None or crossing < self._assess_at):
+            self._assess_at = crossing
 
     def _apply_freeze(self, change: FreezeChange, now: float, out: list[Action]) -> None:
         self.finding = None
+        self._silent_bound = None
         out.append(
             FreezeChanged(
                 frozen=change.frozen, reason=change.reason, hosts=tuple(sorted(self.freeze.hosts))

@@ -435,6 +435,61 @@ def test_a_diagnosis_arriving_after_the_thaw_is_old_news() -> None:
     assert s.core.finding is None
 
 
+SILENT_AFTER_S = HEALTH.heartbeat_stale_s / 2
+
+
+def test_a_freeze_made_due_by_fewer_hosts_to_run_is_not_skipped() -> None:
+    """Four of ten hosts silent together are too few to freeze (five are needed); once an
+    operator stops two others, four of eight are enough: the stop, a state change, looks
+    at the fleet again rather than trusting the count of the last look."""
+    s = shell(*((f"w{i}", i) for i in range(10)))
+    s.boot()
+    for i in range(10):
+        s.run_worker(f"w{i}", 100 + i)
+    s.now = SILENT_AFTER_S + 0.1
+    s.feed(
+        *(
+            f.HostObserved(
+                f"w{i}", h.HeartbeatSeen(pid=100 + i, ready=True, remote_heartbeat_at=9.0)
+            )
+            for i in range(4, 10)
+        ),
+        f.DeadlinePassed(),
+    )
+    assert not s.core.freeze.frozen
+    stop = h.StopRequested(reason="operator", cause=h.StopCause.OPERATOR)
+    s.on("w9", stop)
+    assert not s.core.freeze.frozen  # four of nine: five still needed
+    s.on("w8", stop)
+    assert s.core.freeze.frozen
+    assert s.core.freeze.hosts == {"w0", "w1", "w2", "w3"}
+
+
+def test_a_host_that_turns_ready_already_silent_counts_at_once() -> None:
+    """A worker whose first heartbeat came well before its launch's answer is ready, and
+    silent, from the moment the answer lands: with another silent host that makes two of
+    three, and the fleet freezes then, not at some later look."""
+    s = shell(("w0", 0), ("w1", 1), ("w2", 2))
+    s.boot()
+    s.run_worker("w0", 100)
+    s.run_worker("w1", 101)
+    s.on("w2", h.SshRestored())
+    s.on("w2", h.ProbeResult(pid=None))
+    assert s.last(f.Launch, "w2") is not None
+    s.now = 1.0
+    s.on("w2", h.HeartbeatSeen(pid=102, ready=True, remote_heartbeat_at=1.0))
+    s.now = SILENT_AFTER_S + 0.5  # w0 is silent now, alone: no freeze
+    s.on("w1", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=5.0))
+    s.feed(f.DeadlinePassed())
+    assert not s.core.freeze.frozen
+    s.now = 1.0 + SILENT_AFTER_S + 0.5
+    s.on("w1", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=6.0))
+    s.on("w2", h.Launched(pid=102))
+    assert s.state("w2") is S.READY
+    assert s.core.freeze.frozen
+    assert s.core.freeze.hosts == {"w0", "w2"}
+
+
 # --- time -----------------------------------------------------------------------------------
 
 

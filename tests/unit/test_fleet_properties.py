@@ -356,6 +356,21 @@ class FleetWorld(RuleBasedStateMachine):
                 assert host.op == expected, (name, host.op, pending)
 
     @invariant()
+    def the_freeze_is_what_a_full_look_says(self) -> None:
+        """Frozen or not, the core agrees with ``assess`` over every host at the time of
+        its last step: it may skip looks, never a freeze or a thaw that is due."""
+        if self.core.finished:
+            return
+        _, change = f.assess(
+            self.core.freeze,
+            list(self.core.hosts.values()),
+            self.now,
+            POLICY,
+            HEALTH.heartbeat_stale_s / 2,
+        )
+        assert change is None, change
+
+    @invariant()
     def saved_histories_are_every_host_s_current_one(self) -> None:
         """``histories()`` keeps a host's object until its history changes: it must still be
         what the host's health says, or the saved file would miss a restart."""

@@ -224,7 +224,7 @@ histories = st.builds(
     cause_code=st.none() | st.sampled_from(list(health.Cause)),
     failed=st.none() | st.text(max_size=20),
 )
-host_names = st.sampled_from(["worker-0", "worker-1", "w\u00e9\"2", "3"])
+host_names = st.sampled_from(["worker-0", "worker-1", 'w\u00e9"2', "3"])
 #: One save: hosts whose history is new (or that joined), hosts that left, the offset.
 saves = st.tuples(
     st.dictionaries(host_names, histories, max_size=4),
