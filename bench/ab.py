@@ -1,7 +1,8 @@
 """A/B: the supervisor of another checkout against this one, alternated in one run.
 
     .venv/bin/python bench/ab.py --old /work/wt/old [--rounds 2] [--hosts 100 1000]
-                                 [--modes inotify,poll] [--crashes 10] [--starts 3] [--out FILE]
+                                 [--modes inotify,poll] [--exits 100] [--crashes 10] [--starts 3]
+                                 [--out FILE]
 
 ``--old`` is a checkout (a ``git worktree`` of the old commit) whose ``supervisor`` package
 the old arm imports (it goes first on ``PYTHONPATH`` of every process the arm spawns: the
@@ -12,7 +13,8 @@ quieter during the run weighs on both alike. Per arm and round:
 - ``scale`` at each of ``--hosts`` simulated fleet sizes, in each of ``--modes``
   (``bench/scale.py``): the daemon's steady CPU, and crash (the simulator's SIGKILL) ->
   ``host.state`` / -> launch issued (``host.launch_begin``), first heartbeat -> ``ready``,
-  p50 and p99;
+  p50 and p99 of ``--exits`` crashes (nearest rank: of 40 the p99 is the largest, of 100
+  the second largest);
 - with ``--crashes N``, ``bench/bench_crash.py`` on the real sshd, each watch mode: crash ->
   launch issued, -> replacement ready, and the worker's own start-up;
 - with ``--starts N`` (0 skips it), ``simstart`` of 50 simulated hosts
@@ -80,12 +82,15 @@ async def one_round(
     starts: int,
     modes: tuple[str, ...],
     crashes: int,
+    exits: int,
 ) -> None:
     """Every measurement once for ``arm``."""
     with on_pythonpath(arm.pythonpath):
         for hosts in sizes:
             for mode in modes:
-                result = await scale.run_scale(hosts, mode, window_s=window_s, floor_parts=())
+                result = await scale.run_scale(
+                    hosts, mode, window_s=window_s, exit_samples=exits, floor_parts=()
+                )
                 arm.errors += [f"scale {hosts} {mode}: {e}" for e in result.errors]
                 where = f"{hosts} hosts, {mode}"
                 if result.cpu is not None:
@@ -151,7 +156,8 @@ def report(old: Arm, new: Arm, args: argparse.Namespace, started: str) -> str:
         f"The old arm imports `{old.imported}`, the new arm `{new.imported}`.",
         "",
         f"Started {started}; {args.rounds} rounds, alternated; {args.hosts} simulated hosts,"
-        f" {args.window:g} s CPU windows, watch modes {args.modes}, {args.crashes} crashes per"
+        f" {args.window:g} s CPU windows, watch modes {args.modes}, {args.exits} simulated"
+        f" crashes per size and mode, {args.crashes} crashes per"
         f" mode on the real sshd; load average at the start {args.load_before}, at the end"
         f" {load_average()}.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
@@ -186,6 +192,9 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, seconds")
     parser.add_argument(
         "--crashes", type=int, default=0, help="crashes per watch mode on the real sshd"
+    )
+    parser.add_argument(
+        "--exits", type=int, default=40, help="simulated crashes per fleet size and watch mode"
     )
     parser.add_argument(
         "--starts", type=int, default=3, help="simstart samples per round (0: none)"
@@ -225,7 +234,9 @@ async def run(old: Arm, new: Arm, args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for arm in (old, new) if round_ % 2 == 0 else (new, old):
             print(f"round {round_ + 1}: {arm.name}", file=sys.stderr, flush=True)
-            await one_round(arm, args.hosts, args.window, args.starts, modes, args.crashes)
+            await one_round(
+                arm, args.hosts, args.window, args.starts, modes, args.crashes, args.exits
+            )
 
 
 if __name__ == "__main__":
