@@ -780,13 +780,15 @@ class Fleet:
             self._expected += (host.state in WANT_RUNNING_STATES) - (
                 before.state in WANT_RUNNING_STATES
             )
-        if host.state is S.READY and (
-            before.state is not S.READY
-            or (host.alive_at != before.alive_at and host.alive_at != now)
+        alive_at = host.alive_at
+        if (
+            host.state is S.READY
+            and alive_at is not None
+            and (before.state is not S.READY or (alive_at != before.alive_at and alive_at != now))
         ):
             # Ready now, or its last heartbeat moved other than to now (a routine beat):
             # its silence may begin sooner than the next crossing the last look found.
-            self._track_silence(host, now)
+            self._track_silence(alive_at, now)
         for action in actions:
             self._host_action(name, host, action, now, out)
         self._arm(name, host.deadline_at)
@@ -1333,12 +1335,13 @@ class Fleet:
             and self._silent_bound < threshold(self._expected, self._policy)
         )
 
-    def _track_silence(self, host: Host, now: float) -> None:
+    def _track_silence(self, alive_at: float, now: float) -> None:
         """Keep the bound and the next crossing true for a host that became ready, or whose
-        last heartbeat was moved back (``survey``'s tests, host by host)."""
-        alive_at = host.alive_at
-        if alive_at is None or alive_at < self.freeze.ignore_before_at:
-            return
+        last heartbeat was moved back to ``alive_at`` (``survey``'s tests, host by host).
+
+        A heartbeat from before an unfreeze, which ``survey`` leaves out, is taken as it
+        comes: at worst an early wake-up or a full look, both harmless.
+        """
         silent_after_s = self._health.heartbeat_stale_s / 2
         if now - alive_at >= silent_after_s:
             self._silent_bound = None  # silent already: the next assessment looks
