@@ -438,6 +438,11 @@ def test_a_diagnosis_arriving_after_the_thaw_is_old_news() -> None:
 SILENT_AFTER_S = HEALTH.heartbeat_stale_s / 2
 
 
+def frozen(s: Shell) -> bool:
+    """The fleet is frozen now (a call, so that a checker reads it afresh each time)."""
+    return s.core.freeze.frozen
+
+
 def test_a_freeze_made_due_by_fewer_hosts_to_run_is_not_skipped() -> None:
     """Four of ten hosts silent together are too few to freeze (five are needed); once an
     operator stops two others, four of eight are enough: the stop, a state change, looks
@@ -456,12 +461,12 @@ def test_a_freeze_made_due_by_fewer_hosts_to_run_is_not_skipped() -> None:
         ),
         f.DeadlinePassed(),
     )
-    assert not s.core.freeze.frozen
+    assert not frozen(s)
     stop = h.StopRequested(reason="operator", cause=h.StopCause.OPERATOR)
     s.on("w9", stop)
-    assert not s.core.freeze.frozen  # four of nine: five still needed
+    assert not frozen(s)  # four of nine: five still needed
     s.on("w8", stop)
-    assert s.core.freeze.frozen
+    assert frozen(s)
     assert s.core.freeze.hosts == {"w0", "w1", "w2", "w3"}
 
 
@@ -481,12 +486,12 @@ def test_a_host_that_turns_ready_already_silent_counts_at_once() -> None:
     s.now = SILENT_AFTER_S + 0.5  # w0 is silent now, alone: no freeze
     s.on("w1", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=5.0))
     s.feed(f.DeadlinePassed())
-    assert not s.core.freeze.frozen
+    assert not frozen(s)
     s.now = 1.0 + SILENT_AFTER_S + 0.5
     s.on("w1", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=6.0))
     s.on("w2", h.Launched(pid=102))
     assert s.state("w2") is S.READY
-    assert s.core.freeze.frozen
+    assert frozen(s)
     assert s.core.freeze.hosts == {"w0", "w2"}
 
 
