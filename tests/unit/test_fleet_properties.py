@@ -371,6 +371,12 @@ class FleetWorld(RuleBasedStateMachine):
         assert change is None, change
 
     @invariant()
+    def hosts_that_should_run_are_counted_as_they_change(self) -> None:
+        """The count the freeze's threshold uses between looks is the count of a look."""
+        expected = sum(host.state in h.WANT_RUNNING_STATES for host in self.core.hosts.values())
+        assert self.core._expected == expected
+
+    @invariant()
     def saved_histories_are_every_host_s_current_one(self) -> None:
         """``histories()`` keeps a host's object until its history changes: it must still be
         what the host's health says, or the saved file would miss a restart."""
