@@ -1246,10 +1246,11 @@ class Daemon:
 
     def _history_file(self) -> bytes:
         """Every host's restart history as the state file's bytes (``HistoryEncoder``)."""
+        wall = time.time()
         return self._history_encoder.encode(
             self._fleet.histories(),
-            wall_minus_mono=time.time() - asyncio.get_running_loop().time(),
-            saved_at=time.time(),
+            wall_minus_mono=wall - asyncio.get_running_loop().time(),
+            saved_at=wall,
             hostname=socket.gethostname(),
             version=layout.STATE_VERSION,
         )

@@ -1473,11 +1473,8 @@ class Survey:
 
 def survey(freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: float) -> Survey:
     """How many hosts should run, which ready hosts are silent, and when the next one will
-    be (``next_assessment_at``), in one pass over the fleet.
-
-    The core assesses the freeze after every batch that changed a host's state, a crash
-    included, so at a thousand hosts three passes were most of the step that turns a
-    pushed exit into a launch (docs/BENCHMARKS.md).
+    be (the freeze's next assessment), in one pass over the fleet: a look costs O(hosts)
+    once, not three times (docs/BENCHMARKS.md).
     """
     expected = 0
     silent: list[Host] = []
@@ -1570,13 +1567,6 @@ def unfreeze(freeze: Freeze, now: float) -> tuple[Freeze, FreezeChange | None]:
     if not freeze.frozen:
         return thawed, None
     return thawed, FreezeChange(frozen=False, reason="operator unfreeze")
-
-
-def next_assessment_at(
-    freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: float
-) -> float | None:
-    """When a ready host will cross the silence threshold, if nothing else happens first."""
-    return survey(freeze, hosts, now, silent_after_s).next_at
 
 
 def _thawed(freeze: Freeze) -> Freeze:

@@ -129,8 +129,8 @@ def test_operator_unfreeze_sticks_for_old_silences() -> None:
 def test_next_assessment_is_when_the_next_host_would_fall_silent() -> None:
     """The timer for the freeze check is the earliest silence crossing, not a poll."""
     hosts = [host("a", 10.0), host("b", 20.0), host("c", None), host("d", 5.0, S.STOPPED)]
-    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 11.0, SILENT_S) == 40.0
-    assert fleet.next_assessment_at(fleet.Freeze(), hosts, 100.0, SILENT_S) is None
+    assert fleet.survey(fleet.Freeze(), hosts, 11.0, SILENT_S).next_at == 40.0
+    assert fleet.survey(fleet.Freeze(), hosts, 100.0, SILENT_S).next_at is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -336,4 +336,3 @@ def test_one_survey_says_what_three_looks_at_the_fleet_say(
     assert surveyed.expected == sum(1 for x in hosts if x.state in h.WANT_RUNNING_STATES)
     assert surveyed.silent == sorted(silent, key=lambda x: x.alive_at or 0.0, reverse=True)
     assert surveyed.next_at == (min(crossings) if crossings else None)
-    assert fleet.next_assessment_at(freeze, hosts, now, silent_after_s) == surveyed.next_at
