@@ -29,14 +29,14 @@ from supervisor.statusfiles import parse_status, read_status
 POLICY = health.Policy(heartbeat_stale_s=60.0)
 
 
-def ready_host(name: str, now: float) -> health.Host:
-    """A host adopted and ready, as at steady state."""
+def ready_host(name: str, now: float, *, pid: int = 5) -> health.Host:
+    """A host adopted and ready (its worker ``pid``), as at steady state."""
     host = health.new_host(name, now)
     for event in (
         health.SshRestored(),
-        health.HeartbeatSeen(pid=5, ready=True, remote_heartbeat_at=1.0, remote_seq=1),
-        health.ProbeResult(pid=5),
-        health.HeartbeatSeen(pid=5, ready=True, remote_heartbeat_at=2.0, remote_seq=2),
+        health.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=1.0, remote_seq=1),
+        health.ProbeResult(pid=pid),
+        health.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=2.0, remote_seq=2),
     ):
         host, _ = health.step(host, event, now, POLICY)
         now += 0.5

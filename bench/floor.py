@@ -1,6 +1,6 @@
 """The least any supervisor can do to notice every heartbeat of a fleet: the scale floor.
 
-    python -m bench.floor --part watch|read --mode inotify|poll --root RUN_ROOT
+    python -m bench.floor --part watch|read|core --mode inotify|poll --root RUN_ROOT
     python -m bench.floor --part ssh --config DAEMON_TOML
 
 Runs until stdin closes (or SIGTERM), doing one part of what the design requires of a
@@ -12,12 +12,15 @@ supervisor and nothing else, in one thread where it can:
 - ``read``: the same, and each changed heartbeat file opened, read and parsed with
   ``json.loads``: a heartbeat counts only when its ``heartbeat_at`` or ``seq`` changed
   (DESIGN.md §4), so every rewrite must be read;
+- ``core``: ``read``, and each heartbeat read then stepped through its host's state machine
+  (``health.step``, the host ready and steady): reading plus the least the core adds to
+  it, without the daemon's hardened reads, reader thread and bookkeeping;
 - ``ssh``: one asyncssh connection to every host of the daemon's config, with its
   keepalive settings and ciphers, held open and idle (the daemon keeps one per host).
 
-No state machine, no logging, no second thread of our own. ``bench/scale.py`` runs it
-against the same simulated fleet as the daemon and measures its CPU the same way, so the
-report can say how far above this floor the daemon is.
+No state machine (but in ``core``), no logging, no second thread of our own.
+``bench/scale.py`` runs it against the same simulated fleet as the daemon and measures its
+CPU the same way, so the report can say how far above this floor the daemon is.
 """
 
 from __future__ import annotations
@@ -29,37 +32,69 @@ import json
 import os
 import signal
 import sys
+import time
 
 import asyncssh
 from watchfiles import awatch
 
+from bench.bench_core import ready_host
 from supervisor import config as configuration
+from supervisor import health
 from supervisor.remote import connect_options
 
 #: The parts, each measured on its own: watching status/, watching and reading each changed
-#: heartbeat, holding the fleet's SSH connections.
-PARTS = ("watch", "read", "ssh")
+#: heartbeat, the same with each heartbeat stepped through the core, holding the fleet's SSH
+#: connections.
+PARTS = ("watch", "read", "core", "ssh")
 #: The daemon's debounce (config ``[watch] debounce_ms``), and the step it derives from it.
 DEBOUNCE_MS = 50
 STEP_MS = 10
 
 
-def read_heartbeat(path: str) -> None:
-    """Open, read and parse one status file; a file that vanished or is partial is skipped."""
+def read_heartbeat(path: str) -> object:
+    """Open, read and parse one status file; None for a file that vanished or is partial."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return
+        return None
     try:
         data = os.read(fd, 65536)
     finally:
         os.close(fd)
-    with contextlib.suppress(ValueError):
-        json.loads(data)
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
-async def watch_inotify(status: str, read: bool, stop: asyncio.Event) -> None:
-    """watchfiles on ``status/``; each changed heartbeat file read (``read``)."""
+class Core:
+    """Each host's state machine, stepped with every heartbeat read (``--part core``)."""
+
+    def __init__(self) -> None:
+        """No host seen yet."""
+        self.hosts: dict[str, health.Host] = {}
+        self.policy = health.Policy()
+
+    def beat(self, path: str, status: object) -> None:
+        """Step the host of ``path`` (ready on its first heartbeat) with ``status``."""
+        if not isinstance(status, dict):
+            return
+        event = health.HeartbeatSeen(
+            pid=status["pid"],
+            ready=True,
+            remote_heartbeat_at=status["heartbeat_at"],
+            remote_seq=status.get("seq"),
+        )
+        now = time.monotonic()
+        host = self.hosts.get(path)
+        if host is None:
+            host = ready_host(path, now, pid=event.pid)
+        self.hosts[path], _ = health.step(host, event, now, self.policy)
+
+
+async def watch_inotify(status: str, core: Core | None, read: bool, stop: asyncio.Event) -> None:
+    """watchfiles on ``status/``; each changed heartbeat file read (``read``), and stepped
+    through ``core``."""
     async for changes in awatch(
         status,
         watch_filter=None,
@@ -72,11 +107,14 @@ async def watch_inotify(status: str, read: bool, stop: asyncio.Event) -> None:
         if read:
             for _change, path in changes:
                 if path.endswith(".json") and not path.rpartition("/")[2].startswith("."):
-                    read_heartbeat(path)
+                    found = read_heartbeat(path)
+                    if core is not None:
+                        core.beat(path, found)
 
 
-async def watch_poll(status: str, read: bool, stop: asyncio.Event) -> None:
-    """One listing of ``status/`` a second; each file with a new inode read (``read``)."""
+async def watch_poll(status: str, core: Core | None, read: bool, stop: asyncio.Event) -> None:
+    """One listing of ``status/`` a second; each file with a new inode read (``read``), and
+    stepped through ``core``."""
     inodes: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     due = loop.time()
@@ -90,7 +128,9 @@ async def watch_poll(status: str, read: bool, stop: asyncio.Event) -> None:
                 if inodes.get(name) != inode:
                     inodes[name] = inode
                     if read:
-                        read_heartbeat(entry.path)
+                        found = read_heartbeat(entry.path)
+                        if core is not None:
+                            core.beat(entry.path, found)
         due += 1.0
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, due - loop.time())):
@@ -142,7 +182,9 @@ async def main_async(args: argparse.Namespace) -> None:
         else:
             watch = watch_inotify if args.mode == "inotify" else watch_poll
             print(json.dumps({"event": "ready"}), flush=True)
-            await watch(os.path.join(args.root, "status"), args.part == "read", stop)
+            core = Core() if args.part == "core" else None
+            read = args.part in ("read", "core")
+            await watch(os.path.join(args.root, "status"), core, read, stop)
         eof.cancel()
 
 

@@ -157,9 +157,9 @@ async def measure(plan: Plan, only: set[str], report: Report) -> None:
                             hosts,
                             mode,
                             # The SSH part of the floor is the same in every mode: once.
-                            floor_parts=("watch", "read", "ssh")
+                            floor_parts=("watch", "read", "core", "ssh")
                             if first_mode
-                            else ("watch", "read"),
+                            else ("watch", "read", "core"),
                             window_s=plan.window_s,
                             exit_samples=min(plan.exit_samples, hosts // 3),
                             stale_samples=plan.stale_samples,
@@ -326,22 +326,27 @@ def floor_table(results: list[scale.ScaleResult]) -> list[str]:
         " Reading: each changed heartbeat also opened, read and parsed, as the contract"
         " requires (a beat counts when `heartbeat_at` or `seq` changed). SSH: one idle"
         " asyncssh connection per host with the daemon's keepalive and ciphers, over one"
-        " keepalive interval. No state machine, no logging. Floor = watching + reading + SSH.",
+        " keepalive interval. No state machine, no logging. Floor = watching + reading + SSH."
+        " With the core: reading, and each heartbeat also stepped through its host's state"
+        " machine (`health.step`), + SSH: the least a supervisor with our core could cost.",
         "",
         "| hosts | watch | daemon | watching | watching + reading | SSH connections |"
-        " floor | daemon / floor |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        " floor | daemon / floor | floor with the core | daemon / that |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         assert r.cpu is not None
         watch, read = r.floor.get("watch"), r.floor["read"]
         ssh = ssh_floor(results, r.hosts)
         floor = floor_cpu(results, r)
+        core = r.floor.get("core")
+        with_core = core.percent + ssh.percent if core and ssh else math.nan
         lines.append(
             f"| {r.hosts} | {r.mode} | {r.cpu.percent:.1f} |"
             f" {watch.percent if watch else math.nan:.1f} | {read.percent:.1f} |"
             f" {ssh.percent if ssh else math.nan:.1f} | {floor:.1f} |"
-            f" {r.cpu.percent / floor if floor > 0 else math.nan:.1f}x |"
+            f" {r.cpu.percent / floor if floor > 0 else math.nan:.1f}x | {with_core:.1f} |"
+            f" {r.cpu.percent / with_core if with_core > 0 else math.nan:.1f}x |"
         )
     return lines
 

@@ -70,7 +70,8 @@ class ScaleResult:
     writer_late_p99_ms: float = float("nan")
     writes_per_s: float = float("nan")
     #: bench/floor.py's parts on the same fleet: "watch" (watching alone), "read" (and
-    #: reading each changed heartbeat), "ssh" (its connections, idle): the least they cost.
+    #: reading each changed heartbeat), "core" (and stepping each through the state
+    #: machine), "ssh" (its connections, idle): the least they cost.
     floor: dict[str, CpuWindow] = field(default_factory=dict)
     sim_cpu_pct: float = float("nan")
     log_lines_in_window: int = 0
@@ -153,11 +154,13 @@ async def run_scale(
                 spread = getattr(configuration, "fleet_ssh", None)
                 ssh = cfg.ssh if spread is None else spread(cfg.ssh, len(cfg.hosts))
                 keepalive_s = ssh.keepalive_interval_s
-                seconds = max(window_s / 2, keepalive_s)
+                seconds = max(window_s, keepalive_s)
                 result.floor[part] = await run_floor(part, seconds, config=ready["config"])
             else:
+                # As long as the daemon's window: the poll floor is under a second of CPU
+                # in 20 s, and half the window left it counted in a few 10 ms clock ticks.
                 root = workdir / "run"
-                result.floor[part] = await run_floor(part, window_s / 2, mode=mode, root=root)
+                result.floor[part] = await run_floor(part, window_s, mode=mode, root=root)
     except (TimeoutError, AssertionError, RuntimeError) as exc:
         result.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
