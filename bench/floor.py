@@ -79,11 +79,14 @@ class Core:
         """Step the host of ``path`` (ready on its first heartbeat) with ``status``."""
         if not isinstance(status, dict):
             return
+        pid, at, seq = status.get("pid"), status.get("heartbeat_at"), status.get("seq")
+        if not (isinstance(pid, int) and isinstance(at, int | float)):
+            return  # not a heartbeat the simulator writes
         event = health.HeartbeatSeen(
-            pid=status["pid"],
+            pid=pid,
             ready=True,
-            remote_heartbeat_at=status["heartbeat_at"],
-            remote_seq=status.get("seq"),
+            remote_heartbeat_at=float(at),
+            remote_seq=seq if isinstance(seq, int) else None,
         )
         now = time.monotonic()
         host = self.hosts.get(path)
