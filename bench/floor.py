@@ -37,7 +37,7 @@ import time
 import asyncssh
 from watchfiles import awatch
 
-from bench.bench_core import ready_host
+from bench.bench_core import POLICY, ready_host
 from supervisor import config as configuration
 from supervisor import health
 from supervisor.remote import connect_options
@@ -73,7 +73,6 @@ class Core:
     def __init__(self) -> None:
         """No host seen yet."""
         self.hosts: dict[str, health.Host] = {}
-        self.policy = health.Policy()
 
     def beat(self, path: str, status: object) -> None:
         """Step the host of ``path`` (ready on its first heartbeat) with ``status``."""
@@ -92,7 +91,7 @@ class Core:
         host = self.hosts.get(path)
         if host is None:
             host = ready_host(path, now, pid=event.pid)
-        self.hosts[path], _ = health.step(host, event, now, self.policy)
+        self.hosts[path], _ = health.step(host, event, now, POLICY)  # as built
 
 
 async def watch_inotify(status: str, core: Core | None, read: bool, stop: asyncio.Event) -> None:
