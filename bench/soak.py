@@ -199,7 +199,8 @@ class Soak:
 
     async def soak(self, minutes: float) -> None:
         """Inject faults until ``minutes`` have passed, feeding tasks all along."""
-        end = time.monotonic() + minutes * 60
+        started = time.monotonic()
+        end = started + minutes * 60
         while time.monotonic() < end:
             if not self.loads or self.loads[-1].written == BATCH:
                 self.feed()
@@ -208,9 +209,21 @@ class Soak:
             whole = await self.inject(fault)
             await self.recover(fault, whole)
             self.durations[fault].append(time.monotonic() - began)
+            self.progress(fault, (time.monotonic() - started) / 60, minutes)
             if self.monitor.violations:
                 return  # finish() reports them
             await asyncio.sleep(self.rng.uniform(2, 8))  # the pause between two faults
+
+    def progress(self, fault: str, elapsed_min: float, minutes: float) -> None:
+        """One line on stderr per fault: a soak runs for half an hour or more."""
+        injected = sum(len(d) for d in self.durations.values())
+        print(
+            f"soak {elapsed_min:.1f}/{minutes:g} min: {injected} faults, last {fault}"
+            f" ({self.durations[fault][-1]:.1f} s), {len(self.failures)} failures,"
+            f" {len(self.monitor.violations)} violations",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def finish(self) -> None:
         """Let the tasks drain, check them, stop everything."""
