@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import platform
 import random
@@ -149,11 +150,8 @@ class Soak:
                 path = self.run.root / "status" / f"worker-{host}.json"
                 path.write_bytes(self.rng.randbytes(self.rng.randrange(0, 4096)))
             case "status_dir":
-                status_dir = self.run.root / "status"
-                for child in status_dir.iterdir():
-                    child.unlink(missing_ok=True)
-                status_dir.rmdir()
-                status_dir.mkdir()
+                remove_busy_dir(self.run.root / "status")
+                (self.run.root / "status").mkdir()
             case _:
                 raise ValueError(fault)
         injected_at = time.monotonic()
@@ -241,6 +239,22 @@ class Soak:
             await self.run.aclose()
             self.failures += self.monitor.finish(30.0)
             self.openssh.stop()
+
+
+def remove_busy_dir(path: Path, attempts: int = 100) -> None:
+    """Remove ``path`` and its files while workers keep writing into it: a heartbeat's temp
+    file can appear between emptying it and removing it (ENOTEMPTY), so empty it again."""
+    for _ in range(attempts):
+        for child in path.iterdir():
+            child.unlink(missing_ok=True)
+        try:
+            path.rmdir()
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        else:
+            return
+    raise RuntimeError(f"{path} kept filling up: not removed in {attempts} attempts")
 
 
 def report(soak: Soak, args: argparse.Namespace, elapsed_s: float) -> str:
