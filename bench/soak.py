@@ -20,6 +20,8 @@ live workers; at the end every task must have exactly one correct result.
     .venv/bin/python bench/soak.py --minutes 30            # the soak
     .venv/bin/python bench/soak.py --minutes 2 --seed 7    # a quick look
     .venv/bin/python bench/soak.py --watch poll            # poll mode, as on NFS
+    .venv/bin/python bench/soak.py --faults kill9,sigstop,drop_ssh,sshd_down,sighup,garbage
+                                   # one daemon all along: its RSS over every recovery
 
 Writes a markdown summary to bench/results/soak.md (or --out); exits 1 if any check failed.
 """
@@ -80,11 +82,20 @@ FAULTS = (
 class Soak:
     """One soak run: a daemon, its workers, a producer, a monitor and the fault schedule."""
 
-    def __init__(self, workdir: Path, hosts: int, rng: random.Random, watch: str = "auto") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        hosts: int,
+        rng: random.Random,
+        watch: str = "auto",
+        faults: tuple[str, ...] = FAULTS,
+    ) -> None:
         """See the class docstring."""
         self.workdir = workdir
         self.hosts = hosts
         self.rng = rng
+        #: The faults to choose from (all of them unless told).
+        self.faults = faults
         #: watch.mode of the daemon's config ("poll" exercises the listings, as on NFS).
         self.watch = watch
         self.openssh = OpenSsh.create(workdir / "sshd")
@@ -202,7 +213,7 @@ class Soak:
         while time.monotonic() < end:
             if not self.loads or self.loads[-1].written == BATCH:
                 self.feed()
-            fault = self.rng.choice(FAULTS)
+            fault = self.rng.choice(self.faults)
             began = time.monotonic()
             whole = await self.inject(fault)
             await self.recover(fault, whole)
@@ -263,7 +274,9 @@ def report(soak: Soak, args: argparse.Namespace, elapsed_s: float) -> str:
         "# Soak",
         "",
         f"`bench/soak.py --minutes {args.minutes:g} --hosts {args.hosts} --seed {args.seed}"
-        f" --watch {args.watch}`"
+        f" --watch {args.watch}"
+        + (f" --faults {','.join(soak.faults)}" if soak.faults != FAULTS else "")
+        + "`"
         f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.platform()}),"
         f" {elapsed_s / 60:.1f} min, {sum(len(load.tasks) for load in soak.loads)} tasks,"
         f" {soak.monitor.samples} monitor samples (largest gap {soak.monitor.max_gap_s:.2f}s).",
@@ -308,7 +321,7 @@ async def main_async(args: argparse.Namespace) -> int:
     """Run the soak; the exit code."""
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="rs-soak-") as tmp:
-        soak = Soak(Path(tmp), args.hosts, rng, args.watch)
+        soak = Soak(Path(tmp), args.hosts, rng, args.watch, args.faults)
         started = time.monotonic()
         try:
             await soak.start()
@@ -332,7 +345,25 @@ def main() -> int:
     parser.add_argument(
         "--watch", choices=("auto", "inotify", "poll"), default="auto", help="watch.mode"
     )
+    parser.add_argument(
+        "--faults",
+        type=fault_list,
+        default=FAULTS,
+        help="comma-separated faults to choose from (default: all); without daemon_kill one"
+        " daemon lives through the whole soak, so its RSS shows a leak",
+    )
     return asyncio.run(main_async(parser.parse_args()))
+
+
+def fault_list(text: str) -> tuple[str, ...]:
+    """``--faults``: known fault names, at least one."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown fault(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(FAULTS)}"
+        )
+    return names
 
 
 if __name__ == "__main__":
