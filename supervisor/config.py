@@ -26,6 +26,9 @@ from supervisor.health import Policy
 WatchMode = Literal["auto", "inotify", "poll"]
 OnExit = Literal["stop", "detach"]
 
+#: A config of a thousand hosts is about 100 KB; a file far larger is a mistake (a log
+#: symlinked in its place), and reading it whole would only grow our memory.
+MAX_CONFIG_BYTES: Final = 16 * 1024 * 1024
 #: Fields a ``worker.argv`` element may name; each is substituted inside one argument.
 ARGV_FIELDS: Final = frozenset(
     {
@@ -323,8 +326,8 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
 def socket_from_raw_file(path: Path) -> Path | None:
     """``control.socket`` of a config file that may not validate (or its default)."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        raw = _read(path)
+    except ConfigError:
         return default_socket_path(path)
     control = raw.get("control")
     socket = control.get("socket") if isinstance(control, dict) else None
@@ -381,13 +384,44 @@ def load(path: str | os.PathLike[str]) -> Config:
 def _read(source: Path) -> dict[str, Any]:
     """The TOML document at ``source``; ConfigError if it cannot be read or parsed."""
     try:
-        return tomllib.loads(source.read_text(encoding="utf-8"))
+        return tomllib.loads(_read_text(source))
     except FileNotFoundError:
         raise ConfigError([ConfigProblem(str(source), "-", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigProblem(str(source), "-", f"cannot read: {exc}")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([ConfigProblem(str(source), "-", f"not valid TOML: {exc}")]) from None
+    except RecursionError:
+        # tomllib recurses once per nested array or inline table.
+        raise ConfigError(
+            [ConfigProblem(str(source), "-", "not valid TOML: nested too deeply")]
+        ) from None
+
+
+def _read_text(source: Path) -> str:
+    """The file's text, read without blocking on a FIFO and never past MAX_CONFIG_BYTES.
+
+    Raises OSError, UnicodeDecodeError, or ConfigError for a file that is not a regular file
+    (a FIFO blocks the reader forever; /dev/zero never ends) or is too large.
+    """
+    # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever.
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError([ConfigProblem(str(source), "-", "cannot read: not a regular file")])
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 1024 * 1024):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigError(
+                    [ConfigProblem(str(source), "-", f"larger than {MAX_CONFIG_BYTES} bytes")]
+                )
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

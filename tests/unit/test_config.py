@@ -125,6 +125,17 @@ def test_missing_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
         config.load(tmp_path / "nope.toml")
 
 
+def test_a_config_larger_than_the_cap_is_refused_unread(tmp_path: Path) -> None:
+    """A file past MAX_CONFIG_BYTES (a log symlinked as the config) is a ConfigError that
+    check() reports too, and the CLI falls back to the default socket."""
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * config.MAX_CONFIG_BYTES + b"\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        config.load(big)
+    assert "larger than" in str(config.check(big).problems[0])
+    assert config.socket_from_raw_file(big) == config.default_socket_path(big)
+
+
 def test_socket_path_too_long_is_refused() -> None:
     """AF_UNIX paths longer than 107 bytes cannot be bound; say so at load time."""
     with pytest.raises(ConfigError, match=r"control\.socket"):
