@@ -1462,6 +1462,8 @@ class Daemon:
                 await self.reload()
             except ControlError as exc:
                 log.warning("config.reload_skipped", reason=str(exc))
+            except Exception:  # task root: a failed reload must not end the daemon
+                log.exception("config.reload_failed_internally", kept=str(self._config.source))
 
     async def reload(self) -> dict[str, Any]:
         """Re-read and validate the config; apply it, or keep the old one and say why.
@@ -1478,37 +1480,42 @@ class Daemon:
         async with self._reload_lock:
             self._notifier.reloading()
             try:
-                new = await asyncio.to_thread(config_mod.load, self._config.source)
-            except ConfigError as exc:
-                errors = [str(p) for p in exc.problems]
-                self._last_reload_error = errors
-                log.error("config.reload_failed", errors=errors, kept=str(self._config.source))
-                if self._metrics is not None:
-                    self._metrics.reloads.labels(result="error").inc()
-                self._notifier.ready()
-                return {"reloaded": False, "errors": errors}
-            self._config = new
-            self._host_configs.update((h.name, h) for h in new.hosts)
-            try:
-                await asyncio.to_thread(layout.write_run_files, new)
-            except OSError as exc:
-                log.error("run.files_not_written", reason=str(exc))
-            members = config_mod.members(new)
-            try:
-                reply = await self._ask(
-                    lambda token: fleet.Reconfigured(
-                        members=members, health=new.health, policy=new.fleet, token=token
-                    )
-                )
+                return await self._reload()
             finally:
+                # RELOADING=1 leaves systemd showing "reloading" until READY=1, however the
+                # reload ended.
                 self._notifier.ready()
-            result = dict(reply.result or {})
-            self._reloads += 1
+
+    async def _reload(self) -> dict[str, Any]:
+        """``reload`` under its lock, between RELOADING=1 and READY=1."""
+        try:
+            new = await asyncio.to_thread(config_mod.load, self._config.source)
+        except ConfigError as exc:
+            errors = [str(p) for p in exc.problems]
+            self._last_reload_error = errors
+            log.error("config.reload_failed", errors=errors, kept=str(self._config.source))
             if self._metrics is not None:
-                self._metrics.reloads.labels(result="ok").inc()
-            self._last_reload_error = []
-            log.info("config.reloaded", **result)
-            return {"reloaded": True, "errors": [], **result}
+                self._metrics.reloads.labels(result="error").inc()
+            return {"reloaded": False, "errors": errors}
+        self._config = new
+        self._host_configs.update((h.name, h) for h in new.hosts)
+        try:
+            await asyncio.to_thread(layout.write_run_files, new)
+        except OSError as exc:
+            log.error("run.files_not_written", reason=str(exc))
+        members = config_mod.members(new)
+        reply = await self._ask(
+            lambda token: fleet.Reconfigured(
+                members=members, health=new.health, policy=new.fleet, token=token
+            )
+        )
+        result = dict(reply.result or {})
+        self._reloads += 1
+        if self._metrics is not None:
+            self._metrics.reloads.labels(result="ok").inc()
+        self._last_reload_error = []
+        log.info("config.reloaded", **result)
+        return {"reloaded": True, "errors": [], **result}
 
 
 # ----------------------------------------------------------------------------------------
