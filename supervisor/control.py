@@ -46,6 +46,11 @@ EVENT_QUEUE_MAX: Final = 1000
 PROBE_TIMEOUT_S: Final = 2.0
 # How long a closing connection may take to flush its last reply before it is aborted.
 CLOSE_TIMEOUT_S: Final = 2.0
+# An operator's commands, a `status --watch`, an `events` and a few scripts at once. Each
+# connection is a file descriptor the daemon's hosts need (a script leaking connections would
+# otherwise take them all, and accept() would then stall every client): past this, the
+# connection idle longest is closed to make room, or the new one is refused when none is idle.
+MAX_CONNECTIONS: Final = 64
 
 _UCRED: Final = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 _SOCKET_MODE: Final = 0o600
@@ -240,6 +245,8 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self._write_timeout_s = write_timeout_s
+        # Waiting for a request since this loop time; None while serving one, or streaming.
+        self.idle_since: float | None = asyncio.get_running_loop().time()
 
     def peer(self) -> PeerCredentials:
         sock = self.writer.get_extra_info("socket")
@@ -300,17 +307,19 @@ class ControlServer:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._path = Path(path)
         self._commands = commands
         self._idle_timeout_s = idle_timeout_s
         self._write_timeout_s = write_timeout_s
         self._max_request_bytes = max_request_bytes
+        self._max_connections = max_connections
         self._euid = os.geteuid()
         self._server: asyncio.Server | None = None
         self._lock_fd: int | None = None
         self._socket_id: tuple[int, int] | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._closing = False
         self._handlers: dict[str, Handler] = {
             "ping": self._cmd_ping,
@@ -423,10 +432,34 @@ class ControlServer:
         if self._closing:
             writer.transport.abort()
             return
+        if len(self._connections) >= self._max_connections and not self._make_room():
+            log.warning("control.too_many_connections", max_connections=self._max_connections)
+            # A best-effort word on why; the transport flushes it, then closes.
+            writer.write(
+                _encode(_error(f"too many connections (over {self._max_connections}); try again"))
+            )
+            writer.close()
+            return
         connection = _Connection(reader, writer, self._write_timeout_s)
         task = asyncio.get_running_loop().create_task(self._serve_connection(connection))
-        self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
+        self._connections[task] = connection
+        task.add_done_callback(self._forget)
+
+    def _make_room(self) -> bool:
+        """Close the connection idle longest, freeing its descriptor now; False if none is."""
+        idle = [(c.idle_since, t) for t, c in self._connections.items() if c.idle_since is not None]
+        if not idle:
+            return False
+        _, task = min(idle, key=lambda pair: pair[0])
+        conn = self._connections[task]
+        conn.idle_since = None  # not chosen again; tracked until its task has ended
+        log.info("control.idle_connection_closed", reason="connection limit reached")
+        conn.writer.transport.abort()
+        task.cancel()
+        return True
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._connections.pop(task, None)
 
     async def _serve_connection(self, conn: _Connection) -> None:
         """Task root of one connection: nothing it raises may reach the server."""
@@ -458,6 +491,7 @@ class ControlServer:
     async def _serve_requests(self, conn: _Connection, peer: PeerCredentials) -> None:
         while True:
             last = False
+            conn.idle_since = asyncio.get_running_loop().time()
             try:
                 async with asyncio.timeout(self._idle_timeout_s):
                     line = await conn.reader.readuntil(b"\n")
@@ -472,6 +506,8 @@ class ControlServer:
             except TimeoutError:
                 await conn.send(_error(f"idle for {self._idle_timeout_s:g}s; closing"))
                 return
+            finally:
+                conn.idle_since = None
             if not line.strip():
                 continue
             try:
@@ -850,7 +886,7 @@ async def request(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any)
         async with asyncio.timeout(timeout_s):
             reader, writer = await _connect(path)
             try:
-                await _send_request(writer, {"cmd": cmd, **args})
+                await _send_request(path, writer, {"cmd": cmd, **args})
                 line = await _read_line(path, reader)
             finally:
                 await _close_quietly(writer)
@@ -885,7 +921,7 @@ async def follow_events(
     try:
         try:
             async with asyncio.timeout(timeout_s):
-                await _send_request(writer, {"cmd": "events"})
+                await _send_request(path, writer, {"cmd": "events"})
                 first = await _read_line(path, reader)
         except TimeoutError:
             raise ControlError(
@@ -940,12 +976,21 @@ async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
         raise ControlError(f"cannot connect to {path}: {exc.strerror or exc}") from None
 
 
-async def _send_request(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:
+async def _send_request(
+    path: Path, writer: asyncio.StreamWriter, message: Mapping[str, Any]
+) -> None:
     try:
         writer.write(_encode(message))
         await writer.drain()
     except ConnectionError:
         pass  # the daemon may have answered and hung up already (it refused us): read why
+    except OSError as exc:
+        # ENOTCONN: a daemon whose accept queue is full refuses a unix connect with EAGAIN,
+        # which asyncio's connect takes for "in progress" and then for success.
+        raise ControlError(
+            f"cannot send to the daemon at {path}: {exc.strerror or exc}"
+            " (is it accepting connections?)"
+        ) from None
 
 
 async def _read_line(path: Path, reader: asyncio.StreamReader) -> bytes | None:
@@ -958,7 +1003,7 @@ async def _read_line(path: Path, reader: asyncio.StreamReader) -> bytes | None:
         raise ControlError(
             f"the daemon at {path} sent a line over {MAX_REPLY_BYTES} bytes"
         ) from None
-    except ConnectionError as exc:
+    except OSError as exc:
         raise ControlError(f"connection to the daemon at {path} broke: {exc}") from None
 
 
@@ -981,5 +1026,5 @@ def _unwrap(path: Path, line: bytes) -> dict[str, Any]:
 
 async def _close_quietly(writer: asyncio.StreamWriter) -> None:
     writer.close()
-    with contextlib.suppress(ConnectionError):
+    with contextlib.suppress(OSError):  # what broke the exchange was reported, if it mattered
         await writer.wait_closed()

@@ -440,6 +440,61 @@ async def test_idle_client_does_not_block_others_and_is_closed(
     assert reply == {"ok": False, "error": "idle for 0.5s; closing"}
 
 
+async def test_at_the_connection_cap_the_idle_longest_makes_room(
+    sock_path: Path, daemon: FakeDaemon
+) -> None:
+    """With every slot taken by clients that never send, a new client is served and the
+    connection idle longest is closed to make room: the server never holds more than its cap
+    (plus ones already closing)."""
+    srv = ControlServer(sock_path, daemon, max_connections=4)
+    async with srv, contextlib.AsyncExitStack() as stack:
+        idle = [await stack.enter_async_context(raw_client(srv.path)) for _ in range(4)]
+        await wait_until(lambda: srv.connection_count == 4)
+        assert await request(srv.path, "ping", timeout_s=WAIT_S) == {"pid": os.getpid()}
+        oldest_reader = idle[0][0]
+        assert await read_to_eof(oldest_reader) == b""
+        for reader, writer in idle[1:]:
+            assert await exchange(reader, writer, b'{"cmd": "ping"}\n') == {
+                "ok": True,
+                "pid": os.getpid(),
+            }
+        assert srv.connection_count <= 4
+
+
+async def test_at_the_connection_cap_with_none_idle_a_new_client_is_told_why(
+    sock_path: Path, daemon: FakeDaemon
+) -> None:
+    """Every slot streaming events (never idle): a new client gets a "too many connections"
+    error at once instead of waiting, and the subscribers keep their streams."""
+    srv = ControlServer(sock_path, daemon, max_connections=2)
+    async with srv, contextlib.AsyncExitStack() as stack:
+        subscribers = [await stack.enter_async_context(raw_client(srv.path)) for _ in range(2)]
+        for reader, writer in subscribers:
+            assert await exchange(reader, writer, b'{"cmd": "events"}\n') == {"ok": True}
+        with pytest.raises(ControlError, match="too many connections"):
+            await request(srv.path, "ping", timeout_s=WAIT_S)
+        daemon.hub.publish({"event": "host.state", "host": "worker-0"})
+        for reader, _ in subscribers:
+            assert (await read_reply(reader))["event"] == "host.state"
+
+
+async def test_client_reports_a_daemon_whose_accept_queue_is_full(sock_path: Path) -> None:
+    """A listener whose backlog is full refuses connections with EAGAIN: the client says so
+    as a ControlError (the CLI's message), not an OSError traceback."""
+    sock_path.parent.mkdir(mode=0o700)
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        listener.bind(str(sock_path))
+        listener.listen(0)
+        for _ in range(4):  # fill the queue: one waits, the rest are refused
+            queued = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            queued.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                queued.connect(str(sock_path))
+        with pytest.raises(ControlError, match=str(sock_path)):
+            await request(sock_path, "ping", timeout_s=WAIT_S)
+
+
 async def test_daemon_control_error_becomes_an_error_reply(server: ControlServer) -> None:
     """A ControlError raised by the daemon reaches the client as its message."""
     with pytest.raises(ControlError, match=r"^unknown host 'worker-9'$"):

@@ -86,8 +86,9 @@ class DaemonProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
 
-    async def start(self, *, watchdog_usec: int | None = None) -> None:
-        """Spawn the daemon with NOTIFY_SOCKET (and WATCHDOG_USEC) pointing at us."""
+    async def start(self, *, watchdog_usec: int | None = None, prefix: Sequence[str] = ()) -> None:
+        """Spawn the daemon with NOTIFY_SOCKET (and WATCHDOG_USEC) pointing at us; ``prefix``
+        is a command that execs the rest (``prlimit --nofile=N:N --``)."""
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(str(self._notify_path))
         self._notify.setblocking(False)
@@ -99,6 +100,7 @@ class DaemonProcess:
         else:
             env.pop("WATCHDOG_USEC", None)
         self.process = await asyncio.create_subprocess_exec(
+            *prefix,
             sys.executable,
             "-m",
             "supervisor.cli",
