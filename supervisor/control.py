@@ -321,6 +321,7 @@ class ControlServer:
         self._socket_id: tuple[int, int] | None = None
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._closing = False
+        self._at_limit = False  # the connection limit was hit, and said so, lately
         self._handlers: dict[str, Handler] = {
             "ping": self._cmd_ping,
             "status": self._cmd_status,
@@ -432,14 +433,24 @@ class ControlServer:
         if self._closing:
             writer.transport.abort()
             return
-        if len(self._connections) >= self._max_connections and not self._make_room():
-            log.warning("control.too_many_connections", max_connections=self._max_connections)
+        if len(self._connections) >= self._max_connections:
+            if not self._at_limit:
+                # Once per episode: a leaking client hits the limit a thousand times a
+                # second, and journald's rate limit would then drop our other lines.
+                self._at_limit = True
+                log.warning("control.connection_limit", max_connections=self._max_connections)
+            if self._make_room():
+                self._accept(reader, writer)
+                return
             # A best-effort word on why; the transport flushes it, then closes.
             writer.write(
                 _encode(_error(f"too many connections (over {self._max_connections}); try again"))
             )
             writer.close()
             return
+        self._accept(reader, writer)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(reader, writer, self._write_timeout_s)
         task = asyncio.get_running_loop().create_task(self._serve_connection(connection))
         self._connections[task] = connection
@@ -453,13 +464,15 @@ class ControlServer:
         _, task = min(idle, key=lambda pair: pair[0])
         conn = self._connections[task]
         conn.idle_since = None  # not chosen again; tracked until its task has ended
-        log.info("control.idle_connection_closed", reason="connection limit reached")
+        log.debug("control.idle_connection_closed", reason="connection limit reached")
         conn.writer.transport.abort()
         task.cancel()
         return True
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._connections.pop(task, None)
+        if len(self._connections) <= self._max_connections // 2:
+            self._at_limit = False
 
     async def _serve_connection(self, conn: _Connection) -> None:
         """Task root of one connection: nothing it raises may reach the server."""

@@ -443,17 +443,17 @@ async def test_idle_client_does_not_block_others_and_is_closed(
 async def test_at_the_connection_cap_the_idle_longest_makes_room(
     sock_path: Path, daemon: FakeDaemon
 ) -> None:
-    """With every slot taken by clients that never send, a new client is served and the
-    connection idle longest is closed to make room: the server never holds more than its cap
-    (plus ones already closing)."""
+    """With every slot taken by clients that never send, new clients are served and the
+    connections idle longest are closed to make room, with one warning for the episode."""
     srv = ControlServer(sock_path, daemon, max_connections=4)
     async with srv, contextlib.AsyncExitStack() as stack:
-        idle = [await stack.enter_async_context(raw_client(srv.path)) for _ in range(4)]
-        await wait_until(lambda: srv.connection_count == 4)
-        assert await request(srv.path, "ping", timeout_s=WAIT_S) == {"pid": os.getpid()}
-        oldest_reader = idle[0][0]
-        assert await read_to_eof(oldest_reader) == b""
-        for reader, writer in idle[1:]:
+        with capture_logs() as logs:
+            idle = [await stack.enter_async_context(raw_client(srv.path)) for _ in range(5)]
+            assert await request(srv.path, "ping", timeout_s=WAIT_S) == {"pid": os.getpid()}
+        assert [e["event"] for e in logs].count("control.connection_limit") == 1
+        for reader, _ in idle[:2]:
+            assert await read_to_eof(reader) == b""
+        for reader, writer in idle[2:]:
             assert await exchange(reader, writer, b'{"cmd": "ping"}\n') == {
                 "ok": True,
                 "pid": os.getpid(),
