@@ -363,6 +363,38 @@ def privilege_warnings(config: Config, euid: int) -> list[tuple[str, dict[str, A
     return warnings
 
 
+#: Descriptors the daemon may hold besides one SSH connection a host: control and metrics
+#: clients (64 each at most), a connection being replaced while its host reconnects, the
+#: watcher's, the run lock's, its logs'.
+OPEN_FILES_SPARE: Final = 256
+
+
+def open_files_needed(config: Config) -> int:
+    """How many descriptors the daemon may need at once for ``config``'s fleet."""
+    return len(config.hosts) + OPEN_FILES_SPARE
+
+
+def open_file_limit_warnings(config: Config, limit: int) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(event, fields)`` to log when ``limit`` (the soft limit on open files, already
+    raised as far as it goes) is too low for ``config``'s fleet. Not refused: the hosts past
+    the limit fail to connect and are retried, and the rest run; but a daemon out of
+    descriptors also fails its own file checks, so it must be said loudly and early."""
+    needed = open_files_needed(config)
+    if limit >= needed:
+        return []
+    return [
+        (
+            "daemon.open_file_limit_low",
+            {
+                "limit": limit,
+                "needed": needed,
+                "hosts": len(config.hosts),
+                "advice": "raise LimitNOFILE= in the unit (or ulimit -n) to at least needed",
+            },
+        )
+    ]
+
+
 def default_socket_path(config_path: Path) -> Path:
     """Where the control socket goes when ``[control] socket`` is not set."""
     stem = config_path.stem or "reward-supervisor"

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import itertools
 import os
+import resource
 import signal
 import socket
 import time
@@ -269,6 +270,7 @@ class Daemon:
         self._summary = ""
         self._started_wall = time.time()
         self._started_at = 0.0
+        self._open_file_limit = 0  # known once run() has raised it
         self._ready = False
         self._reloads = 0
         self._last_reload_error: list[str] = []
@@ -305,6 +307,7 @@ class Daemon:
         """Serve until asked to stop; returns the process exit code."""
         loop = asyncio.get_running_loop()
         self._started_at = loop.time()
+        self._open_file_limit = raise_open_file_limit()
         log.info(
             "daemon.starting",
             version=__version__,
@@ -313,9 +316,11 @@ class Daemon:
             hosts=len(self._config.hosts),
             pid=os.getpid(),
             standby=self._config.ha.standby,
+            open_file_limit=self._open_file_limit,
         )
         for event, fields in config_mod.privilege_warnings(self._config, os.geteuid()):
             log.warning(event, **fields)
+        self._warn_if_open_files_short(self._config)
         try:
             await asyncio.to_thread(self._prepare_run_directory)
         except (OSError, RunLocked) as exc:
@@ -345,6 +350,10 @@ class Daemon:
                 await self._hold_off()
             log.info("daemon.stopped", exit_code=self._exit_code, role=self._role)
         return self._exit_code
+
+    def _warn_if_open_files_short(self, config: Config) -> None:
+        for event, fields in config_mod.open_file_limit_warnings(config, self._open_file_limit):
+            log.warning(event, **fields)
 
     async def _serve(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -1499,6 +1508,7 @@ class Daemon:
             return {"reloaded": False, "errors": errors}
         self._config = new
         self._host_configs.update((h.name, h) for h in new.hosts)
+        self._warn_if_open_files_short(new)
         try:
             await asyncio.to_thread(layout.write_run_files, new)
         except OSError as exc:
@@ -1555,6 +1565,34 @@ def _event_of(obs: Observation) -> health.Event | None:
             return health.StopSentinelAppeared() if present else health.StopSentinelRemoved()
         case _:
             assert_never(obs)
+
+
+#: Open files we raise our soft limit to when the hard limit allows: far past any fleet one
+#: daemon serves, without asking the kernel for a table sized to a million descriptors.
+OPEN_FILE_LIMIT_WANTED: Final = 65536
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files towards the hard one; the soft limit now.
+
+    systemd starts services at a soft limit of 1024 (hard 524288) and expects a program
+    that needs more to raise its own. We hold one SSH connection a host, so a fleet of ~800
+    would run short; and a daemon out of descriptors fails its leadership check and deposes
+    itself. Safe for us: asyncio and asyncssh wait with epoll, never select().
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:  # (-1 here) not on Linux, which caps at fs.nr_open
+        return OPEN_FILE_LIMIT_WANTED
+    target = OPEN_FILE_LIMIT_WANTED
+    if hard != resource.RLIM_INFINITY:
+        target = min(hard, target)
+    if soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError):  # a sandbox that refuses: run with what we have
+        return soft
+    return target
 
 
 def _identity() -> str:

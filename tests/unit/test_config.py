@@ -439,3 +439,18 @@ def test_kill_stuck_can_be_turned_off_and_must_be_a_boolean() -> None:
     assert c.health.kill_stuck is False
     with pytest.raises(ConfigError, match=r"health\.kill_stuck"):
         config.parse(minimal(health={"kill_stuck": "no"}), Path("/etc/x.toml"))
+
+
+def test_open_file_limit_warning_names_what_the_fleet_needs() -> None:
+    """A limit below one descriptor a host plus the spare is one warning saying how many are
+    needed; a limit at exactly that, or above, is none."""
+    hosts = [{"name": f"worker-{i}", "shard": i} for i in range(10)]
+    ten = config.parse(minimal(hosts=hosts), Path("/etc/x.toml"))
+    needed = 10 + config.OPEN_FILES_SPARE
+    assert config.open_files_needed(ten) == needed
+    assert config.open_file_limit_warnings(ten, needed) == []
+    assert config.open_file_limit_warnings(ten, 65536) == []
+    [(event, fields)] = config.open_file_limit_warnings(ten, needed - 1)
+    assert event == "daemon.open_file_limit_low"
+    assert (fields["limit"], fields["needed"], fields["hosts"]) == (needed - 1, needed, 10)
+    assert "LimitNOFILE" in fields["advice"]
