@@ -394,7 +394,7 @@ def _log_args(p: argparse.ArgumentParser, default_format: str = "auto") -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``run -c CONFIG``: the daemon."""
     from supervisor import logs
-    from supervisor.daemon import Daemon
+    from supervisor.daemon import Daemon, run_process
     from supervisor.notify import Notifier
 
     logs.configure(args.log_format, args.log_level, cache=True)
@@ -413,7 +413,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def serve() -> int:
         return await Daemon(cfg, notifier=notifier).run()
 
-    return asyncio.run(serve())
+    return run_process(serve)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

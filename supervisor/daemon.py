@@ -11,6 +11,7 @@ has no ``if`` about health or the fleet (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import itertools
@@ -18,6 +19,8 @@ import os
 import resource
 import signal
 import socket
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
@@ -73,6 +76,12 @@ MAINTAIN_RETRY_S: Final = 5.0
 #: A failed read of a joining host's files is tried again after this pause: the host must
 #: not join before its stop sentinel is known.
 SCAN_RETRY_S: Final = 1.0
+#: What the stopping daemon waits for one file operation on the run root (its history, its
+#: lock), and the exiting process for its I/O threads: on a hung mount (a dead NFS server,
+#: a stopped FUSE server) they never return, and a stop must still end the process.
+SHUTDOWN_IO_TIMEOUT_S: Final = 5.0
+#: The names of the threads ``asyncio.to_thread`` runs file operations in (``run_process``).
+IO_THREAD_PREFIX: Final = "rs-io"
 #: The exit code of a leader that was deposed or handed over: non-zero, so that systemd
 #: (Restart=on-failure) starts it again, as a standby.
 EXIT_DEPOSED: Final = 3
@@ -333,7 +342,7 @@ class Daemon:
             await control.start()
         except ControlError as exc:
             log.error("daemon.cannot_start", reason=str(exc))
-            self._release_run_lock()
+            await self._let_go_of_run_lock()
             return 1
         self._install_signal_handlers(loop)
         self._start_metrics(loop)
@@ -345,7 +354,7 @@ class Daemon:
                 await asyncio.to_thread(self._metrics.stop)
             await control.aclose()
             self._events.close()
-            self._release_run_lock()
+            await self._let_go_of_run_lock()
             if self._handing_over:
                 await self._hold_off()
             log.info("daemon.stopped", exit_code=self._exit_code, role=self._role)
@@ -392,9 +401,15 @@ class Daemon:
         if not self._booted or self._fleet.deposed:
             return  # the history is the leader's: a standby or a deposed one leaves it alone
         try:
-            await asyncio.to_thread(self._write_history, self._history_file())
+            async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
+                await asyncio.to_thread(self._write_history, self._history_file())
         except OSError as exc:
             log.error("history.not_saved", reason=str(exc))
+        except TimeoutError:
+            log.error(
+                "history.not_saved",
+                reason=f"the run root did not answer within {SHUTDOWN_IO_TIMEOUT_S:g}s",
+            )
 
     async def _interpret(self) -> None:
         """Feed what is queued to the core, a batch at a time, and perform what it says."""
@@ -582,11 +597,20 @@ class Daemon:
         deadline = loop.time() + self._config.ha.handover_hold_s
         while loop.time() < deadline:
             try:
-                held = await asyncio.to_thread(runfiles.lock_is_held, run.lock_file, root=run.root)
+                async with asyncio.timeout_at(deadline):
+                    held = await asyncio.to_thread(
+                        runfiles.lock_is_held, run.lock_file, root=run.root
+                    )
+                    holder = None
+                    if held:
+                        holder = await asyncio.to_thread(
+                            runfiles.lock_holder, run.lock_file, root=run.root
+                        )
             except OSError:
                 held = False
+            except TimeoutError:
+                return  # the run root hangs: nobody can take the lock through it either
             if held:
-                holder = await asyncio.to_thread(runfiles.lock_holder, run.lock_file, root=run.root)
                 log.info("ha.handed_over", leader=holder)
                 return
             await asyncio.sleep(min(0.05, self._config.ha.poll_interval_s))
@@ -639,6 +663,19 @@ class Daemon:
         self._epoch_on_disk = self._epoch
         self._leader = _identity()
         return True
+
+    async def _let_go_of_run_lock(self) -> None:
+        """Close the run lock off the loop, waiting a bounded time: on NFS or FUSE a close asks
+        the server (to flush, to drop the lock), and a hung one never answers. Abandoned,
+        the lock goes with the process."""
+        fd, self._run_lock = self._run_lock, None
+        if fd is None:
+            return
+        try:
+            async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
+                await asyncio.to_thread(os.close, fd)
+        except TimeoutError:
+            log.warning("run.lock_release_slow", waited_s=SHUTDOWN_IO_TIMEOUT_S)
 
     def _release_run_lock(self) -> None:
         if self._run_lock is not None:
@@ -1593,6 +1630,51 @@ def raise_open_file_limit() -> int:
     except (OSError, ValueError):  # a sandbox that refuses: run with what we have
         return soft
     return target
+
+
+class _IoExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor (``asyncio.to_thread``) for ``run_process``: its shutdown
+    waits for running jobs at most SHUTDOWN_IO_TIMEOUT_S, where asyncio's own waits for ever
+    (3.11) or five minutes (3.12+)."""
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Cancel what has not started; with ``wait``, give what runs a bounded time."""
+        super().shutdown(wait=False, cancel_futures=True)
+        if wait:
+            deadline = time.monotonic() + SHUTDOWN_IO_TIMEOUT_S
+            for thread in _io_threads():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _io_threads() -> list[threading.Thread]:
+    return [
+        t for t in threading.enumerate() if t.name.startswith(IO_THREAD_PREFIX) and t.is_alive()
+    ]
+
+
+def run_process(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run ``main`` (the daemon) to its end in a new event loop; its exit code.
+
+    A thread still inside a file operation after that (a hung run root) would hold the
+    process open for as long as the mount hangs: the interpreter joins such threads at exit.
+    Then the process ends at once, with the same code, after saying so.
+    """
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_default_executor(_IoExecutor(thread_name_prefix=IO_THREAD_PREFIX))
+        code = runner.run(main())
+    stuck = _io_threads()
+    if stuck:
+        log.error(
+            "daemon.exit_forced",
+            exit_code=code,
+            stuck_threads=len(stuck),
+            reason="file operations that never returned (the run root hangs)",
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    return code
 
 
 def _identity() -> str:
