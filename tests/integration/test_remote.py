@@ -958,6 +958,56 @@ async def test_a_flood_from_the_agent_is_logged_within_budget_and_counted(
     assert noise_logged + report["by_event"]["agent.noise"] == 1000
 
 
+NEWLINE_AGENT = """\
+import json, sys
+out = sys.stdout.buffer
+streams = {"stdout": out, "stderr": sys.stderr.buffer}
+out.write(json.dumps({"hello": {"pid": 1, "python": "newlines"}}).encode() + b"\\n")
+out.flush()
+for line in sys.stdin.buffer:
+    request = json.loads(line)
+    if request["op"] != "ping":
+        streams[STREAM].write(b"\\n" * (3 << 20))
+        streams[STREAM].flush()
+    out.write(json.dumps({"id": request["id"], "ok": True, "result": {"pid": None}}).encode())
+    out.write(b"\\n")
+    out.flush()
+"""
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path, stream: str
+) -> None:
+    """3 MiB of empty lines on the agent's stdout or stderr (three million lines of noise,
+    more than the channel's window holds, so most are read before the reply can come) are
+    read and dropped while the event loop keeps turning: every other host's keepalives,
+    replies and timers run on the same loop, so no host may hold it for long."""
+    fake = tmp_path / "newline-python"
+    fake.write_text(f"#!{sys.executable}\nSTREAM = {stream!r}\n{NEWLINE_AGENT}")
+    fake.chmod(0o755)
+    config = make_config(openssh, run_root, python=str(fake))
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        """Record how late each turn of a 10 ms ticker comes: the loop's lag."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)  # wait-ok: measures the loop's lag, waits for nothing
+            gaps.append(time.monotonic() - before - 0.01)
+
+    with capture_logs():
+        async with maintained(config) as h:
+            ticker = asyncio.create_task(tick())
+            try:
+                assert await h.remote.probe(h.spec, None) is None
+            finally:
+                ticker.cancel()
+            assert h.remote.connected
+    assert gaps
+    assert max(gaps) < 1.0, f"the loop stalled for {max(gaps):.2f}s"
+
+
 async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:
     """Past its burst, lines are counted, not logged, and one report per interval says how
     many; a quiet host reports nothing."""
