@@ -995,15 +995,28 @@ class _Agent:
 
     @classmethod
     async def start(cls, link: _Link, python: str) -> _Agent:
-        """Open the channel, run the agent and wait for its hello."""
+        """Open the channel, run the agent and wait for its hello, all within
+        ``AGENT_START_TIMEOUT_S``. A channel open left unanswered so long ends the connection:
+        a server that answers keepalives but no opens would hold every request (and the
+        launch slot of the fleet's budget a launch takes) for ever."""
+        deadline = asyncio.get_running_loop().time() + AGENT_START_TIMEOUT_S
         try:
-            process = await _open_process(link.conn, agent_command(python), stdin=asyncssh.PIPE)
+            async with asyncio.timeout_at(deadline):
+                process = await _open_process(link.conn, agent_command(python), stdin=asyncssh.PIPE)
+        except TimeoutError:
+            why = (
+                f"the agent's channel did not open within {AGENT_START_TIMEOUT_S:g}s:"
+                " connection presumed dead"
+            )
+            log.warning("ssh.unresponsive", host=link.host, reason=why)
+            link.ended.set(why, reconnect_now=True)
+            raise RemoteError(link.host, f"cannot start the agent: {why}") from None
         except (asyncssh.Error, OSError) as exc:
             raise RemoteError(link.host, f"cannot start the agent: {_describe(exc)}") from None
         agent = cls(link, process)
         agent.python = python
         try:
-            async with asyncio.timeout(AGENT_START_TIMEOUT_S):
+            async with asyncio.timeout_at(deadline):
                 message = await agent._read_hello()
         except TimeoutError:
             process.close()

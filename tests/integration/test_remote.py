@@ -21,10 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import pytest
 from structlog.testing import capture_logs
 
 from supervisor import agent as protocol
+from supervisor import remote
 from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
@@ -1315,6 +1317,66 @@ async def test_listener_that_never_speaks_times_out_and_backs_off(
     finally:
         for writer in accepted:
             writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+class _NoSessions(asyncssh.SSHServer):
+    """An SSH server that logs us in and answers keepalives, but never answers a session
+    open: neither confirms nor refuses it."""
+
+    def __init__(self, held: asyncio.Event) -> None:
+        self._held = held
+
+    def session_requested(self) -> Any:
+        """A session that never comes (asyncssh awaits what this returns)."""
+
+        async def never() -> asyncssh.SSHServerSession[str]:
+            await self._held.wait()  # set only at the end of the test
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "test over")
+
+        return never()
+
+
+async def test_a_channel_open_never_answered_fails_requests_and_ends_the_connection(
+    openssh: OpenSsh, run_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that logs us in and answers keepalives but leaves the agent's channel open
+    unanswered: requests fail within the agent's start timeout (not never, each holding a
+    launch slot of the fleet's budget), and the connection is ended as presumed dead."""
+    monkeypatch.setattr(remote, "AGENT_START_TIMEOUT_S", 1.0)
+    held = asyncio.Event()
+    server = await asyncssh.listen(
+        "127.0.0.1",
+        0,
+        server_host_keys=[str(openssh.host_key)],
+        authorized_client_keys=f"{openssh.client_key}.pub",
+        server_factory=lambda: _NoSessions(held),
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        host_key = asyncssh.read_private_key(openssh.host_key).export_public_key().decode()
+        known_hosts = run_root.parent / "known_hosts"
+        known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        known_hosts.write_text(f"[127.0.0.1]:{port} {host_key}")
+        raw = openssh.config_dict(run_root, ssh={**FAST_RETRY, "known_hosts": str(known_hosts)})
+        raw["hosts"][0]["address"] = "127.0.0.1"
+        raw["hosts"][0]["port"] = port
+        config = parse(raw, run_root.parent / "config.toml")
+        write_run_files(config)
+        async with maintained(config) as h:
+            try:
+                async with asyncio.timeout(DEADLINE_S):
+                    with pytest.raises(RemoteError) as failed:
+                        await h.remote.probe(h.spec, None)
+            except TimeoutError:
+                pytest.fail(f"the probe was still waiting after {DEADLINE_S}s")
+            assert not failed.value.connection_lost  # nothing was sent
+            await wait_until(lambda: len(h.events) >= 2, "the connection reported lost")
+            assert h.events[1][0] is False
+            assert "did not open" in h.events[1][1]
+    finally:
+        held.set()
         server.close()
         await server.wait_closed()
 
