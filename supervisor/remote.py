@@ -627,11 +627,16 @@ class RemoteHost:
         if not self._pushes.take(time.monotonic()):
             self._noise.line("agent.push_dropped", f"exit of pid {news.pid}")
             return
-        if self._worker is not None and self._worker[1] == news.pid:
-            self._worker = None
         # call_soon: a launch's reply is dispatched before its worker's exit, and the task
-        # awaiting that reply was woken first; so the daemon hears Launched, then the exit.
-        asyncio.get_running_loop().call_soon(self._on_exit, news)
+        # awaiting that reply (on the future itself: _Agent.call) was woken first; so the
+        # daemon hears Launched, and launch() records the worker, then the exit.
+        asyncio.get_running_loop().call_soon(self._deliver_exit, news)
+
+    def _deliver_exit(self, news: protocol.WorkerExit) -> None:
+        if self._worker is not None and self._worker[1] == news.pid:
+            self._worker = None  # ended: a new agent has nothing to watch
+        if self._on_exit is not None:
+            self._on_exit(news)
 
     async def aclose(self) -> None:
         """Close the connection (bounded wait); ``maintain()`` then returns. Idempotent."""
@@ -1076,15 +1081,15 @@ class _Agent:
         if not self.accepting:
             raise RemoteError(self._host, f"{op}: agent gone: {self.closed_reason or 'retired'}")
         rid = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = (op, future)
+        # A timer, not asyncio.wait: awaiting the future itself wakes this task at the next
+        # turn of the loop, ahead of an exit pushed right behind the reply (_pushed).
+        check = None if op == "ping" else loop.call_later(CHECK_AFTER_S, self._check_channel)
         try:
             self._process.stdin.write(protocol.request_line(rid, request))
             async with asyncio.timeout(timeout_s):
-                if op != "ping":
-                    done, _ = await asyncio.wait({future}, timeout=CHECK_AFTER_S)
-                    if not done:
-                        self._check_channel()
                 return await future
         except TimeoutError:
             raise RemoteError(
@@ -1095,6 +1100,8 @@ class _Agent:
                 self._host, f"{op}: outcome unknown: {_describe(exc)}", connection_lost=True
             ) from None
         finally:
+            if check is not None:
+                check.cancel()
             self._pending.pop(rid, None)
             if self._retiring and not self._pending:
                 self.close("retired")

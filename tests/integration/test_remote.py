@@ -524,6 +524,45 @@ async def test_a_killed_worker_s_exit_is_pushed_with_its_signal_once(
         assert len(h.exits) == 1
 
 
+INSTANT_EXIT_AGENT = """\
+import json, sys
+out = sys.stdout.buffer
+out.write(json.dumps({"hello": {"pid": 1, "python": "instant"}}).encode() + b"\\n")
+out.flush()
+for line in sys.stdin.buffer:
+    request = json.loads(line)
+    if request["op"] == "launch":
+        result = {"pid": 4242, "start_time": 7}
+        exit = {"pid": 4242, "start_time": 7, "exit_code": 3}
+    else:
+        result, exit = {"pid": None}, None
+    lines = [{"id": request["id"], "ok": True, "result": result}]
+    if exit is not None:
+        lines.append({"exit": exit})  # the worker died at once: its exit rides behind
+    out.write(b"".join(json.dumps(message).encode() + b"\\n" for message in lines))
+    out.flush()
+"""
+
+
+async def test_a_launch_reply_reaches_its_caller_before_the_exit_pushed_behind_it(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path
+) -> None:
+    """A worker that dies at once has its exit pushed right behind the launch's reply, in
+    one read: the caller hears the launch first (the core drops an exit of a pid it has not
+    been told of as old news), then the exit."""
+    fake = tmp_path / "instant-exit-python"
+    fake.write_text(f"#!{sys.executable}\n{INSTANT_EXIT_AGENT}")
+    fake.chmod(0o755)
+    config = make_config(openssh, run_root, python=str(fake))
+    async with maintained(config) as h:
+        started = await h.remote.launch(h.spec)
+        heard_before_the_launch = list(h.exits)
+        await wait_until(lambda: h.exits, "the pushed exit")
+    assert heard_before_the_launch == []
+    [news] = h.exits
+    assert (news.pid, news.exit_code) == (started.pid, 3)
+
+
 async def test_a_worker_that_dies_while_the_channel_is_down_is_pushed_by_the_next_agent(
     openssh: OpenSsh, run_root: Path, reaper: Reaper
 ) -> None:
