@@ -1018,12 +1018,15 @@ for line in sys.stdin.buffer:
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
-    openssh: OpenSsh, run_root: Path, tmp_path: Path, stream: str
+    openssh: OpenSsh, run_root: Path, tmp_path: Path, stream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """3 MiB of empty lines on the agent's stdout or stderr (three million lines of noise,
     more than the channel's window holds, so most are read before the reply can come) are
     read and dropped while the event loop keeps turning: every other host's keepalives,
     replies and timers run on the same loop, so no host may hold it for long."""
+    # The agent answers the probe's ping behind its flood: on a slow machine reading it all
+    # may take longer than a ping is given, which is the host's loss, not what this measures.
+    monkeypatch.setattr(remote, "CHECK_TIMEOUT_S", 120.0)
     fake = tmp_path / "newline-python"
     fake.write_text(f"#!{sys.executable}\nSTREAM = {stream!r}\n{NEWLINE_AGENT}")
     fake.chmod(0o755)
@@ -1046,7 +1049,7 @@ async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
                 ticker.cancel()
             assert h.remote.connected
     assert gaps
-    assert max(gaps) < 1.0, f"the loop stalled for {max(gaps):.2f}s"
+    assert max(gaps) < 0.5, f"the loop stalled for {max(gaps):.2f}s"
 
 
 async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:
