@@ -77,9 +77,14 @@ CLOSE_TIMEOUT_S: Final = 5.0
 #: although we never exceed MaxSessions. Nothing ran, so opening again is safe.
 OPEN_RETRY_DELAYS_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 #: The agent's largest reply (a launch or probe result) is well under a kilobyte; a line
-#: longer than this is not a reply, and is dropped unparsed. asyncssh's readline already
-#: cuts a line at the channel's receive window (2 MiB), so this bounds the parse, not the read.
+#: longer than this is not a reply, and is dropped unparsed: only its first characters are
+#: kept as it is read (``_Lines``), so it bounds the memory a line takes as well as the parse.
 MAX_REPLY_CHARS: Final = 64 * 1024
+#: The agent's streams are read this much at a time and split into lines here, the loop let
+#: run between reads. asyncssh's readline costs microseconds a line and returns without
+#: yielding while lines are buffered: a host that printed a window's worth of empty lines
+#: held the event loop, so every other host, for seconds.
+READ_CHUNK_CHARS: Final = 16 * 1024
 #: A request unanswered this long has its channel checked with a ping (``_check_channel``):
 #: a probe or launch answers in ~0.1 s, so a healthy host rarely pays a ping; a terminate
 #: waiting out its grace pays one, answered in a millisecond.
@@ -229,11 +234,15 @@ def _python_command(python: str, program: str) -> str:
     return f"exec {shlex.quote(python)} -X utf8 -u -c {shlex.quote(program)} agent"
 
 
+#: What JSON allows before a value.
+_JSON_SPACE: Final = " \t\n\r"
+
+
 def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
     """The request id and reply that ``line`` carries; None for anything else. Never raises:
     every byte from a host is hostile input, and one bad line must not end the daemon."""
-    if len(line) > MAX_REPLY_CHARS:
-        return None
+    if len(line) > MAX_REPLY_CHARS or not line.lstrip(_JSON_SPACE).startswith("{"):
+        return None  # no JSON object, and cheaper told so than by json.loads's exception
     try:
         reply = json.loads(line)
     except (ValueError, RecursionError):
@@ -618,11 +627,16 @@ class RemoteHost:
         if not self._pushes.take(time.monotonic()):
             self._noise.line("agent.push_dropped", f"exit of pid {news.pid}")
             return
-        if self._worker is not None and self._worker[1] == news.pid:
-            self._worker = None
         # call_soon: a launch's reply is dispatched before its worker's exit, and the task
-        # awaiting that reply was woken first; so the daemon hears Launched, then the exit.
-        asyncio.get_running_loop().call_soon(self._on_exit, news)
+        # awaiting that reply (on the future itself: _Agent.call) was woken first; so the
+        # daemon hears Launched, and launch() records the worker, then the exit.
+        asyncio.get_running_loop().call_soon(self._deliver_exit, news)
+
+    def _deliver_exit(self, news: protocol.WorkerExit) -> None:
+        if self._worker is not None and self._worker[1] == news.pid:
+            self._worker = None  # ended: a new agent has nothing to watch
+        if self._on_exit is not None:
+            self._on_exit(news)
 
     async def aclose(self) -> None:
         """Close the connection (bounded wait); ``maintain()`` then returns. Idempotent."""
@@ -905,6 +919,62 @@ class _Link:
             task.cancel()
 
 
+class _Lines:
+    """The lines of one stream of a channel, without their newlines (and the last, at EOF,
+    even without one), split here rather than by asyncssh's readline (``READ_CHUNK_CHARS``).
+    A line is kept to ``limit + 1`` characters: the rest of a longer one is dropped as it
+    comes, and what is kept is enough to tell it was too long."""
+
+    def __init__(self, stream: asyncssh.SSHReader[str], limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+        #: The start of the line not yet ended, and its whole length so far.
+        self._head: list[str] = []
+        self._length = 0
+        self._eof = False
+        self._ready: list[str] = []
+
+    def unread(self, lines: list[str]) -> None:
+        """Give ``lines`` back: the next ``batch()`` returns them first."""
+        self._ready[:0] = lines
+
+    async def batch(self) -> list[str] | None:
+        """The next lines: those given back, else those ended by the next read (maybe none,
+        as a read may end none); None at EOF. Lets the loop run before each read, so a host
+        never holds it for longer than one read's lines."""
+        if self._ready:
+            lines, self._ready = self._ready, []
+            return lines
+        if self._eof:
+            return None
+        await asyncio.sleep(0)
+        chunk = await self._stream.read(READ_CHUNK_CHARS)
+        if not chunk:
+            self._eof = True
+            return [self._end("")] if self._length else None
+        pieces = chunk.split("\n")
+        if len(pieces) == 1:
+            self._add(chunk)
+            return []
+        limit = self._limit + 1
+        lines = [self._end(pieces[0])]
+        lines.extend(piece[:limit] for piece in pieces[1:-1])
+        self._add(pieces[-1])
+        return lines
+
+    def _add(self, piece: str) -> None:
+        room = self._limit + 1 - self._length
+        if room > 0 and piece:
+            self._head.append(piece[:room])
+        self._length += len(piece)
+
+    def _end(self, piece: str) -> str:
+        self._add(piece)
+        line = "".join(self._head)
+        self._head, self._length = [], 0
+        return line
+
+
 class _Agent:
     """The agent on one channel: requests out, replies matched to them by id."""
 
@@ -912,6 +982,7 @@ class _Agent:
         self._link = link
         self._host = link.host
         self._process = process
+        self._stdout = _Lines(process.stdout, MAX_REPLY_CHARS)
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self._stderr: deque[str] = deque(maxlen=20)
@@ -929,15 +1000,28 @@ class _Agent:
 
     @classmethod
     async def start(cls, link: _Link, python: str) -> _Agent:
-        """Open the channel, run the agent and wait for its hello."""
+        """Open the channel, run the agent and wait for its hello, all within
+        ``AGENT_START_TIMEOUT_S``. A channel open left unanswered so long ends the connection:
+        a server that answers keepalives but no opens would hold every request (and the
+        launch slot of the fleet's budget a launch takes) for ever."""
+        deadline = asyncio.get_running_loop().time() + AGENT_START_TIMEOUT_S
         try:
-            process = await _open_process(link.conn, agent_command(python), stdin=asyncssh.PIPE)
+            async with asyncio.timeout_at(deadline):
+                process = await _open_process(link.conn, agent_command(python), stdin=asyncssh.PIPE)
+        except TimeoutError:
+            why = (
+                f"the agent's channel did not open within {AGENT_START_TIMEOUT_S:g}s:"
+                " connection presumed dead"
+            )
+            log.warning("ssh.unresponsive", host=link.host, reason=why)
+            link.ended.set(why, reconnect_now=True)
+            raise RemoteError(link.host, f"cannot start the agent: {why}") from None
         except (asyncssh.Error, OSError) as exc:
             raise RemoteError(link.host, f"cannot start the agent: {_describe(exc)}") from None
         agent = cls(link, process)
         agent.python = python
         try:
-            async with asyncio.timeout(AGENT_START_TIMEOUT_S):
+            async with asyncio.timeout_at(deadline):
                 message = await agent._read_hello()
         except TimeoutError:
             process.close()
@@ -966,15 +1050,17 @@ class _Agent:
 
     async def _read_hello(self) -> protocol.Hello | None:
         """The agent's hello, skipping whatever the user's rc files print first; None at EOF."""
-        while line := await self._process.stdout.readline():
-            message: object = None
-            if len(line) <= MAX_REPLY_CHARS:
-                with contextlib.suppress(ValueError, RecursionError):
-                    message = json.loads(line)
-            hello = protocol.read_hello(message)
-            if hello is not None:
-                return hello
-            self._stderr.append(line.rstrip()[:MAX_NOISE_CHARS])
+        while (lines := await self._stdout.batch()) is not None:
+            for at, line in enumerate(lines):
+                message: object = None
+                if len(line) <= MAX_REPLY_CHARS:
+                    with contextlib.suppress(ValueError, RecursionError):
+                        message = json.loads(line)
+                hello = protocol.read_hello(message)
+                if hello is not None:
+                    self._stdout.unread(lines[at + 1 :])  # replies and pushes, read next
+                    return hello
+                self._stderr.append(line.rstrip()[:MAX_NOISE_CHARS])
         return None
 
     async def _failed_start(self) -> str:
@@ -995,15 +1081,15 @@ class _Agent:
         if not self.accepting:
             raise RemoteError(self._host, f"{op}: agent gone: {self.closed_reason or 'retired'}")
         rid = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = (op, future)
+        # A timer, not asyncio.wait: awaiting the future itself wakes this task at the next
+        # turn of the loop, ahead of an exit pushed right behind the reply (_pushed).
+        check = None if op == "ping" else loop.call_later(CHECK_AFTER_S, self._check_channel)
         try:
             self._process.stdin.write(protocol.request_line(rid, request))
             async with asyncio.timeout(timeout_s):
-                if op != "ping":
-                    done, _ = await asyncio.wait({future}, timeout=CHECK_AFTER_S)
-                    if not done:
-                        self._check_channel()
                 return await future
         except TimeoutError:
             raise RemoteError(
@@ -1014,6 +1100,8 @@ class _Agent:
                 self._host, f"{op}: outcome unknown: {_describe(exc)}", connection_lost=True
             ) from None
         finally:
+            if check is not None:
+                check.cancel()
             self._pending.pop(rid, None)
             if self._retiring and not self._pending:
                 self.close("retired")
@@ -1063,8 +1151,9 @@ class _Agent:
         """Hand each reply to its caller until the channel ends; then fail the rest."""
         reason = "the agent channel closed"
         try:
-            while line := await self._process.stdout.readline():
-                self._dispatch(line)
+            while (lines := await self._stdout.batch()) is not None:
+                for line in lines:
+                    self._dispatch(line)
         except (asyncssh.Error, OSError) as exc:
             reason = f"the agent channel failed: {_describe(exc)}"
         except Exception as exc:  # task root: whatever a host sends ends its agent, nothing more
@@ -1100,10 +1189,12 @@ class _Agent:
     async def _read_stderr(self) -> None:
         """Log what the agent says on stderr and keep the last lines for error messages."""
         try:
-            while line := await self._process.stderr.readline():
-                line = line.rstrip()[:MAX_NOISE_CHARS]
-                self._stderr.append(line)
-                self._link.noise.line("agent.stderr", line)
+            stderr = _Lines(self._process.stderr, MAX_NOISE_CHARS)
+            while (lines := await stderr.batch()) is not None:
+                for line in lines:
+                    line = line.rstrip()[:MAX_NOISE_CHARS]
+                    self._stderr.append(line)
+                    self._link.noise.line("agent.stderr", line)
         except (asyncssh.Error, OSError):
             return  # the stdout reader reports why the channel ended
 

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import pytest
 from structlog.testing import capture_logs
 
 from supervisor import agent as protocol
+from supervisor import remote
 from supervisor.config import Config, HostConfig, parse
 from supervisor.errors import RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec, launch_spec, write_run_files
@@ -522,6 +524,45 @@ async def test_a_killed_worker_s_exit_is_pushed_with_its_signal_once(
         assert len(h.exits) == 1
 
 
+INSTANT_EXIT_AGENT = """\
+import json, sys
+out = sys.stdout.buffer
+out.write(json.dumps({"hello": {"pid": 1, "python": "instant"}}).encode() + b"\\n")
+out.flush()
+for line in sys.stdin.buffer:
+    request = json.loads(line)
+    if request["op"] == "launch":
+        result = {"pid": 4242, "start_time": 7}
+        exit = {"pid": 4242, "start_time": 7, "exit_code": 3}
+    else:
+        result, exit = {"pid": None}, None
+    lines = [{"id": request["id"], "ok": True, "result": result}]
+    if exit is not None:
+        lines.append({"exit": exit})  # the worker died at once: its exit rides behind
+    out.write(b"".join(json.dumps(message).encode() + b"\\n" for message in lines))
+    out.flush()
+"""
+
+
+async def test_a_launch_reply_reaches_its_caller_before_the_exit_pushed_behind_it(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path
+) -> None:
+    """A worker that dies at once has its exit pushed right behind the launch's reply, in
+    one read: the caller hears the launch first (the core drops an exit of a pid it has not
+    been told of as old news), then the exit."""
+    fake = tmp_path / "instant-exit-python"
+    fake.write_text(f"#!{sys.executable}\n{INSTANT_EXIT_AGENT}")
+    fake.chmod(0o755)
+    config = make_config(openssh, run_root, python=str(fake))
+    async with maintained(config) as h:
+        started = await h.remote.launch(h.spec)
+        heard_before_the_launch = list(h.exits)
+        await wait_until(lambda: h.exits, "the pushed exit")
+    assert heard_before_the_launch == []
+    [news] = h.exits
+    assert (news.pid, news.exit_code) == (started.pid, 3)
+
+
 async def test_a_worker_that_dies_while_the_channel_is_down_is_pushed_by_the_next_agent(
     openssh: OpenSsh, run_root: Path, reaper: Reaper
 ) -> None:
@@ -958,6 +999,59 @@ async def test_a_flood_from_the_agent_is_logged_within_budget_and_counted(
     assert noise_logged + report["by_event"]["agent.noise"] == 1000
 
 
+NEWLINE_AGENT = """\
+import json, sys
+out = sys.stdout.buffer
+streams = {"stdout": out, "stderr": sys.stderr.buffer}
+out.write(json.dumps({"hello": {"pid": 1, "python": "newlines"}}).encode() + b"\\n")
+out.flush()
+for line in sys.stdin.buffer:
+    request = json.loads(line)
+    if request["op"] != "ping":
+        streams[STREAM].write(b"\\n" * (3 << 20))
+        streams[STREAM].flush()
+    out.write(json.dumps({"id": request["id"], "ok": True, "result": {"pid": None}}).encode())
+    out.write(b"\\n")
+    out.flush()
+"""
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 MiB of empty lines on the agent's stdout or stderr (three million lines of noise,
+    more than the channel's window holds, so most are read before the reply can come) are
+    read and dropped while the event loop keeps turning: every other host's keepalives,
+    replies and timers run on the same loop, so no host may hold it for long."""
+    # The agent answers the probe's ping behind its flood: on a slow machine reading it all
+    # may take longer than a ping is given, which is the host's loss, not what this measures.
+    monkeypatch.setattr(remote, "CHECK_TIMEOUT_S", 120.0)
+    fake = tmp_path / "newline-python"
+    fake.write_text(f"#!{sys.executable}\nSTREAM = {stream!r}\n{NEWLINE_AGENT}")
+    fake.chmod(0o755)
+    config = make_config(openssh, run_root, python=str(fake))
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        """Record how late each turn of a 10 ms ticker comes: the loop's lag."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)  # wait-ok: measures the loop's lag, waits for nothing
+            gaps.append(time.monotonic() - before - 0.01)
+
+    with capture_logs():
+        async with maintained(config) as h:
+            ticker = asyncio.create_task(tick())
+            try:
+                assert await h.remote.probe(h.spec, None) is None
+            finally:
+                ticker.cancel()
+            assert h.remote.connected
+    assert gaps
+    assert max(gaps) < 0.5, f"the loop stalled for {max(gaps):.2f}s"
+
+
 async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:
     """Past its burst, lines are counted, not logged, and one report per interval says how
     many; a quiet host reports nothing."""
@@ -1265,6 +1359,66 @@ async def test_listener_that_never_speaks_times_out_and_backs_off(
     finally:
         for writer in accepted:
             writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+class _NoSessions(asyncssh.SSHServer):
+    """An SSH server that logs us in and answers keepalives, but never answers a session
+    open: neither confirms nor refuses it."""
+
+    def __init__(self, held: asyncio.Event) -> None:
+        self._held = held
+
+    def session_requested(self) -> Any:
+        """A session that never comes (asyncssh awaits what this returns)."""
+
+        async def never() -> asyncssh.SSHServerSession[str]:
+            await self._held.wait()  # set only at the end of the test
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "test over")
+
+        return never()
+
+
+async def test_a_channel_open_never_answered_fails_requests_and_ends_the_connection(
+    openssh: OpenSsh, run_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that logs us in and answers keepalives but leaves the agent's channel open
+    unanswered: requests fail within the agent's start timeout (not never, each holding a
+    launch slot of the fleet's budget), and the connection is ended as presumed dead."""
+    monkeypatch.setattr(remote, "AGENT_START_TIMEOUT_S", 1.0)
+    held = asyncio.Event()
+    server = await asyncssh.listen(
+        "127.0.0.1",
+        0,
+        server_host_keys=[str(openssh.host_key)],
+        authorized_client_keys=f"{openssh.client_key}.pub",
+        server_factory=lambda: _NoSessions(held),
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        host_key = asyncssh.read_private_key(openssh.host_key).export_public_key().decode()
+        known_hosts = run_root.parent / "known_hosts"
+        known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        known_hosts.write_text(f"[127.0.0.1]:{port} {host_key}")
+        raw = openssh.config_dict(run_root, ssh={**FAST_RETRY, "known_hosts": str(known_hosts)})
+        raw["hosts"][0]["address"] = "127.0.0.1"
+        raw["hosts"][0]["port"] = port
+        config = parse(raw, run_root.parent / "config.toml")
+        write_run_files(config)
+        async with maintained(config) as h:
+            try:
+                async with asyncio.timeout(DEADLINE_S):
+                    with pytest.raises(RemoteError) as failed:
+                        await h.remote.probe(h.spec, None)
+            except TimeoutError:
+                pytest.fail(f"the probe was still waiting after {DEADLINE_S}s")
+            assert not failed.value.connection_lost  # nothing was sent
+            await wait_until(lambda: len(h.events) >= 2, "the connection reported lost")
+            assert h.events[1][0] is False
+            assert "did not open" in h.events[1][1]
+    finally:
+        held.set()
         server.close()
         await server.wait_closed()
 
