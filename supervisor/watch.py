@@ -745,10 +745,11 @@ def _signature(path: str) -> _Signature:
     """What poll mode compares: identity, size and nanosecond times; None when missing.
 
     An atomic rewrite always changes the inode, so it is seen whatever the timestamp
-    granularity of the filesystem.
+    granularity of the filesystem. A symlink is not followed: one planted into a hung mount
+    would hang the file thread, and every host's reads behind it.
     """
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
@@ -765,9 +766,10 @@ def _dir_id(path: str) -> tuple[int, int] | None:
 
 
 def _exists(path: str) -> bool | None:
-    """Whether ``path`` exists; ``None`` when the filesystem would not say."""
+    """Whether the name ``path`` exists (a symlink is one, wherever it points: it is never
+    followed); ``None`` when the filesystem would not say."""
     try:
-        os.stat(path)
+        os.stat(path, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:

@@ -8,12 +8,21 @@ import os
 import shutil
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
+from supervisor import runfiles
 from supervisor.mounts import FilesystemCheck, check_filesystem
-from supervisor.statusfiles import Observation
+from supervisor.statusfiles import (
+    Observation,
+    SentinelObserved,
+    StatusObserved,
+    StatusProblem,
+    StatusRecord,
+)
 from supervisor.watch import Watcher
 from tests.conftest import mounted, mounted_tmpfs
 
@@ -148,3 +157,93 @@ def _state_of(pid: int) -> str:
     """The process state letter of ``pid`` (``T``: stopped)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+@contextlib.contextmanager
+def _hung_mount(tmp_path: Path) -> Iterator[Path]:
+    """A FUSE mount whose server is stopped while in the block (let go after 60 s at most, so
+    a test that hangs on it ends, and fails, instead of hanging the run)."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as mount:
+        servers = _pids_of("bindfs", str(mount))
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGSTOP)
+        rescue = threading.Timer(60, os.kill, (servers[0], signal.SIGCONT))
+        rescue.start()
+        try:
+            yield mount
+        finally:
+            rescue.cancel()
+            os.kill(servers[0], signal.SIGCONT)
+
+
+@pytest.mark.parametrize(
+    ("mode", "planted"),
+    [("inotify", "ctl/h1.stop"), ("poll", "ctl/h1.stop"), ("poll", "status/h1.json")],
+)
+async def test_a_symlink_into_a_hung_mount_never_stops_the_watch(
+    tmp_path: Path, mode: Literal["inotify", "poll"], planted: str
+) -> None:
+    """Whoever can write the run root plants a host's stop sentinel or status file as a
+    symlink to a name on a hung mount: the watcher never follows it (a stat through it would
+    hang its one file thread, and with it every host's heartbeats and exits), and the other
+    hosts' files are still read."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    for host in ("h1", "h2"):
+        runfiles.write_json_atomic(
+            run / "status" / f"{host}.json", {"pid": 7, "heartbeat_at": 1.0}, root=None
+        )
+    seen: list[Observation] = []
+    changed = asyncio.Event()
+
+    def sink(batch: list[Observation]) -> None:
+        """Keep what the watcher delivers."""
+        seen.extend(batch)
+        changed.set()
+
+    async def wait_for(wanted: Observation) -> None:
+        async with asyncio.timeout(20):
+            while wanted not in seen:
+                changed.clear()
+                await changed.wait()
+
+    with _hung_mount(tmp_path) as hung:
+        watcher = Watcher(
+            run,
+            ["h1", "h2"],
+            mode=mode,
+            poll_interval_s=0.1,
+            debounce_ms=20,
+            rescan_interval_s=3600,
+        )
+        task = asyncio.create_task(watcher.run(sink))
+        try:
+            await wait_for(StatusObserved("h2", StatusRecord(7, False, 1.0, None)))
+            target = run / planted
+            target.unlink(missing_ok=True)
+            # Never looked up: the kernel must ask the stopped server.
+            target.symlink_to(hung / "never-looked-up")
+            fresh = StatusRecord(pid=8, ready=True, heartbeat_at=2.0, seq=2)
+            runfiles.write_json_atomic(
+                run / "status" / "h2.json",
+                {"pid": 8, "ready": True, "heartbeat_at": 2.0, "seq": 2},
+                root=None,
+            )
+            await wait_for(StatusObserved("h2", fresh))
+            if planted.endswith(".stop"):
+                # A name under the sentinel's name is a sentinel, whatever it points to.
+                await wait_for(SentinelObserved("h1", True))
+            else:
+                await wait_for(StatusObserved("h1", StatusProblem("a symbolic link")))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    reader = watcher._files._thread
+    if reader is not None:
+        await asyncio.to_thread(reader.join, 60)
