@@ -34,6 +34,7 @@ from supervisor.statusfiles import (
     StatusObserved,
     StatusProblem,
     StatusRecord,
+    problem_of,
     read_exit,
     read_status,
 )
@@ -605,35 +606,54 @@ class _Disk:
         return filesystem_type(root), choose_mode(root, configured)
 
     def dir_ids(self) -> _DirIds:
-        """The watched directories' identities now."""
+        """The watched directories' identities now (the configured root followed, as the
+        operator gave it; ``status/`` and ``ctl/`` only if they are real directories)."""
         return _DirIds(
             root=_dir_id(self._run.root),
-            status=_dir_id(self._run.status),
-            ctl=_dir_id(self._run.ctl),
+            status=_dir_id(self._run.status, follow=False),
+            ctl=_dir_id(self._run.ctl, follow=False),
         )
 
     def read(self, keys: Iterable[_Key], *, check_dirs: bool) -> _Batch:
-        """Read ``keys``' files (and with ``check_dirs`` the directories' identities)."""
-        ctl_exists: bool | None = None
+        """Read ``keys``' files (and with ``check_dirs`` the directories' identities).
+
+        ``status/`` and ``ctl/`` are opened once per batch without following a symlink, and
+        each file by its name in them: a directory swapped for a symlink (into a hung mount,
+        say) is never gone through.
+        """
+        status_dir: int | OSError | None = None
+        ctl_dir: int | OSError | None = None
         found: list[tuple[_Key, Observation]] = []
-        for key in keys:
-            host, kind = key
-            path = self._path_of(key)
-            if kind == "status":
-                found.append((key, StatusObserved(host, read_status(path))))
-                continue
-            if ctl_exists is None:
-                ctl_exists = os.path.isdir(self._layout.ctl)
-            if not ctl_exists:
-                # No ctl/ (run root gone, mount lost) says nothing about a stop sentinel:
-                # reporting "removed" would start hosts an operator stopped.
-                continue
-            if kind == "exit":
-                found.append((key, ExitObserved(host, read_exit(path))))
-            else:
-                present = _exists(path)
-                if present is not None:
-                    found.append((key, SentinelObserved(host, present)))
+        try:
+            for key in keys:
+                host, kind = key
+                path = self._path_of(key)
+                if kind == "status":
+                    if status_dir is None:
+                        status_dir = _open_run_dir(self._run.status)
+                    if isinstance(status_dir, OSError):
+                        found.append((key, StatusObserved(host, problem_of(status_dir))))
+                    else:
+                        found.append(
+                            (key, StatusObserved(host, read_status(path, dir_fd=status_dir)))
+                        )
+                    continue
+                if ctl_dir is None:
+                    ctl_dir = _open_run_dir(self._run.ctl)
+                if isinstance(ctl_dir, OSError):
+                    # No ctl/ (run root gone, mount lost, a symlink) says nothing about a stop
+                    # sentinel: reporting "removed" would start hosts an operator stopped.
+                    continue
+                if kind == "exit":
+                    found.append((key, ExitObserved(host, read_exit(path, dir_fd=ctl_dir))))
+                else:
+                    present = _exists(self._name_of(key), ctl_dir)
+                    if present is not None:
+                        found.append((key, SentinelObserved(host, present)))
+        finally:
+            for fd in (status_dir, ctl_dir):
+                if isinstance(fd, int):
+                    os.close(fd)
         return _Batch(observations=found, dir_ids=self.dir_ids() if check_dirs else None)
 
     def poll(
@@ -729,16 +749,37 @@ def _list_dir(path: str, suffixes: tuple[str, ...]) -> dict[str, int] | None:
     stats each path, as without listings)."""
     found: dict[str, int] = {}
     try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.endswith(suffixes):
-                    found[name] = entry.inode()
+        # Not through a symlink (ENOTDIR, as for a file): that directory is not there.
+        fd = os.open(path, _LIST_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return {}
     except OSError:
         return None
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(suffixes):
+                    found[name] = entry.inode()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return found
+
+
+_LIST_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# O_PATH: enough to open files by name below it, and needs no read permission on it.
+_DIR_FD_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_run_dir(path: str) -> int | OSError:
+    """A descriptor of ``status/`` or ``ctl/`` (the root above it as configured, the directory
+    itself never through a symlink), or why there is none."""
+    try:
+        return os.open(path, _DIR_FD_FLAGS)
+    except OSError as exc:
+        return exc
 
 
 def _signature(path: str) -> _Signature:
@@ -757,19 +798,19 @@ def _signature(path: str) -> _Signature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
-def _dir_id(path: str) -> tuple[int, int] | None:
+def _dir_id(path: str, *, follow: bool = True) -> tuple[int, int] | None:
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=follow)
     except OSError:
         return None
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
-def _exists(path: str) -> bool | None:
-    """Whether the name ``path`` exists (a symlink is one, wherever it points: it is never
-    followed); ``None`` when the filesystem would not say."""
+def _exists(name: str, dir_fd: int) -> bool | None:
+    """Whether ``name`` exists in ``dir_fd`` (a symlink is one, wherever it points: it is
+    never followed); ``None`` when the filesystem would not say."""
     try:
-        os.stat(path, follow_symlinks=False)
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:

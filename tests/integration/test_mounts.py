@@ -17,6 +17,8 @@ import pytest
 from supervisor import runfiles
 from supervisor.mounts import FilesystemCheck, check_filesystem
 from supervisor.statusfiles import (
+    ExitObserved,
+    ExitRecord,
     Observation,
     SentinelObserved,
     StatusObserved,
@@ -240,6 +242,60 @@ async def test_a_symlink_into_a_hung_mount_never_stops_the_watch(
                 await wait_for(SentinelObserved("h1", True))
             else:
                 await wait_for(StatusObserved("h1", StatusProblem("a symbolic link")))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    reader = watcher._files._thread
+    if reader is not None:
+        await asyncio.to_thread(reader.join, 60)
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+@pytest.mark.parametrize("swapped", ["status", "ctl"])
+async def test_a_run_directory_swapped_for_a_symlink_into_a_hung_mount_never_stops_the_watch(
+    tmp_path: Path, mode: Literal["inotify", "poll"], swapped: str
+) -> None:
+    """``status/`` or ``ctl/`` replaced by a symlink to a hung mount: the watcher never goes
+    through it (the hosts' files there are missing), and the other directory is still read."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    runfiles.write_json_atomic(
+        run / "status" / "h1.json", {"pid": 7, "heartbeat_at": 1.0}, root=None
+    )
+    seen: list[Observation] = []
+    changed = asyncio.Event()
+
+    def sink(batch: list[Observation]) -> None:
+        """Keep what the watcher delivers."""
+        seen.extend(batch)
+        changed.set()
+
+    async def wait_for(wanted: Observation) -> None:
+        async with asyncio.timeout(20):
+            while wanted not in seen:
+                changed.clear()
+                await changed.wait()
+
+    with _hung_mount(tmp_path) as hung:
+        watcher = Watcher(
+            run, ["h1"], mode=mode, poll_interval_s=0.1, debounce_ms=20, rescan_interval_s=3600
+        )
+        task = asyncio.create_task(watcher.run(sink))
+        try:
+            await wait_for(StatusObserved("h1", StatusRecord(7, False, 1.0, None)))
+            shutil.rmtree(run / swapped)
+            (run / swapped).symlink_to(hung / "never-looked-up")
+            if swapped == "ctl":
+                runfiles.write_json_atomic(
+                    run / "status" / "h1.json", {"pid": 8, "heartbeat_at": 2.0}, root=None
+                )
+                await wait_for(StatusObserved("h1", StatusRecord(8, False, 2.0, None)))
+            else:
+                await wait_for(StatusObserved("h1", StatusProblem("missing")))
+                runfiles.write_json_atomic(run / "ctl" / "h1.exit.json", {"pid": 7}, root=None)
+                await wait_for(ExitObserved("h1", ExitRecord(7, None, None, None)))
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

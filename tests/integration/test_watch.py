@@ -731,10 +731,11 @@ async def test_a_poll_stats_each_path_when_a_directory_cannot_be_listed(
     heartbeats and exit records are still seen."""
     real_scandir = os.scandir
 
-    def refusing_scandir(path: str) -> object:
-        """os.scandir, except for the run's status/ and ctl/."""
-        if str(path).endswith(("/ctl", "/status")):
-            raise PermissionError(13, "Permission denied", path)
+    def refusing_scandir(path: str | int) -> object:
+        """os.scandir, except for the run's status/ and ctl/ (by path or descriptor)."""
+        name = os.readlink(f"/proc/self/fd/{path}") if isinstance(path, int) else str(path)
+        if name.endswith(("/ctl", "/status")):
+            raise PermissionError(13, "Permission denied", name)
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", refusing_scandir)
