@@ -173,11 +173,16 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+#: Far beyond any worker's count of tasks; a count past it (JSON holds 4000-digit integers)
+#: would overflow the float of a rate in every status and scrape.
+MAX_COUNT: Final = 2**63 - 1
+
+
 def _count(value: object) -> int | None:
-    # Progress is optional: a count that is not a non-negative int is not reported, rather
-    # than a problem that would hide a live worker's heartbeat.
+    # Progress is optional: a count that is not an int from 0 to MAX_COUNT is not reported,
+    # rather than a problem that would hide a live worker's heartbeat.
     number = _int(value)
-    return number if number is not None and number >= 0 else None
+    return number if number is not None and 0 <= number <= MAX_COUNT else None
 
 
 def _text(value: object, limit: int) -> str | None:
