@@ -14,7 +14,8 @@ from typing import Literal
 
 import pytest
 
-from supervisor import runfiles
+from supervisor import config as config_mod
+from supervisor import runfiles, view
 from supervisor.mounts import FilesystemCheck, check_filesystem
 from supervisor.statusfiles import (
     ExitObserved,
@@ -303,3 +304,42 @@ async def test_a_run_directory_swapped_for_a_symlink_into_a_hung_mount_never_sto
     reader = watcher._files._thread
     if reader is not None:
         await asyncio.to_thread(reader.join, 60)
+
+
+@pytest.mark.parametrize("planted", ["ctl/h1.stop", "status", "ctl"])
+async def test_the_offline_view_never_goes_through_a_symlink_into_a_hung_mount(
+    tmp_path: Path, planted: str
+) -> None:
+    """What a standby daemon reads of the run (and ``status`` without a daemon): a stop
+    sentinel, ``status/`` or ``ctl/`` planted as a symlink into a hung mount is not followed,
+    so the read returns (a standby waiting on it forever would never take over)."""
+    raw = {
+        "run": {"root": str(tmp_path / "run")},
+        "ssh": {"known_hosts": str(tmp_path / "known_hosts")},
+        "hosts": [{"name": "h1", "shard": 0}, {"name": "h2", "shard": 1}],
+    }
+    cfg = config_mod.parse(raw, tmp_path / "rs.toml")
+    run = cfg.run.root
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    for host in ("h1", "h2"):
+        runfiles.write_json_atomic(
+            run / "status" / f"{host}.json",
+            {"pid": 7, "ready": True, "heartbeat_at": 1.0},
+            root=None,
+        )
+    with _hung_mount(tmp_path) as hung:
+        target = run / planted
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.symlink_to(hung / "never-looked-up")
+        async with asyncio.timeout(20):
+            status = await asyncio.to_thread(view.offline_status, cfg)
+            detail = await asyncio.to_thread(view.offline_host_detail, cfg, "h1")
+    rows = status["hosts"]
+    if planted == "status":
+        assert rows["h1"]["verdict"] == rows["h2"]["verdict"] == "status_missing"
+    else:
+        assert rows["h1"]["status_pid"] == rows["h2"]["status_pid"] == 7
+    assert rows["h1"]["stop_sentinel"] is (planted == "ctl/h1.stop")
+    assert detail["stop_sentinel"] is (planted == "ctl/h1.stop")
