@@ -171,6 +171,8 @@ class Watcher:
         self._rescan_interval_s = rescan_interval_s
         self._health_window_s = max(_HEALTH_WINDOW_S, 3 * poll_interval_s)
         self.watching = False
+        # The last watch failed (watch.failed): the next one that runs says so.
+        self._failed = False
         self.changes_seen = 0
         self.parse_errors = 0
 
@@ -345,16 +347,34 @@ class Watcher:
                 paths.append(self._run.ctl)
             self._watched_ids = ids
             self._restart.clear()
-            try:
-                await self._watch(paths)
-            # OSError: a directory vanished before the watch began, the inotify watch limit;
-            # RuntimeError: watchfiles' internal errors.
-            except (OSError, RuntimeError) as exc:
-                _log.warning("watch.failed", root=self._run.root, error=str(exc))
+            error = await self._watch_until_replaced(paths)
+            if error is not None:
+                _log.warning("watch.failed", root=self._run.root, error=error)
+                self._failed = True
                 delay = await self._pause(delay)
                 continue
             delay = _RETRY_MIN_S
             _log.info("watch.restarted", root=self._run.root, reason="directories replaced")
+
+    async def _watch_until_replaced(self, paths: list[str]) -> str | None:
+        """``_watch``; why it failed, or None when it ended because the directories changed.
+
+        OSError: a directory vanished before the watch began, the inotify watch limit;
+        RuntimeError: watchfiles' internal errors, such as a name in a watched directory that
+        is not UTF-8 (anyone who can write the run root can make one). An error while
+        watching comes wrapped in an exception group (watchfiles waits in an anyio task
+        group): unwrapped here, or it would end the watcher, and with it the daemon.
+        """
+        try:
+            await self._watch(paths)
+        except (OSError, RuntimeError) as exc:
+            return str(exc)
+        except BaseExceptionGroup as group:
+            matched, rest = group.split((OSError, RuntimeError))
+            if rest is not None or matched is None:
+                raise
+            return "; ".join(str(exc) for exc in matched.exceptions)
+        return None
 
     async def _watch(self, paths: list[str]) -> None:
         """One awatch over ``paths``, until ``_restart`` is set."""
@@ -383,6 +403,9 @@ class Watcher:
                     self._request_all()
                     self.watching = True
                     first = False
+                    if self._failed:
+                        self._failed = False
+                        _log.info("watch.resumed", root=self._run.root)
                 self._note(changes)
 
     async def _pause(self, delay: float) -> float:
