@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -173,6 +174,8 @@ class Watcher:
         self.watching = False
         # The last watch failed (watch.failed): the next one that runs says so.
         self._failed = False
+        # inotify mode said watch.root_missing: watch.root_back is due when it is back.
+        self._root_missing_logged = False
         self.changes_seen = 0
         self.parse_errors = 0
 
@@ -324,30 +327,23 @@ class Watcher:
     async def _watch_loop(self) -> None:
         """inotify mode: (re)start the watch whenever the watched directories change."""
         delay = _RETRY_MIN_S
-        root_missing = False
         while True:
             self.watching = False
             self._watched_ids = None
-            ids = await self._files.call(_Disk.dir_ids)
+            ids, fds = await self._files.call(_Disk.open_watched_dirs)
             self._tick()
-            if ids.root is None:
-                if not root_missing:
+            try:
+                error = await self._watch_once(ids, fds)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+            if error == _ROOT_MISSING:
+                if not self._root_missing_logged:
                     _log.warning("watch.root_missing", root=self._run.root)
-                    root_missing = True
+                    self._root_missing_logged = True
                     self._request_all()  # the hosts' files are gone too: report that once
                 delay = await self._pause(delay)
                 continue
-            if root_missing:
-                _log.info("watch.root_back", root=self._run.root)
-                root_missing = False
-            paths = [self._run.root]
-            if ids.status is not None:
-                paths.append(self._run.status)
-            if ids.ctl is not None:
-                paths.append(self._run.ctl)
-            self._watched_ids = ids
-            self._restart.clear()
-            error = await self._watch_until_replaced(paths)
             if error is not None:
                 _log.warning("watch.failed", root=self._run.root, error=error)
                 self._failed = True
@@ -356,7 +352,32 @@ class Watcher:
             delay = _RETRY_MIN_S
             _log.info("watch.restarted", root=self._run.root, reason="directories replaced")
 
-    async def _watch_until_replaced(self, paths: list[str]) -> str | None:
+    async def _watch_once(self, ids: _DirIds, fds: dict[str, int]) -> str | None:
+        """One watch of the root and of the directories open in ``fds`` (by kind), until
+        they are replaced; why it failed (``_ROOT_MISSING``), or None."""
+        if ids.root is None:
+            return _ROOT_MISSING
+        if self._root_missing_logged:
+            _log.info("watch.root_back", root=self._run.root)
+            self._root_missing_logged = False
+        # status/ and ctl/ are watched through their descriptors (/proc/self/fd/N), never by
+        # path: watchfiles adds its watches on the loop holding the GIL, and a path through a
+        # symlink swapped in meanwhile (into a hung mount) would freeze the whole process.
+        run = dataclasses.replace(
+            self._run,
+            status_watched=_fd_path(fds.get("status"), self._run.status),
+            ctl_watched=_fd_path(fds.get("ctl"), self._run.ctl),
+        )
+        paths = [self._run.root]
+        if "status" in fds:
+            paths.append(run.status_watched)
+        if "ctl" in fds:
+            paths.append(run.ctl_watched)
+        self._watched_ids = ids
+        self._restart.clear()
+        return await self._watch_until_replaced(paths, run)
+
+    async def _watch_until_replaced(self, paths: list[str], run: _RunPaths) -> str | None:
         """``_watch``; why it failed, or None when it ended because the directories changed.
 
         OSError: a directory vanished before the watch began, the inotify watch limit;
@@ -366,7 +387,7 @@ class Watcher:
         group): unwrapped here, or it would end the watcher, and with it the daemon.
         """
         try:
-            await self._watch(paths)
+            await self._watch(paths, run)
         except (OSError, RuntimeError) as exc:
             return str(exc)
         except BaseExceptionGroup as group:
@@ -376,8 +397,8 @@ class Watcher:
             return "; ".join(str(exc) for exc in matched.exceptions)
         return None
 
-    async def _watch(self, paths: list[str]) -> None:
-        """One awatch over ``paths``, until ``_restart`` is set."""
+    async def _watch(self, paths: list[str], run: _RunPaths) -> None:
+        """One awatch over ``paths`` (named as ``run`` names them), until ``_restart`` is set."""
         # Not recursive: the root (to see status/ and ctl/ come and go), status/ and ctl/;
         # task churn in inbox/ and outbox/ never reaches us, in either mode.
         # watchfiles adds its inotify watches (a path lookup each) on the loop, holding the
@@ -385,7 +406,7 @@ class Watcher:
         # stat in the file thread just before is what vouches that they answer.
         changes_stream = awatch(
             *paths,
-            watch_filter=self._run.wanted,
+            watch_filter=run.wanted,
             debounce=self._debounce_ms,
             step=self._step_ms,
             stop_event=self._restart,
@@ -406,7 +427,7 @@ class Watcher:
                     if self._failed:
                         self._failed = False
                         _log.info("watch.resumed", root=self._run.root)
-                self._note(changes)
+                self._note(changes, run)
 
     async def _pause(self, delay: float) -> float:
         """Sleep ``delay`` (at most a second, so the loop keeps ticking); the next delay."""
@@ -422,13 +443,13 @@ class Watcher:
             self._check_dirs = True
             self._wake_reader()
 
-    def _note(self, changes: Iterable[tuple[Change, str]]) -> None:
+    def _note(self, changes: Iterable[tuple[Change, str]], run: _RunPaths) -> None:
         for _change, path in changes:  # the event type is never trusted: re-read
             self.changes_seen += 1
-            key = self._run.key_of(path)
+            key = run.key_of(path)
             if key is None:
                 self._check_dirs = True
-                if self._run.is_watched_dir(path):
+                if run.is_watched_dir(path):
                     # A watched directory was removed, made or replaced. Its (dev, inode) can
                     # come back unchanged (ext4 reuses a freed inode at once), so comparing
                     # ids would keep the dead watch: start a fresh one, which re-reads all.
@@ -576,25 +597,27 @@ class _RunPaths:
     root: str
     status: str
     ctl: str
+    #: The names the watch knows ``status/`` and ``ctl/`` by (``/proc/self/fd/N``).
+    status_watched: str = ""
+    ctl_watched: str = ""
 
     def is_watched_dir(self, path: str) -> bool:
-        """``path`` is the run root, ``status/`` or ``ctl/``."""
-        return path in (self.root, self.status, self.ctl)
+        """``path`` is the run root, ``status/`` or ``ctl/`` (by either name)."""
+        return path in (self.root, self.status, self.ctl, self.status_watched, self.ctl_watched)
 
     def wanted(self, change: Change, path: str) -> bool:
         """watchfiles filter: a status or ctl file of any host, or a watched directory."""
-        # Called for every raw event on the loop: the directory test inline, not a call.
-        return self.key_of(path) is not None or path in (self.root, self.status, self.ctl)
+        return self.key_of(path) is not None or self.is_watched_dir(path)
 
     def key_of(self, path: str) -> _Key | None:
         """The host and kind of file ``path`` is, or None (a temp file, anything else)."""
         parent, _, name = path.rpartition("/")
         if name.startswith("."):  # temp files of atomic writers
             return None
-        if parent == self.status:
+        if parent == self.status or parent == self.status_watched:
             if name.endswith(".json") and len(name) > len(".json"):
                 return name.removesuffix(".json"), "status"
-        elif parent == self.ctl:
+        elif parent == self.ctl or parent == self.ctl_watched:
             if name.endswith(".exit.json") and len(name) > len(".exit.json"):
                 return name.removesuffix(".exit.json"), "exit"
             if name.endswith(".stop") and len(name) > len(".stop"):
@@ -636,6 +659,31 @@ class _Disk:
             status=_dir_id(self._run.status, follow=False),
             ctl=_dir_id(self._run.ctl, follow=False),
         )
+
+    def open_watched_dirs(self) -> tuple[_DirIds, dict[str, int]]:
+        """The watched directories' identities, and ``status/`` and ``ctl/`` opened (by
+        kind; absent where not a directory) for the watch to be added through: the
+        identities are those of the directories open."""
+        fds: dict[str, int] = {}
+        ids: dict[str, tuple[int, int] | None] = {}
+        try:
+            for kind, path in (("status", self._run.status), ("ctl", self._run.ctl)):
+                fd = _open_run_dir(path)
+                ids[kind] = None
+                if isinstance(fd, int):
+                    fds[kind] = fd
+                    st = os.fstat(fd)
+                    ids[kind] = (st.st_dev, st.st_ino)
+            root = _dir_id(self._run.root)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        if root is None:  # nothing to watch below a missing root
+            for fd in fds.values():
+                os.close(fd)
+            fds = {}
+        return _DirIds(root=root, status=ids["status"], ctl=ids["ctl"]), fds
 
     def read(self, keys: Iterable[_Key], *, check_dirs: bool) -> _Batch:
         """Read ``keys``' files (and with ``check_dirs`` the directories' identities).
@@ -794,6 +842,16 @@ def _list_dir(path: str, suffixes: tuple[str, ...]) -> dict[str, int] | None:
 _LIST_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # O_PATH: enough to open files by name below it, and needs no read permission on it.
 _DIR_FD_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+#: What ``_watch_once`` returns when there is no run root to watch.
+_ROOT_MISSING: Final = "the run root is missing"
+
+
+def _fd_path(fd: int | None, path: str) -> str:
+    """The name a watch reaches the directory open as ``fd`` by without looking up any name
+    under the run root (``path``'s when there is no descriptor)."""
+    return path if fd is None else f"/proc/self/fd/{fd}"
 
 
 def _open_run_dir(path: str) -> int | OSError:

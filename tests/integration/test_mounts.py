@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -343,3 +344,72 @@ async def test_the_offline_view_never_goes_through_a_symlink_into_a_hung_mount(
         assert rows["h1"]["status_pid"] == rows["h2"]["status_pid"] == 7
     assert rows["h1"]["stop_sentinel"] is (planted == "ctl/h1.stop")
     assert detail["stop_sentinel"] is (planted == "ctl/h1.stop")
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap the names ``a`` and ``b`` at once (renameat2 RENAME_EXCHANGE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange):
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), str(a))
+
+
+async def test_status_swapped_back_and_forth_with_a_symlink_into_a_hung_mount_never_blocks_the_loop(
+    tmp_path: Path,
+) -> None:
+    """Whoever can write the run root swaps ``status/`` with a symlink into a hung mount over
+    and over, each swap restarting the inotify watch: watchfiles adds its watches on the
+    event loop holding the GIL, so a watch added by path through the symlink would freeze the
+    whole process (every thread) until the mount answers. The loop keeps turning."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as hung:
+        [server] = _pids_of("bindfs", str(hung))
+        os.kill(server, signal.SIGSTOP)
+        # A thread could not let the server go while the GIL is held: another process does.
+        rescue = await asyncio.create_subprocess_exec("sh", "-c", f"sleep 40; kill -CONT {server}")
+        stop = threading.Event()
+        other = run / ".other"
+        other.symlink_to(hung / "never-looked-up")
+
+        def swap() -> None:
+            """Exchange status/ and the symlink until told to stop (an even count of swaps,
+            so status/ ends as the directory)."""
+            while not stop.is_set():
+                _exchange(run / "status", other)
+                _exchange(run / "status", other)
+
+        swapper = threading.Thread(target=swap, daemon=True)
+        watcher = Watcher(
+            run, ["h1"], mode="inotify", poll_interval_s=0.1, debounce_ms=20, rescan_interval_s=3600
+        )
+        task = asyncio.create_task(watcher.run(lambda batch: None))
+        loop = asyncio.get_running_loop()
+        worst = 0.0
+        try:
+            swapper.start()
+            last = end = loop.time()
+            end += 15
+            while last < end:
+                await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
+                now = loop.time()
+                worst, last = max(worst, now - last), now
+        finally:
+            stop.set()
+            os.kill(server, signal.SIGCONT)
+            rescue.kill()
+            await rescue.wait()
+            await asyncio.to_thread(swapper.join, 60)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        reader = watcher._files._thread
+        if reader is not None:
+            await asyncio.to_thread(reader.join, 60)
+    assert worst < 5.0, f"the event loop stood still for {worst:.1f} s"
