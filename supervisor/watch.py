@@ -313,7 +313,9 @@ class Watcher:
         for start in range(0, max(len(keys), 1), _POLL_CHUNK_KEYS):
             chunk = keys[start : start + _POLL_CHUNK_KEYS]
             whole = keys if start + _POLL_CHUNK_KEYS >= len(keys) else None
-            poll = functools.partial(_Disk.poll, keys=chunk, whole=whole, listing=start == 0)
+            poll = functools.partial(
+                _Disk.poll, keys=chunk, whole=whole, listing=len(keys) if start == 0 else None
+            )
             changed, root_exists = await self._files.call(poll)
             self._tick()
             if changed:
@@ -728,15 +730,17 @@ class _Disk:
         return _Batch(observations=found, dir_ids=self.dir_ids() if check_dirs else None)
 
     def poll(
-        self, keys: list[_Key], whole: list[_Key] | None, *, listing: bool = False
+        self, keys: list[_Key], whole: list[_Key] | None, *, listing: int | None = None
     ) -> tuple[list[_Key], bool]:
         """The keys whose signature changed (or were never seen), and whether the root
         exists (checked only with ``whole``, the sweep's last chunk, which also forgets the
         paths of hosts that are no longer configured). ``listing``: list ``status/`` and
-        ``ctl/`` first, as the sweep's first chunk does."""
-        if listing:
-            self.status_listing = _list_dir(self._run.status, (".json",))
-            self.ctl_listing = _list_dir(self._run.ctl, (".exit.json", ".stop"))
+        ``ctl/`` first, as the sweep's first chunk does (it says how many paths the sweep
+        polls, which bounds how much of a directory is listed)."""
+        if listing is not None:
+            limit = _LIST_MIN_ENTRIES + 2 * listing
+            self.status_listing = _list_dir(self._run.status, (".json",), limit)
+            self.ctl_listing = _list_dir(self._run.ctl, (".exit.json", ".stop"), limit)
         changed: list[_Key] = []
         signatures = self.signatures
         for key in keys:
@@ -814,10 +818,16 @@ def _all_keys(hosts: Iterable[str]) -> list[_Key]:
     return [(host, kind) for host in sorted(hosts) for kind in kinds]
 
 
-def _list_dir(path: str, suffixes: tuple[str, ...]) -> dict[str, int] | None:
+#: A poll lists at most this many entries of a directory, plus two per path it polls: the
+#: run's own files (a pidfile, a log and its backups, a launch record per host) fit, and
+#: names planted by the thousand cost a poll no more than stat'ing each path would.
+_LIST_MIN_ENTRIES: Final = 1000
+
+
+def _list_dir(path: str, suffixes: tuple[str, ...], limit: int) -> dict[str, int] | None:
     """The names in ``path`` ending with one of ``suffixes``, with their inode numbers;
-    ``{}`` when the directory is missing, None when it cannot be listed (then poll mode
-    stats each path, as without listings)."""
+    ``{}`` when the directory is missing, None when it cannot be listed or holds more than
+    ``limit`` entries (then poll mode stats each path, as without listings)."""
     found: dict[str, int] = {}
     try:
         # Not through a symlink (ENOTDIR, as for a file): that directory is not there.
@@ -828,7 +838,9 @@ def _list_dir(path: str, suffixes: tuple[str, ...]) -> dict[str, int] | None:
         return None
     try:
         with os.scandir(fd) as entries:
-            for entry in entries:
+            for count, entry in enumerate(entries):
+                if count >= limit:
+                    return None
                 name = entry.name
                 if name.endswith(suffixes):
                     found[name] = entry.inode()

@@ -766,3 +766,16 @@ async def test_names_that_are_not_utf_8_never_stop_the_watch(root: Path, mode: M
         record = ExitRecord(pid=7, exit_code=None, signal=None, exited_at=None)
         await seen.wait_for(ExitObserved("h1", record), after=mark)
         assert not task.done() and watcher.watching
+
+
+async def test_a_poll_reads_no_more_of_a_directory_than_its_hosts_need(root: Path) -> None:
+    """Anyone who can write the run root can fill status/ with names: a poll lists at most a
+    bounded number of entries (then stats each host's path instead), so neither its memory
+    nor its time grows with what was planted, and heartbeats are still seen."""
+    for i in range(5000):
+        (root / "status" / f"planted-{i}.json").touch()
+    async with watching(root, ["h1"], "poll") as (watcher, seen):
+        mark = seen.mark()
+        await seen.wait_for(StatusObserved("h1", beat(root, "h1", 5)), after=mark)
+        listing = await watcher._files.call(lambda disk: disk.status_listing)
+        assert listing is None or len(listing) <= 1024, len(listing)
