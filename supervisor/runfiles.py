@@ -186,6 +186,19 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int, *, root: Path | No
             fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
         finally:
             os.close(dir_fd)
+    return _read_fd_capped(fd, max_bytes)
+
+
+def read_capped_at(
+    dir_fd: int, name: str, max_bytes: int, *, path: str | os.PathLike[str]
+) -> bytes:
+    """``read_capped`` of ``name`` in the directory ``dir_fd`` (which may be an ``O_PATH``
+    descriptor); errors name ``path``."""
+    return _read_fd_capped(_open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd), max_bytes)
+
+
+def _read_fd_capped(fd: int, max_bytes: int) -> bytes:
+    """At most ``max_bytes + 1`` bytes of ``fd``, which is closed."""
     try:
         chunks: list[bytes] = []
         size = 0

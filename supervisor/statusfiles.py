@@ -173,11 +173,16 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+#: Far beyond any worker's count of tasks; a count past it (JSON holds 4000-digit integers)
+#: would overflow the float of a rate in every status and scrape.
+MAX_COUNT: Final = 2**63 - 1
+
+
 def _count(value: object) -> int | None:
-    # Progress is optional: a count that is not a non-negative int is not reported, rather
-    # than a problem that would hide a live worker's heartbeat.
+    # Progress is optional: a count that is not an int from 0 to MAX_COUNT is not reported,
+    # rather than a problem that would hide a live worker's heartbeat.
     number = _int(value)
-    return number if number is not None and number >= 0 else None
+    return number if number is not None and 0 <= number <= MAX_COUNT else None
 
 
 def _text(value: object, limit: int) -> str | None:
@@ -199,29 +204,43 @@ def _finite(value: object) -> float | None:
 # while the filesystem does: the watcher calls it only in its file thread.
 
 
-def read_status(path: str | os.PathLike[str]) -> StatusRecord | StatusProblem:
-    """Read and parse one status file; a missing file is ``StatusProblem("missing")``."""
-    data = _read_capped(path)
+def read_status(
+    path: str | os.PathLike[str], *, dir_fd: int | None = None
+) -> StatusRecord | StatusProblem:
+    """Read and parse one status file; a missing file is ``StatusProblem("missing")``.
+
+    With ``dir_fd`` (its directory, opened without following) the file is opened by its name
+    there: nothing above it is looked up again."""
+    data = _read_capped(path, dir_fd)
     return data if isinstance(data, StatusProblem) else parse_status(data)
 
 
-def read_exit(path: str | os.PathLike[str]) -> ExitRecord | None:
-    """Read and parse one exit record; ``None`` when missing or unreadable."""
-    data = _read_capped(path)
+def read_exit(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> ExitRecord | None:
+    """Read and parse one exit record (opened as ``read_status`` opens a status file);
+    ``None`` when missing or unreadable."""
+    data = _read_capped(path, dir_fd)
     return None if isinstance(data, StatusProblem) else parse_exit(data)
 
 
-def _read_capped(path: str | os.PathLike[str]) -> bytes | StatusProblem:
+def problem_of(exc: OSError) -> StatusProblem:
+    """The status problem an error opening or reading a status file (or its directory) is."""
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return StatusProblem("missing")
+    if isinstance(exc, UnsafeFileError):
+        return StatusProblem(exc.reason)
+    return StatusProblem(f"unreadable: {_errno_name(exc)}")
+
+
+def _read_capped(path: str | os.PathLike[str], dir_fd: int | None) -> bytes | StatusProblem:
     # runfiles.read_capped: no symlink followed, O_NONBLOCK (a FIFO planted under a status
     # name must not block the reader forever), regular files only, one byte past the cap.
     try:
-        return runfiles.read_capped(path, MAX_FILE_BYTES)
-    except (FileNotFoundError, NotADirectoryError):
-        return StatusProblem("missing")
-    except UnsafeFileError as exc:
-        return StatusProblem(exc.reason)
+        if dir_fd is None:
+            return runfiles.read_capped(path, MAX_FILE_BYTES)
+        name = os.path.basename(os.fspath(path))
+        return runfiles.read_capped_at(dir_fd, name, MAX_FILE_BYTES, path=path)
     except OSError as exc:
-        return StatusProblem(f"unreadable: {_errno_name(exc)}")
+        return problem_of(exc)
 
 
 def _errno_name(exc: OSError) -> str:

@@ -6,9 +6,11 @@ no daemon is running (and says so).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -377,8 +379,9 @@ def offline_status(config: Config, *, now_wall: float | None = None) -> dict[str
     now_wall = time.time() if now_wall is None else now_wall
     stale_s = config.health.heartbeat_stale_s
     hosts: dict[str, Any] = {}
-    for cfg in config.hosts:
-        hosts[cfg.name] = _offline_row(layout, cfg, now_wall, stale_s)
+    with _run_dirs(layout) as dirs:
+        for cfg in config.hosts:
+            hosts[cfg.name] = _offline_row(layout, dirs, cfg, now_wall, stale_s)
     return {
         "daemon": {
             "running": False,
@@ -407,16 +410,53 @@ def seed_verdict(record: StatusRecord | StatusProblem, age_s: float | None, stal
     return "ok" if record.ready else "not_ready"
 
 
-def _offline_row(
-    layout: RunLayout, cfg: HostConfig, now_wall: float, stale_s: float
-) -> dict[str, Any]:
-    status_path = layout.status(cfg.name)
-    record = read_status(status_path)
+#: ``status/`` and ``ctl/`` descriptors (``None``: not a directory there).
+_Dirs = tuple[int | None, int | None]
+_DIR_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def _run_dirs(layout: RunLayout) -> Iterator[_Dirs]:
+    """``status/`` and ``ctl/`` opened without following a symlink: a planted one (into a hung
+    mount, say) must not hang a standby daemon's view or ``status``; their files are then
+    opened by name in them."""
+    fds: list[int | None] = []
     try:
-        age: float | None = max(0.0, now_wall - status_path.lstat().st_mtime)
+        for path in (layout.status_dir, layout.ctl):
+            try:
+                fds.append(os.open(path, _DIR_FLAGS))
+            except OSError:
+                fds.append(None)
+        yield fds[0], fds[1]
+    finally:
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
+
+
+def _status_at(layout: RunLayout, dirs: _Dirs, host: str) -> StatusRecord | StatusProblem:
+    if dirs[0] is None:
+        return StatusProblem("missing")
+    return read_status(layout.status(host), dir_fd=dirs[0])
+
+
+def _lstat_at(fd: int | None, name: str) -> os.stat_result | None:
+    """``name`` in the directory ``fd``, not followed; None when it is not there."""
+    if fd is None:
+        return None
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
     except OSError:
-        age = None
-    sentinel = layout.stop_sentinel(cfg.name).exists()
+        return None
+
+
+def _offline_row(
+    layout: RunLayout, dirs: _Dirs, cfg: HostConfig, now_wall: float, stale_s: float
+) -> dict[str, Any]:
+    record = _status_at(layout, dirs, cfg.name)
+    st = _lstat_at(dirs[0], layout.status(cfg.name).name)
+    age = None if st is None else max(0.0, now_wall - st.st_mtime)
+    sentinel = _lstat_at(dirs[1], layout.stop_sentinel(cfg.name).name) is not None
     pid = _read_pid(layout, cfg.name)
     ok = isinstance(record, StatusRecord)
     verdict = seed_verdict(record, age, stale_s)
@@ -481,8 +521,12 @@ def offline_host_detail(
     cfg = config.host(host)
     if cfg is None:
         raise KeyError(host)
-    row = _offline_row(layout, cfg, now_wall, config.health.heartbeat_stale_s)
-    record = read_status(layout.status(host))
+    with _run_dirs(layout) as dirs:
+        row = _offline_row(layout, dirs, cfg, now_wall, config.health.heartbeat_stale_s)
+        record = _status_at(layout, dirs, host)
+        exit_record = (
+            None if dirs[1] is None else read_exit(layout.exit_record(host), dir_fd=dirs[1])
+        )
     progress: dict[str, Any] = {"reported": False, "judged_by": "heartbeat only"}
     if isinstance(record, StatusRecord) and (
         record.processed is not None or record.in_flight is not None
@@ -493,7 +537,6 @@ def offline_host_detail(
             "processed": record.processed,
             "in_flight": record.in_flight,
         }
-    exit_record = read_exit(layout.exit_record(host))
     last_exit = None
     if exit_record is not None:
         last_exit = {

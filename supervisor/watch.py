@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -34,6 +35,7 @@ from supervisor.statusfiles import (
     StatusObserved,
     StatusProblem,
     StatusRecord,
+    problem_of,
     read_exit,
     read_status,
 )
@@ -170,6 +172,10 @@ class Watcher:
         self._rescan_interval_s = rescan_interval_s
         self._health_window_s = max(_HEALTH_WINDOW_S, 3 * poll_interval_s)
         self.watching = False
+        # The last watch failed (watch.failed): the next one that runs says so.
+        self._failed = False
+        # inotify mode said watch.root_missing: watch.root_back is due when it is back.
+        self._root_missing_logged = False
         self.changes_seen = 0
         self.parse_errors = 0
 
@@ -307,7 +313,9 @@ class Watcher:
         for start in range(0, max(len(keys), 1), _POLL_CHUNK_KEYS):
             chunk = keys[start : start + _POLL_CHUNK_KEYS]
             whole = keys if start + _POLL_CHUNK_KEYS >= len(keys) else None
-            poll = functools.partial(_Disk.poll, keys=chunk, whole=whole, listing=start == 0)
+            poll = functools.partial(
+                _Disk.poll, keys=chunk, whole=whole, listing=len(keys) if start == 0 else None
+            )
             changed, root_exists = await self._files.call(poll)
             self._tick()
             if changed:
@@ -321,42 +329,78 @@ class Watcher:
     async def _watch_loop(self) -> None:
         """inotify mode: (re)start the watch whenever the watched directories change."""
         delay = _RETRY_MIN_S
-        root_missing = False
         while True:
             self.watching = False
             self._watched_ids = None
-            ids = await self._files.call(_Disk.dir_ids)
+            ids, fds = await self._files.call(_Disk.open_watched_dirs)
             self._tick()
-            if ids.root is None:
-                if not root_missing:
+            try:
+                error = await self._watch_once(ids, fds)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+            if error == _ROOT_MISSING:
+                if not self._root_missing_logged:
                     _log.warning("watch.root_missing", root=self._run.root)
-                    root_missing = True
+                    self._root_missing_logged = True
                     self._request_all()  # the hosts' files are gone too: report that once
                 delay = await self._pause(delay)
                 continue
-            if root_missing:
-                _log.info("watch.root_back", root=self._run.root)
-                root_missing = False
-            paths = [self._run.root]
-            if ids.status is not None:
-                paths.append(self._run.status)
-            if ids.ctl is not None:
-                paths.append(self._run.ctl)
-            self._watched_ids = ids
-            self._restart.clear()
-            try:
-                await self._watch(paths)
-            # OSError: a directory vanished before the watch began, the inotify watch limit;
-            # RuntimeError: watchfiles' internal errors.
-            except (OSError, RuntimeError) as exc:
-                _log.warning("watch.failed", root=self._run.root, error=str(exc))
+            if error is not None:
+                _log.warning("watch.failed", root=self._run.root, error=error)
+                self._failed = True
                 delay = await self._pause(delay)
                 continue
             delay = _RETRY_MIN_S
             _log.info("watch.restarted", root=self._run.root, reason="directories replaced")
 
-    async def _watch(self, paths: list[str]) -> None:
-        """One awatch over ``paths``, until ``_restart`` is set."""
+    async def _watch_once(self, ids: _DirIds, fds: dict[str, int]) -> str | None:
+        """One watch of the root and of the directories open in ``fds`` (by kind), until
+        they are replaced; why it failed (``_ROOT_MISSING``), or None."""
+        if ids.root is None:
+            return _ROOT_MISSING
+        if self._root_missing_logged:
+            _log.info("watch.root_back", root=self._run.root)
+            self._root_missing_logged = False
+        # status/ and ctl/ are watched through their descriptors (/proc/self/fd/N), never by
+        # path: watchfiles adds its watches on the loop holding the GIL, and a path through a
+        # symlink swapped in meanwhile (into a hung mount) would freeze the whole process.
+        run = dataclasses.replace(
+            self._run,
+            status_watched=_fd_path(fds.get("status"), self._run.status),
+            ctl_watched=_fd_path(fds.get("ctl"), self._run.ctl),
+        )
+        paths = [self._run.root]
+        if "status" in fds:
+            paths.append(run.status_watched)
+        if "ctl" in fds:
+            paths.append(run.ctl_watched)
+        self._watched_ids = ids
+        self._restart.clear()
+        return await self._watch_until_replaced(paths, run)
+
+    async def _watch_until_replaced(self, paths: list[str], run: _RunPaths) -> str | None:
+        """``_watch``; why it failed, or None when it ended because the directories changed.
+
+        OSError: a directory vanished before the watch began, the inotify watch limit;
+        RuntimeError: watchfiles' internal errors, such as a name in a watched directory that
+        is not UTF-8 (anyone who can write the run root can make one). An error while
+        watching comes wrapped in an exception group (watchfiles waits in an anyio task
+        group): unwrapped here, or it would end the watcher, and with it the daemon.
+        """
+        try:
+            await self._watch(paths, run)
+        except (OSError, RuntimeError) as exc:
+            return str(exc)
+        except BaseExceptionGroup as group:
+            matched, rest = group.split((OSError, RuntimeError))
+            if rest is not None or matched is None:
+                raise
+            return "; ".join(str(exc) for exc in matched.exceptions)
+        return None
+
+    async def _watch(self, paths: list[str], run: _RunPaths) -> None:
+        """One awatch over ``paths`` (named as ``run`` names them), until ``_restart`` is set."""
         # Not recursive: the root (to see status/ and ctl/ come and go), status/ and ctl/;
         # task churn in inbox/ and outbox/ never reaches us, in either mode.
         # watchfiles adds its inotify watches (a path lookup each) on the loop, holding the
@@ -364,7 +408,7 @@ class Watcher:
         # stat in the file thread just before is what vouches that they answer.
         changes_stream = awatch(
             *paths,
-            watch_filter=self._run.wanted,
+            watch_filter=run.wanted,
             debounce=self._debounce_ms,
             step=self._step_ms,
             stop_event=self._restart,
@@ -382,7 +426,10 @@ class Watcher:
                     self._request_all()
                     self.watching = True
                     first = False
-                self._note(changes)
+                    if self._failed:
+                        self._failed = False
+                        _log.info("watch.resumed", root=self._run.root)
+                self._note(changes, run)
 
     async def _pause(self, delay: float) -> float:
         """Sleep ``delay`` (at most a second, so the loop keeps ticking); the next delay."""
@@ -398,13 +445,13 @@ class Watcher:
             self._check_dirs = True
             self._wake_reader()
 
-    def _note(self, changes: Iterable[tuple[Change, str]]) -> None:
+    def _note(self, changes: Iterable[tuple[Change, str]], run: _RunPaths) -> None:
         for _change, path in changes:  # the event type is never trusted: re-read
             self.changes_seen += 1
-            key = self._run.key_of(path)
+            key = run.key_of(path)
             if key is None:
                 self._check_dirs = True
-                if self._run.is_watched_dir(path):
+                if run.is_watched_dir(path):
                     # A watched directory was removed, made or replaced. Its (dev, inode) can
                     # come back unchanged (ext4 reuses a freed inode at once), so comparing
                     # ids would keep the dead watch: start a fresh one, which re-reads all.
@@ -552,25 +599,27 @@ class _RunPaths:
     root: str
     status: str
     ctl: str
+    #: The names the watch knows ``status/`` and ``ctl/`` by (``/proc/self/fd/N``).
+    status_watched: str = ""
+    ctl_watched: str = ""
 
     def is_watched_dir(self, path: str) -> bool:
-        """``path`` is the run root, ``status/`` or ``ctl/``."""
-        return path in (self.root, self.status, self.ctl)
+        """``path`` is the run root, ``status/`` or ``ctl/`` (by either name)."""
+        return path in (self.root, self.status, self.ctl, self.status_watched, self.ctl_watched)
 
     def wanted(self, change: Change, path: str) -> bool:
         """watchfiles filter: a status or ctl file of any host, or a watched directory."""
-        # Called for every raw event on the loop: the directory test inline, not a call.
-        return self.key_of(path) is not None or path in (self.root, self.status, self.ctl)
+        return self.key_of(path) is not None or self.is_watched_dir(path)
 
     def key_of(self, path: str) -> _Key | None:
         """The host and kind of file ``path`` is, or None (a temp file, anything else)."""
         parent, _, name = path.rpartition("/")
         if name.startswith("."):  # temp files of atomic writers
             return None
-        if parent == self.status:
+        if parent == self.status or parent == self.status_watched:
             if name.endswith(".json") and len(name) > len(".json"):
                 return name.removesuffix(".json"), "status"
-        elif parent == self.ctl:
+        elif parent == self.ctl or parent == self.ctl_watched:
             if name.endswith(".exit.json") and len(name) > len(".exit.json"):
                 return name.removesuffix(".exit.json"), "exit"
             if name.endswith(".stop") and len(name) > len(".stop"):
@@ -605,47 +654,93 @@ class _Disk:
         return filesystem_type(root), choose_mode(root, configured)
 
     def dir_ids(self) -> _DirIds:
-        """The watched directories' identities now."""
+        """The watched directories' identities now (the configured root followed, as the
+        operator gave it; ``status/`` and ``ctl/`` only if they are real directories)."""
         return _DirIds(
             root=_dir_id(self._run.root),
-            status=_dir_id(self._run.status),
-            ctl=_dir_id(self._run.ctl),
+            status=_dir_id(self._run.status, follow=False),
+            ctl=_dir_id(self._run.ctl, follow=False),
         )
 
+    def open_watched_dirs(self) -> tuple[_DirIds, dict[str, int]]:
+        """The watched directories' identities, and ``status/`` and ``ctl/`` opened (by
+        kind; absent where not a directory) for the watch to be added through: the
+        identities are those of the directories open."""
+        fds: dict[str, int] = {}
+        ids: dict[str, tuple[int, int] | None] = {}
+        try:
+            for kind, path in (("status", self._run.status), ("ctl", self._run.ctl)):
+                fd = _open_run_dir(path)
+                ids[kind] = None
+                if isinstance(fd, int):
+                    fds[kind] = fd
+                    st = os.fstat(fd)
+                    ids[kind] = (st.st_dev, st.st_ino)
+            root = _dir_id(self._run.root)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        if root is None:  # nothing to watch below a missing root
+            for fd in fds.values():
+                os.close(fd)
+            fds = {}
+        return _DirIds(root=root, status=ids["status"], ctl=ids["ctl"]), fds
+
     def read(self, keys: Iterable[_Key], *, check_dirs: bool) -> _Batch:
-        """Read ``keys``' files (and with ``check_dirs`` the directories' identities)."""
-        ctl_exists: bool | None = None
+        """Read ``keys``' files (and with ``check_dirs`` the directories' identities).
+
+        ``status/`` and ``ctl/`` are opened once per batch without following a symlink, and
+        each file by its name in them: a directory swapped for a symlink (into a hung mount,
+        say) is never gone through.
+        """
+        status_dir: int | OSError | None = None
+        ctl_dir: int | OSError | None = None
         found: list[tuple[_Key, Observation]] = []
-        for key in keys:
-            host, kind = key
-            path = self._path_of(key)
-            if kind == "status":
-                found.append((key, StatusObserved(host, read_status(path))))
-                continue
-            if ctl_exists is None:
-                ctl_exists = os.path.isdir(self._layout.ctl)
-            if not ctl_exists:
-                # No ctl/ (run root gone, mount lost) says nothing about a stop sentinel:
-                # reporting "removed" would start hosts an operator stopped.
-                continue
-            if kind == "exit":
-                found.append((key, ExitObserved(host, read_exit(path))))
-            else:
-                present = _exists(path)
-                if present is not None:
-                    found.append((key, SentinelObserved(host, present)))
+        try:
+            for key in keys:
+                host, kind = key
+                path = self._path_of(key)
+                if kind == "status":
+                    if status_dir is None:
+                        status_dir = _open_run_dir(self._run.status)
+                    if isinstance(status_dir, OSError):
+                        found.append((key, StatusObserved(host, problem_of(status_dir))))
+                    else:
+                        found.append(
+                            (key, StatusObserved(host, read_status(path, dir_fd=status_dir)))
+                        )
+                    continue
+                if ctl_dir is None:
+                    ctl_dir = _open_run_dir(self._run.ctl)
+                if isinstance(ctl_dir, OSError):
+                    # No ctl/ (run root gone, mount lost, a symlink) says nothing about a stop
+                    # sentinel: reporting "removed" would start hosts an operator stopped.
+                    continue
+                if kind == "exit":
+                    found.append((key, ExitObserved(host, read_exit(path, dir_fd=ctl_dir))))
+                else:
+                    present = _exists(self._name_of(key), ctl_dir)
+                    if present is not None:
+                        found.append((key, SentinelObserved(host, present)))
+        finally:
+            for fd in (status_dir, ctl_dir):
+                if isinstance(fd, int):
+                    os.close(fd)
         return _Batch(observations=found, dir_ids=self.dir_ids() if check_dirs else None)
 
     def poll(
-        self, keys: list[_Key], whole: list[_Key] | None, *, listing: bool = False
+        self, keys: list[_Key], whole: list[_Key] | None, *, listing: int | None = None
     ) -> tuple[list[_Key], bool]:
         """The keys whose signature changed (or were never seen), and whether the root
         exists (checked only with ``whole``, the sweep's last chunk, which also forgets the
         paths of hosts that are no longer configured). ``listing``: list ``status/`` and
-        ``ctl/`` first, as the sweep's first chunk does."""
-        if listing:
-            self.status_listing = _list_dir(self._run.status, (".json",))
-            self.ctl_listing = _list_dir(self._run.ctl, (".exit.json", ".stop"))
+        ``ctl/`` first, as the sweep's first chunk does (it says how many paths the sweep
+        polls, which bounds how much of a directory is listed)."""
+        if listing is not None:
+            limit = _LIST_MIN_ENTRIES + 2 * listing
+            self.status_listing = _list_dir(self._run.status, (".json",), limit)
+            self.ctl_listing = _list_dir(self._run.ctl, (".exit.json", ".stop"), limit)
         changed: list[_Key] = []
         signatures = self.signatures
         for key in keys:
@@ -723,32 +818,72 @@ def _all_keys(hosts: Iterable[str]) -> list[_Key]:
     return [(host, kind) for host in sorted(hosts) for kind in kinds]
 
 
-def _list_dir(path: str, suffixes: tuple[str, ...]) -> dict[str, int] | None:
+#: A poll lists at most this many entries of a directory, plus two per path it polls: the
+#: run's own files (a pidfile, a log and its backups, a launch record per host) fit, and
+#: names planted by the thousand cost a poll no more than stat'ing each path would.
+_LIST_MIN_ENTRIES: Final = 1000
+
+
+def _list_dir(path: str, suffixes: tuple[str, ...], limit: int) -> dict[str, int] | None:
     """The names in ``path`` ending with one of ``suffixes``, with their inode numbers;
-    ``{}`` when the directory is missing, None when it cannot be listed (then poll mode
-    stats each path, as without listings)."""
+    ``{}`` when the directory is missing, None when it cannot be listed or holds more than
+    ``limit`` entries (then poll mode stats each path, as without listings)."""
     found: dict[str, int] = {}
     try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.endswith(suffixes):
-                    found[name] = entry.inode()
+        # Not through a symlink (ENOTDIR, as for a file): that directory is not there.
+        fd = os.open(path, _LIST_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return {}
     except OSError:
         return None
+    try:
+        with os.scandir(fd) as entries:
+            for count, entry in enumerate(entries):
+                if count >= limit:
+                    return None
+                name = entry.name
+                if name.endswith(suffixes):
+                    found[name] = entry.inode()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return found
+
+
+_LIST_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# O_PATH: enough to open files by name below it, and needs no read permission on it.
+_DIR_FD_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+#: What ``_watch_once`` returns when there is no run root to watch.
+_ROOT_MISSING: Final = "the run root is missing"
+
+
+def _fd_path(fd: int | None, path: str) -> str:
+    """The name a watch reaches the directory open as ``fd`` by without looking up any name
+    under the run root (``path``'s when there is no descriptor)."""
+    return path if fd is None else f"/proc/self/fd/{fd}"
+
+
+def _open_run_dir(path: str) -> int | OSError:
+    """A descriptor of ``status/`` or ``ctl/`` (the root above it as configured, the directory
+    itself never through a symlink), or why there is none."""
+    try:
+        return os.open(path, _DIR_FD_FLAGS)
+    except OSError as exc:
+        return exc
 
 
 def _signature(path: str) -> _Signature:
     """What poll mode compares: identity, size and nanosecond times; None when missing.
 
     An atomic rewrite always changes the inode, so it is seen whatever the timestamp
-    granularity of the filesystem.
+    granularity of the filesystem. A symlink is not followed: one planted into a hung mount
+    would hang the file thread, and every host's reads behind it.
     """
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
@@ -756,18 +891,19 @@ def _signature(path: str) -> _Signature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
-def _dir_id(path: str) -> tuple[int, int] | None:
+def _dir_id(path: str, *, follow: bool = True) -> tuple[int, int] | None:
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=follow)
     except OSError:
         return None
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
-def _exists(path: str) -> bool | None:
-    """Whether ``path`` exists; ``None`` when the filesystem would not say."""
+def _exists(name: str, dir_fd: int) -> bool | None:
+    """Whether ``name`` exists in ``dir_fd`` (a symlink is one, wherever it points: it is
+    never followed); ``None`` when the filesystem would not say."""
     try:
-        os.stat(path)
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:

@@ -171,3 +171,46 @@ async def test_exit_record_fuzz_never_disturbs_the_daemon_or_the_workers(
     later = daemon.lines[begin:]
     assert [line for line in later if line.get("event") == "host.state"] == []
     assert [line for line in later if line.get("level") == "error"] == []
+
+
+async def test_a_name_that_is_not_utf_8_never_stops_the_daemon(fault_run: FaultRun) -> None:
+    """Names of any bytes made in ``ctl/`` and ``status/`` while the daemon watches them by
+    inotify (watchfiles cannot decode such a name, and raised out of the watcher, ending the
+    daemon): the watch is restarted, the daemon keeps serving, the worker stays ready and its
+    heartbeats are still seen."""
+    config = fault_run.write(fault_run.raw(1, watch={"mode": "inotify"}))
+    daemon = await fault_run.start(ready=1)
+    pid = pid_of(await daemon.status(), "worker-0")
+    run = layout_of(load(config))
+    assert daemon.process is not None
+    begin = len(daemon.lines)
+    for where in (run.ctl, run.status_dir):
+        failed = len(events(daemon, "watch.failed"))
+        fd = os.open(os.fsencode(where) + b"/\xff.stop", os.O_CREAT | os.O_WRONLY, 0o644)
+        os.close(fd)
+        await daemon.wait_until(
+            lambda failed=failed: (
+                len(events(daemon, "watch.failed")) > failed
+                or daemon.process is None
+                or daemon.process.returncode is not None
+            ),
+            WAIT_S,
+            f"the watcher to fail over a name in {where} it cannot decode",
+        )
+        assert daemon.process.returncode is None, "the daemon ended"
+        await daemon.wait_until(
+            lambda failed=failed: len(events(daemon, "watch.resumed")) > failed,
+            WAIT_S,
+            "the watch to run again",
+        )
+    await daemon.wait_status(
+        lambda s: (
+            (h := host_row(s, "worker-0"))["heartbeat_age_s"] is not None
+            and h["heartbeat_age_s"] < 1.0
+        ),
+        WAIT_S,
+        "a fresh heartbeat of worker-0 seen after the watch restarted",
+    )
+    status = await daemon.status()
+    assert (host_row(status, "worker-0")["state"], pid_of(status, "worker-0")) == ("ready", pid)
+    assert [line for line in daemon.lines[begin:] if line.get("event") == "host.state"] == []

@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
+from supervisor import config as config_mod
+from supervisor import runfiles, view
 from supervisor.mounts import FilesystemCheck, check_filesystem
-from supervisor.statusfiles import Observation
+from supervisor.statusfiles import (
+    ExitObserved,
+    ExitRecord,
+    Observation,
+    SentinelObserved,
+    StatusObserved,
+    StatusProblem,
+    StatusRecord,
+)
 from supervisor.watch import Watcher
 from tests.conftest import mounted, mounted_tmpfs
 
@@ -148,3 +161,255 @@ def _state_of(pid: int) -> str:
     """The process state letter of ``pid`` (``T``: stopped)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+@contextlib.contextmanager
+def _hung_mount(tmp_path: Path) -> Iterator[Path]:
+    """A FUSE mount whose server is stopped while in the block (let go after 60 s at most, so
+    a test that hangs on it ends, and fails, instead of hanging the run)."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as mount:
+        servers = _pids_of("bindfs", str(mount))
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGSTOP)
+        rescue = threading.Timer(60, os.kill, (servers[0], signal.SIGCONT))
+        rescue.start()
+        try:
+            yield mount
+        finally:
+            rescue.cancel()
+            os.kill(servers[0], signal.SIGCONT)
+
+
+@pytest.mark.parametrize(
+    ("mode", "planted"),
+    [("inotify", "ctl/h1.stop"), ("poll", "ctl/h1.stop"), ("poll", "status/h1.json")],
+)
+async def test_a_symlink_into_a_hung_mount_never_stops_the_watch(
+    tmp_path: Path, mode: Literal["inotify", "poll"], planted: str
+) -> None:
+    """Whoever can write the run root plants a host's stop sentinel or status file as a
+    symlink to a name on a hung mount: the watcher never follows it (a stat through it would
+    hang its one file thread, and with it every host's heartbeats and exits), and the other
+    hosts' files are still read."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    for host in ("h1", "h2"):
+        runfiles.write_json_atomic(
+            run / "status" / f"{host}.json", {"pid": 7, "heartbeat_at": 1.0}, root=None
+        )
+    seen: list[Observation] = []
+    changed = asyncio.Event()
+
+    def sink(batch: list[Observation]) -> None:
+        """Keep what the watcher delivers."""
+        seen.extend(batch)
+        changed.set()
+
+    async def wait_for(wanted: Observation) -> None:
+        async with asyncio.timeout(20):
+            while wanted not in seen:
+                changed.clear()
+                await changed.wait()
+
+    with _hung_mount(tmp_path) as hung:
+        watcher = Watcher(
+            run,
+            ["h1", "h2"],
+            mode=mode,
+            poll_interval_s=0.1,
+            debounce_ms=20,
+            rescan_interval_s=3600,
+        )
+        task = asyncio.create_task(watcher.run(sink))
+        try:
+            await wait_for(StatusObserved("h2", StatusRecord(7, False, 1.0, None)))
+            target = run / planted
+            target.unlink(missing_ok=True)
+            # Never looked up: the kernel must ask the stopped server.
+            target.symlink_to(hung / "never-looked-up")
+            fresh = StatusRecord(pid=8, ready=True, heartbeat_at=2.0, seq=2)
+            runfiles.write_json_atomic(
+                run / "status" / "h2.json",
+                {"pid": 8, "ready": True, "heartbeat_at": 2.0, "seq": 2},
+                root=None,
+            )
+            await wait_for(StatusObserved("h2", fresh))
+            if planted.endswith(".stop"):
+                # A name under the sentinel's name is a sentinel, whatever it points to.
+                await wait_for(SentinelObserved("h1", True))
+            else:
+                await wait_for(StatusObserved("h1", StatusProblem("a symbolic link")))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    reader = watcher._files._thread
+    if reader is not None:
+        await asyncio.to_thread(reader.join, 60)
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+@pytest.mark.parametrize("swapped", ["status", "ctl"])
+async def test_a_run_directory_swapped_for_a_symlink_into_a_hung_mount_never_stops_the_watch(
+    tmp_path: Path, mode: Literal["inotify", "poll"], swapped: str
+) -> None:
+    """``status/`` or ``ctl/`` replaced by a symlink to a hung mount: the watcher never goes
+    through it (the hosts' files there are missing), and the other directory is still read."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    runfiles.write_json_atomic(
+        run / "status" / "h1.json", {"pid": 7, "heartbeat_at": 1.0}, root=None
+    )
+    seen: list[Observation] = []
+    changed = asyncio.Event()
+
+    def sink(batch: list[Observation]) -> None:
+        """Keep what the watcher delivers."""
+        seen.extend(batch)
+        changed.set()
+
+    async def wait_for(wanted: Observation) -> None:
+        async with asyncio.timeout(20):
+            while wanted not in seen:
+                changed.clear()
+                await changed.wait()
+
+    with _hung_mount(tmp_path) as hung:
+        watcher = Watcher(
+            run, ["h1"], mode=mode, poll_interval_s=0.1, debounce_ms=20, rescan_interval_s=3600
+        )
+        task = asyncio.create_task(watcher.run(sink))
+        try:
+            await wait_for(StatusObserved("h1", StatusRecord(7, False, 1.0, None)))
+            shutil.rmtree(run / swapped)
+            (run / swapped).symlink_to(hung / "never-looked-up")
+            if swapped == "ctl":
+                runfiles.write_json_atomic(
+                    run / "status" / "h1.json", {"pid": 8, "heartbeat_at": 2.0}, root=None
+                )
+                await wait_for(StatusObserved("h1", StatusRecord(8, False, 2.0, None)))
+            else:
+                await wait_for(StatusObserved("h1", StatusProblem("missing")))
+                runfiles.write_json_atomic(run / "ctl" / "h1.exit.json", {"pid": 7}, root=None)
+                await wait_for(ExitObserved("h1", ExitRecord(7, None, None, None)))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    reader = watcher._files._thread
+    if reader is not None:
+        await asyncio.to_thread(reader.join, 60)
+
+
+@pytest.mark.parametrize("planted", ["ctl/h1.stop", "status", "ctl"])
+async def test_the_offline_view_never_goes_through_a_symlink_into_a_hung_mount(
+    tmp_path: Path, planted: str
+) -> None:
+    """What a standby daemon reads of the run (and ``status`` without a daemon): a stop
+    sentinel, ``status/`` or ``ctl/`` planted as a symlink into a hung mount is not followed,
+    so the read returns (a standby waiting on it forever would never take over)."""
+    raw = {
+        "run": {"root": str(tmp_path / "run")},
+        "ssh": {"known_hosts": str(tmp_path / "known_hosts")},
+        "hosts": [{"name": "h1", "shard": 0}, {"name": "h2", "shard": 1}],
+    }
+    cfg = config_mod.parse(raw, tmp_path / "rs.toml")
+    run = cfg.run.root
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    for host in ("h1", "h2"):
+        runfiles.write_json_atomic(
+            run / "status" / f"{host}.json",
+            {"pid": 7, "ready": True, "heartbeat_at": 1.0},
+            root=None,
+        )
+    with _hung_mount(tmp_path) as hung:
+        target = run / planted
+        if target.is_dir():
+            shutil.rmtree(target)
+        target.symlink_to(hung / "never-looked-up")
+        async with asyncio.timeout(20):
+            status = await asyncio.to_thread(view.offline_status, cfg)
+            detail = await asyncio.to_thread(view.offline_host_detail, cfg, "h1")
+    rows = status["hosts"]
+    if planted == "status":
+        assert rows["h1"]["verdict"] == rows["h2"]["verdict"] == "status_missing"
+    else:
+        assert rows["h1"]["status_pid"] == rows["h2"]["status_pid"] == 7
+    assert rows["h1"]["stop_sentinel"] is (planted == "ctl/h1.stop")
+    assert detail["stop_sentinel"] is (planted == "ctl/h1.stop")
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap the names ``a`` and ``b`` at once (renameat2 RENAME_EXCHANGE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange):
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), str(a))
+
+
+async def test_status_swapped_back_and_forth_with_a_symlink_into_a_hung_mount_never_blocks_the_loop(
+    tmp_path: Path,
+) -> None:
+    """Whoever can write the run root swaps ``status/`` with a symlink into a hung mount over
+    and over, each swap restarting the inotify watch: watchfiles adds its watches on the
+    event loop holding the GIL, so a watch added by path through the symlink would freeze the
+    whole process (every thread) until the mount answers. The loop keeps turning."""
+    run = tmp_path / "run"
+    for sub in ("status", "ctl"):
+        (run / sub).mkdir(parents=True)
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as hung:
+        [server] = _pids_of("bindfs", str(hung))
+        os.kill(server, signal.SIGSTOP)
+        # A thread could not let the server go while the GIL is held: another process does.
+        rescue = await asyncio.create_subprocess_exec("sh", "-c", f"sleep 40; kill -CONT {server}")
+        stop = threading.Event()
+        other = run / ".other"
+        other.symlink_to(hung / "never-looked-up")
+
+        def swap() -> None:
+            """Exchange status/ and the symlink until told to stop (an even count of swaps,
+            so status/ ends as the directory)."""
+            while not stop.is_set():
+                _exchange(run / "status", other)
+                _exchange(run / "status", other)
+
+        swapper = threading.Thread(target=swap, daemon=True)
+        watcher = Watcher(
+            run, ["h1"], mode="inotify", poll_interval_s=0.1, debounce_ms=20, rescan_interval_s=3600
+        )
+        task = asyncio.create_task(watcher.run(lambda batch: None))
+        loop = asyncio.get_running_loop()
+        worst = 0.0
+        try:
+            swapper.start()
+            last = end = loop.time()
+            end += 15
+            while last < end:
+                await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop, not a wait
+                now = loop.time()
+                worst, last = max(worst, now - last), now
+        finally:
+            stop.set()
+            os.kill(server, signal.SIGCONT)
+            rescue.kill()
+            await rescue.wait()
+            await asyncio.to_thread(swapper.join, 60)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        reader = watcher._files._thread
+        if reader is not None:
+            await asyncio.to_thread(reader.join, 60)
+    assert worst < 5.0, f"the event loop stood still for {worst:.1f} s"

@@ -731,10 +731,11 @@ async def test_a_poll_stats_each_path_when_a_directory_cannot_be_listed(
     heartbeats and exit records are still seen."""
     real_scandir = os.scandir
 
-    def refusing_scandir(path: str) -> object:
-        """os.scandir, except for the run's status/ and ctl/."""
-        if str(path).endswith(("/ctl", "/status")):
-            raise PermissionError(13, "Permission denied", path)
+    def refusing_scandir(path: str | int) -> object:
+        """os.scandir, except for the run's status/ and ctl/ (by path or descriptor)."""
+        name = os.readlink(f"/proc/self/fd/{path}") if isinstance(path, int) else str(path)
+        if name.endswith(("/ctl", "/status")):
+            raise PermissionError(13, "Permission denied", name)
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", refusing_scandir)
@@ -746,3 +747,35 @@ async def test_a_poll_stats_each_path_when_a_directory_cannot_be_listed(
         await seen.wait_for(StatusObserved("h1", beat(root, "h1", 5)), after=mark)
         listings = await watcher._files.call(lambda disk: (disk.ctl_listing, disk.status_listing))
         assert listings == (None, None)
+
+
+async def test_names_that_are_not_utf_8_never_stop_the_watch(root: Path, mode: Mode) -> None:
+    """Whoever can write the run root can make a name of any bytes in status/ or ctl/. The
+    inotify engine cannot even decode such a name (watchfiles raises): the watch is started
+    again and re-reads everything, and every host's changes are still seen."""
+    async with watching(root, ["h1"], mode) as (watcher, seen):
+        task = next(t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Watcher.run")
+        for seq, name in enumerate((b"status/\xff.json", b"ctl/\xfe.stop", b"ctl/h\xff.exit.json")):
+            fd = os.open(os.fsencode(root) + b"/" + name, os.O_CREAT | os.O_WRONLY, 0o644)
+            os.close(fd)
+            mark = seen.mark()
+            await seen.wait_for(StatusObserved("h1", beat(root, "h1", 10 + seq)), after=mark)
+        assert not task.done()
+        mark = seen.mark()
+        write_json_atomic(root / "ctl" / "h1.exit.json", {"pid": 7})
+        record = ExitRecord(pid=7, exit_code=None, signal=None, exited_at=None)
+        await seen.wait_for(ExitObserved("h1", record), after=mark)
+        assert not task.done() and watcher.watching
+
+
+async def test_a_poll_reads_no_more_of_a_directory_than_its_hosts_need(root: Path) -> None:
+    """Anyone who can write the run root can fill status/ with names: a poll lists at most a
+    bounded number of entries (then stats each host's path instead), so neither its memory
+    nor its time grows with what was planted, and heartbeats are still seen."""
+    for i in range(5000):
+        (root / "status" / f"planted-{i}.json").touch()
+    async with watching(root, ["h1"], "poll") as (watcher, seen):
+        mark = seen.mark()
+        await seen.wait_for(StatusObserved("h1", beat(root, "h1", 5)), after=mark)
+        listing = await watcher._files.call(lambda disk: disk.status_listing)
+        assert listing is None or len(listing) <= 1024, len(listing)

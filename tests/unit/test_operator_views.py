@@ -3,6 +3,7 @@ rows, the table and the STATUS= line, from the core's own objects."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -12,6 +13,7 @@ from supervisor import health, view
 from supervisor.config import HostConfig
 from supervisor.health import Cause, HostState
 from supervisor.metrics import Metrics
+from supervisor.statusfiles import StatusRecord, parse_status
 
 S = HostState
 
@@ -153,3 +155,42 @@ def test_a_scrape_without_a_snapshot_has_no_up_gauge_for_the_absent_alert() -> N
     assert 'reward_supervisor_reloads_total{result="ok"} 1.0' in body
     assert "reward_supervisor_up" not in body
     assert "reward_supervisor_up 1.0" in Metrics(lambda: {}).render("text/plain", "")[0].decode()
+
+
+@pytest.mark.parametrize("huge", [10**400, 2**63, 2**63 - 1])
+def test_a_worker_reporting_a_huge_count_never_breaks_the_status_or_the_metrics(
+    huge: int,
+) -> None:
+    """Whoever writes a host's status file can write any count JSON holds: the heartbeat
+    stands, and the fleet's status rows and metrics still build (a rate over a count past a
+    float's range raised OverflowError in every ``status`` and scrape)."""
+    policy = health.Policy(heartbeat_stale_s=10, ready_timeout_s=20)
+    host = health.new_host("w", 0.0)
+    for event in (
+        health.StatusMissing(reason="missing"),
+        health.SshRestored(),
+        health.ProbeResult(pid=None),
+        health.Launched(pid=7),
+    ):
+        host, _ = health.step(host, event, 0.0, policy)
+    for at, processed in ((1.0, 0), (62.0, huge)):
+        record = parse_status(
+            json.dumps(
+                {"pid": 7, "ready": True, "heartbeat_at": at, "processed": processed}
+            ).encode()
+        )
+        assert isinstance(record, StatusRecord) and record.pid == 7
+        beat = health.HeartbeatSeen(
+            pid=record.pid,
+            ready=record.ready,
+            remote_heartbeat_at=record.heartbeat_at,
+            processed=record.processed,
+            in_flight=record.in_flight,
+        )
+        host, _ = health.step(host, beat, at, policy)
+    assert host.state is S.READY
+    cfg = HostConfig(name="w", shard=0, address="127.0.0.1")
+    r = view.host_row(host, cfg, 63.0, policy)
+    view.host_detail(host, cfg, 63.0, policy, wall_now=1e9)
+    metrics = scrape({"hosts": {"w": r}, "daemon": {}})
+    assert metrics['reward_supervisor_host_state{host="w",state="ready"}'] == 1
