@@ -932,6 +932,7 @@ class _Lines:
         self._head: list[str] = []
         self._length = 0
         self._eof = False
+        self._full = False  # the last read filled a whole chunk
         self._ready: list[str] = []
 
     def unread(self, lines: list[str]) -> None:
@@ -947,8 +948,13 @@ class _Lines:
             return lines
         if self._eof:
             return None
-        await asyncio.sleep(0)
+        if self._full:
+            # The last read filled the chunk, so more may be buffered, and a read of buffered
+            # data returns without letting the loop run. After a shorter one the buffer is
+            # empty and the read waits (yields) anyway: a reply or push is not held up.
+            await asyncio.sleep(0)
         chunk = await self._stream.read(READ_CHUNK_CHARS)
+        self._full = len(chunk) >= READ_CHUNK_CHARS
         if not chunk:
             self._eof = True
             return [self._end("")] if self._length else None

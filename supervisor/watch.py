@@ -609,7 +609,14 @@ class _RunPaths:
 
     def wanted(self, change: Change, path: str) -> bool:
         """watchfiles filter: a status or ctl file of any host, or a watched directory."""
-        return self.key_of(path) is not None or self.is_watched_dir(path)
+        # Called for every raw event on the loop: the directory test inline, not a call.
+        return self.key_of(path) is not None or path in (
+            self.root,
+            self.status,
+            self.ctl,
+            self.status_watched,
+            self.ctl_watched,
+        )
 
     def key_of(self, path: str) -> _Key | None:
         """The host and kind of file ``path`` is, or None (a temp file, anything else)."""
