@@ -31,7 +31,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, runfiles, view
+from supervisor import fleet, health, layout, logs, runfiles, view
 from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
@@ -1399,6 +1399,7 @@ class Daemon:
             "uptime_s": round(now - self._started_at, 3),
             "started_at": self._started_wall,
             "stopping": self._stop_requested,
+            "log_lines_dropped": logs.dropped_lines(),
             "on_exit": self._config.run.on_exit,
             "stop_grace_s": self._config.health.stop_grace_s,
         }

@@ -182,6 +182,42 @@ def _renderers(fmt: Literal["json", "console"], colors: bool) -> list[Processor]
     ]
 
 
+_dropped_lines = 0
+
+
+def dropped_lines() -> int:
+    """How many log lines could not be written since start (the stream broke: its reader
+    gone, a full disk)."""
+    return _dropped_lines
+
+
+class _DroppingWriteLogger(structlog.WriteLogger):
+    """structlog's ``WriteLogger``, but a line that cannot be written is dropped and counted,
+    never raised: log calls sit in signal handlers and task roots, and a reader gone from
+    our stdout (EPIPE) ended the daemon, or swallowed a SIGTERM half-handled."""
+
+    def msg(self, message: str) -> None:
+        """Write and flush ``message``, or count it dropped."""
+        global _dropped_lines
+        try:
+            super().msg(message)
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            _dropped_lines += 1
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class _DroppingWriteLoggerFactory:
+    """``logger_factory`` for ``structlog.configure``: ``_DroppingWriteLogger`` on ``file``."""
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+
+    def __call__(self, *args: Any) -> _DroppingWriteLogger:
+        return _DroppingWriteLogger(self._file)
+
+
 class _LineHandler(logging.Handler):
     """Writes formatted stdlib records as whole lines through structlog's per-stream lock.
 
@@ -192,7 +228,7 @@ class _LineHandler(logging.Handler):
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__()
-        self._out = structlog.WriteLogger(stream)
+        self._out = _DroppingWriteLogger(stream)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -232,7 +268,7 @@ def configure(
         processors=[*shared, *renderers],
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         context_class=dict,
-        logger_factory=structlog.WriteLoggerFactory(file=out),
+        logger_factory=_DroppingWriteLoggerFactory(out),
         cache_logger_on_first_use=cache,
     )
 

@@ -316,3 +316,29 @@ def test_concurrent_structlog_and_stdlib_lines_never_interleave(tmp_path: Path) 
     lines = _lines(path.read_text(encoding="utf-8"))
     assert len(lines) == 6 * 50
     assert sum(line["event"] == "structlog.line" for line in lines) == 6 * 25
+
+
+class BrokenStream(io.StringIO):
+    """A stream whose reader is gone: every write fails as a pipe's does (EPIPE)."""
+
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_line_that_cannot_be_written_is_dropped_and_counted_never_raised(
+    fmt: logs.LogFormat,
+) -> None:
+    """structlog and stdlib records alike: a log call on a broken stream returns (it sits in
+    signal handlers and task roots), and the count says how many lines were lost."""
+    logs.configure(fmt, "info", stream=BrokenStream())
+    before = logs.dropped_lines()
+    structlog.get_logger("t").info("daemon.stop_requested", by="SIGTERM")
+    structlog.get_logger("t").error("history.not_saved", reason="x")
+    logging.getLogger("asyncssh").warning("a foreign record")
+    assert logs.dropped_lines() == before + 3
+    closed = io.StringIO()
+    closed.close()
+    logs.configure(fmt, "info", stream=closed)
+    structlog.get_logger("t").info("after.close")
+    assert logs.dropped_lines() == before + 4
