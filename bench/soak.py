@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import os
 import platform
@@ -108,6 +109,8 @@ class Soak:
         #: Seconds from the fault's start to a whole fleet.
         self.durations: dict[str, list[float]] = defaultdict(list)
         self.failures: list[str] = []
+        # SIGINT or SIGTERM: end after the fault under way, then drain and report as usual.
+        self.stopping = asyncio.Event()
         self._whole_at: float | None = None
         #: The daemon's RSS once the fleet is whole again after each fault, by daemon pid
         #: (daemon_kill starts a new one): memory that only grows would show here.
@@ -210,7 +213,7 @@ class Soak:
         """Inject faults until ``minutes`` have passed, feeding tasks all along."""
         started = time.monotonic()
         end = started + minutes * 60
-        while time.monotonic() < end:
+        while time.monotonic() < end and not self.stopping.is_set():
             if not self.loads or self.loads[-1].written == BATCH:
                 self.feed()
             fault = self.rng.choice(self.faults)
@@ -221,7 +224,9 @@ class Soak:
             self.progress(fault, (time.monotonic() - started) / 60, minutes)
             if self.monitor.violations:
                 return  # finish() reports them
-            await asyncio.sleep(self.rng.uniform(2, 8))  # the pause between two faults
+            with contextlib.suppress(TimeoutError):  # the pause between two faults
+                async with asyncio.timeout(self.rng.uniform(2, 8)):
+                    await self.stopping.wait()
 
     def progress(self, fault: str, elapsed_min: float, minutes: float) -> None:
         """One line on stderr per fault: a soak runs for half an hour or more."""
@@ -279,7 +284,8 @@ def report(soak: Soak, args: argparse.Namespace, elapsed_s: float) -> str:
         + "`"
         f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.platform()}),"
         f" {elapsed_s / 60:.1f} min, {sum(len(load.tasks) for load in soak.loads)} tasks,"
-        f" {soak.monitor.samples} monitor samples (largest gap {soak.monitor.max_gap_s:.2f}s).",
+        f" {soak.monitor.samples} monitor samples (largest gap {soak.monitor.max_gap_s:.2f}s)"
+        + (", stopped early by a signal." if soak.stopping.is_set() else "."),
         "",
         "Recovery: from the end of the fault (the kill, sshd back up, the new daemon started)"
         " until every host is ready and connected again, with a new worker where the old one"
@@ -322,6 +328,10 @@ async def main_async(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="rs-soak-") as tmp:
         soak = Soak(Path(tmp), args.hosts, rng, args.watch, args.faults)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            # Killed outright, the soak left its daemon, sshd and workers running.
+            loop.add_signal_handler(signum, stop_early, soak)
         started = time.monotonic()
         try:
             await soak.start()
@@ -333,6 +343,13 @@ async def main_async(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     return 1 if soak.failures else 0
+
+
+def stop_early(soak: Soak) -> None:
+    """End the soak after the fault under way; say so, as a signal gets no other answer."""
+    if not soak.stopping.is_set():
+        print("soak: stopping after this fault, then draining the tasks", file=sys.stderr)
+        soak.stopping.set()
 
 
 def main() -> int:
