@@ -1034,11 +1034,13 @@ async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
     gaps: list[float] = []
 
     async def tick() -> None:
-        """Record how late each turn of a 10 ms ticker comes: the loop's lag."""
+        """Record the loop thread's CPU time between turns of a 10 ms ticker: how long the
+        loop worked without letting it run. CPU time, not wall time: on a busy machine the
+        process is descheduled for long stretches, which no code of ours can prevent."""
         while True:
-            before = time.monotonic()
+            before = time.thread_time()
             await asyncio.sleep(0.01)  # wait-ok: measures the loop's lag, waits for nothing
-            gaps.append(time.monotonic() - before - 0.01)
+            gaps.append(time.thread_time() - before)
 
     with capture_logs():
         async with maintained(config) as h:
@@ -1049,7 +1051,7 @@ async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
                 ticker.cancel()
             assert h.remote.connected
     assert gaps
-    assert max(gaps) < 0.5, f"the loop stalled for {max(gaps):.2f}s"
+    assert max(gaps) < 0.5, f"the loop worked {max(gaps):.2f}s of CPU without a turn"
 
 
 async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:
