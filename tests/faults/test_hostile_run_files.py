@@ -188,21 +188,24 @@ async def test_a_name_that_is_not_utf_8_never_stops_the_daemon(fault_run: FaultR
         failed = len(events(daemon, "watch.failed"))
         fd = os.open(os.fsencode(where) + b"/\xff.stop", os.O_CREAT | os.O_WRONLY, 0o644)
         os.close(fd)
-        await daemon.wait_until(
-            lambda failed=failed: (
+
+        def failed_or_ended(failed: int = failed) -> bool:
+            """The watch failed once more, or the daemon ended."""
+            return (
                 len(events(daemon, "watch.failed")) > failed
                 or daemon.process is None
                 or daemon.process.returncode is not None
-            ),
-            WAIT_S,
-            f"the watcher to fail over a name in {where} it cannot decode",
+            )
+
+        def resumed(failed: int = failed) -> bool:
+            """The watch ran again after that failure."""
+            return len(events(daemon, "watch.resumed")) > failed
+
+        await daemon.wait_until(
+            failed_or_ended, WAIT_S, f"the watcher to fail over a name in {where} it cannot decode"
         )
         assert daemon.process.returncode is None, "the daemon ended"
-        await daemon.wait_until(
-            lambda failed=failed: len(events(daemon, "watch.resumed")) > failed,
-            WAIT_S,
-            "the watch to run again",
-        )
+        await daemon.wait_until(resumed, WAIT_S, "the watch to run again")
     await daemon.wait_status(
         lambda s: (
             (h := host_row(s, "worker-0"))["heartbeat_age_s"] is not None

@@ -211,6 +211,7 @@ async def test_a_symlink_into_a_hung_mount_never_stops_the_watch(
         changed.set()
 
     async def wait_for(wanted: Observation) -> None:
+        """Wait until the watcher has delivered ``wanted``."""
         async with asyncio.timeout(20):
             while wanted not in seen:
                 changed.clear()
@@ -275,6 +276,7 @@ async def test_a_run_directory_swapped_for_a_symlink_into_a_hung_mount_never_sto
         changed.set()
 
     async def wait_for(wanted: Observation) -> None:
+        """Wait until the watcher has delivered ``wanted``."""
         async with asyncio.timeout(20):
             while wanted not in seen:
                 changed.clear()

@@ -1376,6 +1376,7 @@ class _NoSessions(asyncssh.SSHServer):
         """A session that never comes (asyncssh awaits what this returns)."""
 
         async def never() -> asyncssh.SSHServerSession[str]:
+            """Hold the session open until the test ends, then refuse it."""
             await self._held.wait()  # set only at the end of the test
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "test over")
 

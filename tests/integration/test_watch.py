@@ -754,7 +754,11 @@ async def test_names_that_are_not_utf_8_never_stop_the_watch(root: Path, mode: M
     inotify engine cannot even decode such a name (watchfiles raises): the watch is started
     again and re-reads everything, and every host's changes are still seen."""
     async with watching(root, ["h1"], mode) as (watcher, seen):
-        task = next(t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Watcher.run")
+        task = next(
+            t
+            for t in asyncio.all_tasks()
+            if getattr(t.get_coro(), "__qualname__", "") == "Watcher.run"
+        )
         for seq, name in enumerate((b"status/\xff.json", b"ctl/\xfe.stop", b"ctl/h\xff.exit.json")):
             fd = os.open(os.fsencode(root) + b"/" + name, os.O_CREAT | os.O_WRONLY, 0o644)
             os.close(fd)

@@ -26,6 +26,8 @@ def soft_open_file_limit(pid: int) -> int:
 async def test_the_daemon_raises_a_low_soft_limit_to_the_hard_one(
     openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
+    """Under systemd's kind of limits (a low soft one under a high hard one) the daemon
+    raises its soft limit to the hard one, says so in ``daemon.starting``, and warns of nothing."""
     hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
     assert hard > 2 + OPEN_FILES_SPARE
     config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
@@ -42,6 +44,8 @@ async def test_the_daemon_raises_a_low_soft_limit_to_the_hard_one(
 async def test_a_limit_too_low_for_the_fleet_is_warned_at_start_and_the_fleet_still_runs(
     openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
+    """A hard limit below hosts + the spare is one warning at start naming what is needed;
+    the fleet still starts."""
     limit = OPEN_FILES_SPARE  # two hosts need two more
     config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
     daemon = await daemons.start(config, prefix=["prlimit", f"--nofile={limit}:{limit}", "--"])

@@ -322,6 +322,7 @@ class BrokenStream(io.StringIO):
     """A stream whose reader is gone: every write fails as a pipe's does (EPIPE)."""
 
     def write(self, s: str) -> int:
+        """Fail as a write to a pipe without a reader does."""
         raise BrokenPipeError(32, "Broken pipe")
 
 

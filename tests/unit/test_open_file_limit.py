@@ -56,10 +56,12 @@ class FakeLimits:
         self.refuse = refuse
 
     def getrlimit(self, which: int) -> tuple[int, int]:
+        """The limits as set."""
         assert which == self.RLIMIT_NOFILE
         return self.limits
 
     def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        """Set the limits, or refuse as a sandbox may."""
         assert which == self.RLIMIT_NOFILE
         if self.refuse:
             raise ValueError("not allowed")  # what Python raises for EPERM here
@@ -78,6 +80,8 @@ class FakeLimits:
 def test_the_raise_stops_at_our_cap_and_never_lowers(
     monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, expected: tuple[int, int]
 ) -> None:
+    """The raise goes up to our cap at most, never lowers a limit set higher, and copes
+    with unlimited limits."""
     fake = FakeLimits(soft, hard)
     monkeypatch.setattr(daemon, "resource", fake)
     returned = daemon.raise_open_file_limit()
@@ -86,6 +90,7 @@ def test_the_raise_stops_at_our_cap_and_never_lowers(
 
 
 def test_a_refused_raise_keeps_the_limit_it_had(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raise the system refuses leaves the limit as it was, and says so by returning it."""
     fake = FakeLimits(1024, 524288, refuse=True)
     monkeypatch.setattr(daemon, "resource", fake)
     assert daemon.raise_open_file_limit() == 1024

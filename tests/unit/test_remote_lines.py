@@ -54,16 +54,22 @@ def expected(text: str, limit: int) -> list[str]:
 def test_any_text_in_any_pieces_gives_its_lines_cut_to_the_bound(
     pieces: list[str], limit: int
 ) -> None:
+    """Whatever the text and however it is cut into reads, the lines come out whole and in
+    order, each cut to its bound, the last one even without its newline."""
     assert asyncio.run(all_lines(pieces, limit)) == expected("".join(pieces), limit)
 
 
 def test_a_line_longer_than_a_read_is_kept_to_its_bound_and_the_next_line_is_whole() -> None:
+    """A line of five reads is kept to its bound, and the line after it comes out whole."""
     text = "x" * (5 * READ_CHUNK_CHARS) + "\n" + '{"id": 1}' + "\n" + "tail"
     assert asyncio.run(all_lines([text], 100)) == ["x" * 101, '{"id": 1}', "tail"]
 
 
 def test_lines_given_back_come_first_and_then_the_stream_goes_on() -> None:
+    """Lines given back with ``unread`` are the next batch, before anything read after."""
+
     async def run() -> list[Any]:
+        """Read a batch, give two lines back, read on to EOF."""
         lines = _Lines(Stream(["a\nb\nc\n", "d\n"]), 10)  # type: ignore[arg-type]
         first = await lines.batch()
         assert first == ["a", "b", "c"]
@@ -77,9 +83,11 @@ def test_a_flood_of_lines_lets_other_tasks_run_between_reads() -> None:
     """Ten reads' worth of empty lines: another task gets a turn before each read."""
 
     async def run() -> tuple[int, int]:
+        """Read the flood with a counting task beside; the turns it got and the batches read."""
         turns = 0
 
         async def other() -> None:
+            """Count each turn of the loop."""
             nonlocal turns
             while True:
                 turns += 1
