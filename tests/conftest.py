@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -93,6 +94,36 @@ def mounted(target: Path, command: list[str]) -> Iterator[Path]:
         yield target
     finally:
         _unmount(target)
+
+
+def pids_of(program: str, argument: str) -> list[int]:
+    """Pids whose argv[0] ends with ``program`` and whose argv contains ``argument``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.fsdecode(argv[0]).endswith(program) and os.fsencode(argument) in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def bindfs_mount(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """A FUSE mount (bindfs over a fresh directory) at ``tmp_path/fuse`` while in the block,
+    and its server's pid, which a test may stop (SIGSTOP) to hang every access to it; skips
+    where bindfs is missing."""
+    if shutil.which("bindfs") is None:
+        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as mount:
+        servers = pids_of("bindfs", str(mount))
+        assert len(servers) == 1, servers
+        yield mount, servers[0]
 
 
 def _unmount(target: Path) -> None:

@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -28,35 +28,14 @@ from supervisor.statusfiles import (
     StatusRecord,
 )
 from supervisor.watch import Watcher
-from tests.conftest import mounted, mounted_tmpfs
-
-
-def _pids_of(program: str, argument: str) -> list[int]:
-    """Pids whose argv[0] ends with ``program`` and whose argv contains ``argument``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.fsdecode(argv[0]).endswith(program) and os.fsencode(argument) in argv:
-            found.append(int(entry.name))
-    return found
+from tests.conftest import bindfs_mount, mounted_tmpfs
 
 
 async def test_filesystem_check_names_a_hung_mount_without_hanging(tmp_path: Path) -> None:
     """statvfs of a FUSE mount whose server is stopped never returns: the check gives up after
     its timeout, says the mount looks hung, and the event loop was never blocked."""
-    if shutil.which("bindfs") is None:
-        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
-        servers = _pids_of("bindfs", str(run))
-        assert len(servers) == 1, servers
-        os.kill(servers[0], signal.SIGSTOP)
+    with bindfs_mount(tmp_path) as (run, server):
+        os.kill(server, signal.SIGSTOP)
         try:
             ticks = 0
 
@@ -72,7 +51,7 @@ async def test_filesystem_check_names_a_hung_mount_without_hanging(tmp_path: Pat
                 check = await check_filesystem(run, timeout_s=0.5)
                 ticker.cancel()
         finally:
-            os.kill(servers[0], signal.SIGCONT)
+            os.kill(server, signal.SIGCONT)
     assert check == FilesystemCheck(answered=False)
     assert "hung" in check.finding
     assert ticks > 5  # the loop kept running while statvfs hung
@@ -97,17 +76,11 @@ async def test_filesystem_check_tells_a_full_disk_from_a_healthy_one(tmp_path: P
 async def test_a_watcher_on_a_hung_mount_keeps_the_loop_turning(tmp_path: Path) -> None:
     """Built and started on a FUSE mount whose server is stopped, the watcher never blocks the
     event loop: its look at the filesystem hangs in its file thread, and it is not healthy."""
-    if shutil.which("bindfs") is None:
-        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as run:
-        servers = _pids_of("bindfs", str(run))
-        assert len(servers) == 1, servers
-        os.kill(servers[0], signal.SIGSTOP)
+    with bindfs_mount(tmp_path) as (run, server):
+        os.kill(server, signal.SIGSTOP)
         # Only if the loop itself hangs (the failure this test catches) does this ever fire:
         # it lets the test end, and fail, instead of hanging the run.
-        rescue = threading.Timer(30, os.kill, (servers[0], signal.SIGCONT))
+        rescue = threading.Timer(30, os.kill, (server, signal.SIGCONT))
         rescue.start()
         try:
             ticks = 0
@@ -137,11 +110,11 @@ async def test_a_watcher_on_a_hung_mount_keeps_the_loop_turning(tmp_path: Path) 
                 async with asyncio.timeout(20):
                     while ticks < 50:  # noqa: ASYNC110 (counting loop turns is the point)
                         await asyncio.sleep(0.01)  # wait-ok: a heartbeat of the loop
-                still_stopped = _state_of(servers[0]) == "T"
+                still_stopped = _state_of(server) == "T"
                 looked, healthy = watcher.mode, watcher.healthy(asyncio.get_running_loop().time())
                 # Let the look return before the mount goes: umount fails while a lookup in
                 # it is pending, so the file thread must be out of the mount first.
-                os.kill(servers[0], signal.SIGCONT)
+                os.kill(server, signal.SIGCONT)
                 async with asyncio.timeout(20):
                     while watcher.mode is None:  # noqa: ASYNC110 (the watcher exposes state)
                         await asyncio.sleep(0.01)  # wait-ok: polling interval of a condition
@@ -152,7 +125,7 @@ async def test_a_watcher_on_a_hung_mount_keeps_the_loop_turning(tmp_path: Path) 
                 await asyncio.to_thread(reader.join, 20)
         finally:
             rescue.cancel()
-            os.kill(servers[0], signal.SIGCONT)
+            os.kill(server, signal.SIGCONT)
     assert still_stopped, "the server was let go: the loop had been blocked until then"
     assert (looked, healthy) == (None, False)
 
@@ -167,21 +140,60 @@ def _state_of(pid: int) -> str:
 def _hung_mount(tmp_path: Path) -> Iterator[Path]:
     """A FUSE mount whose server is stopped while in the block (let go after 60 s at most, so
     a test that hangs on it ends, and fails, instead of hanging the run)."""
-    if shutil.which("bindfs") is None:
-        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as mount:
-        servers = _pids_of("bindfs", str(mount))
-        assert len(servers) == 1, servers
-        os.kill(servers[0], signal.SIGSTOP)
-        rescue = threading.Timer(60, os.kill, (servers[0], signal.SIGCONT))
+    with bindfs_mount(tmp_path) as (mount, server):
+        os.kill(server, signal.SIGSTOP)
+        rescue = threading.Timer(60, os.kill, (server, signal.SIGCONT))
         rescue.start()
         try:
             yield mount
         finally:
             rescue.cancel()
-            os.kill(servers[0], signal.SIGCONT)
+            os.kill(server, signal.SIGCONT)
+
+
+class Deliveries:
+    """What a watcher delivers, and a wait for one observation among it."""
+
+    def __init__(self) -> None:
+        self.seen: list[Observation] = []
+        self._changed = asyncio.Event()
+
+    def sink(self, batch: list[Observation]) -> None:
+        """Keep what the watcher delivers."""
+        self.seen.extend(batch)
+        self._changed.set()
+
+    async def wait_for(self, wanted: Observation) -> None:
+        """Wait until the watcher has delivered ``wanted``."""
+        async with asyncio.timeout(20):
+            while wanted not in self.seen:
+                self._changed.clear()
+                await self._changed.wait()
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    run: Path, hosts: list[str], mode: Literal["inotify", "poll"]
+) -> AsyncIterator[tuple[Watcher, Deliveries]]:
+    """A fast watcher of ``run`` running while in the block (cancelled at its end)."""
+    deliveries = Deliveries()
+    watcher = Watcher(
+        run, hosts, mode=mode, poll_interval_s=0.1, debounce_ms=20, rescan_interval_s=3600
+    )
+    task = asyncio.create_task(watcher.run(deliveries.sink))
+    try:
+        yield watcher, deliveries
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def join_reader(watcher: Watcher) -> None:
+    """Wait for the watcher's file thread to end: once the mount answers again it can."""
+    reader = watcher._files._thread
+    if reader is not None:
+        await asyncio.to_thread(reader.join, 60)
 
 
 @pytest.mark.parametrize(
@@ -202,33 +214,9 @@ async def test_a_symlink_into_a_hung_mount_never_stops_the_watch(
         runfiles.write_json_atomic(
             run / "status" / f"{host}.json", {"pid": 7, "heartbeat_at": 1.0}, root=None
         )
-    seen: list[Observation] = []
-    changed = asyncio.Event()
-
-    def sink(batch: list[Observation]) -> None:
-        """Keep what the watcher delivers."""
-        seen.extend(batch)
-        changed.set()
-
-    async def wait_for(wanted: Observation) -> None:
-        """Wait until the watcher has delivered ``wanted``."""
-        async with asyncio.timeout(20):
-            while wanted not in seen:
-                changed.clear()
-                await changed.wait()
-
     with _hung_mount(tmp_path) as hung:
-        watcher = Watcher(
-            run,
-            ["h1", "h2"],
-            mode=mode,
-            poll_interval_s=0.1,
-            debounce_ms=20,
-            rescan_interval_s=3600,
-        )
-        task = asyncio.create_task(watcher.run(sink))
-        try:
-            await wait_for(StatusObserved("h2", StatusRecord(7, False, 1.0, None)))
+        async with watching(run, ["h1", "h2"], mode) as (watcher, deliveries):
+            await deliveries.wait_for(StatusObserved("h2", StatusRecord(7, False, 1.0, None)))
             target = run / planted
             target.unlink(missing_ok=True)
             # Never looked up: the kernel must ask the stopped server.
@@ -239,19 +227,13 @@ async def test_a_symlink_into_a_hung_mount_never_stops_the_watch(
                 {"pid": 8, "ready": True, "heartbeat_at": 2.0, "seq": 2},
                 root=None,
             )
-            await wait_for(StatusObserved("h2", fresh))
+            await deliveries.wait_for(StatusObserved("h2", fresh))
             if planted.endswith(".stop"):
                 # A name under the sentinel's name is a sentinel, whatever it points to.
-                await wait_for(SentinelObserved("h1", True))
+                await deliveries.wait_for(SentinelObserved("h1", True))
             else:
-                await wait_for(StatusObserved("h1", StatusProblem("a symbolic link")))
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    reader = watcher._files._thread
-    if reader is not None:
-        await asyncio.to_thread(reader.join, 60)
+                await deliveries.wait_for(StatusObserved("h1", StatusProblem("a symbolic link")))
+    await join_reader(watcher)
 
 
 @pytest.mark.parametrize("mode", ["inotify", "poll"])
@@ -267,46 +249,21 @@ async def test_a_run_directory_swapped_for_a_symlink_into_a_hung_mount_never_sto
     runfiles.write_json_atomic(
         run / "status" / "h1.json", {"pid": 7, "heartbeat_at": 1.0}, root=None
     )
-    seen: list[Observation] = []
-    changed = asyncio.Event()
-
-    def sink(batch: list[Observation]) -> None:
-        """Keep what the watcher delivers."""
-        seen.extend(batch)
-        changed.set()
-
-    async def wait_for(wanted: Observation) -> None:
-        """Wait until the watcher has delivered ``wanted``."""
-        async with asyncio.timeout(20):
-            while wanted not in seen:
-                changed.clear()
-                await changed.wait()
-
     with _hung_mount(tmp_path) as hung:
-        watcher = Watcher(
-            run, ["h1"], mode=mode, poll_interval_s=0.1, debounce_ms=20, rescan_interval_s=3600
-        )
-        task = asyncio.create_task(watcher.run(sink))
-        try:
-            await wait_for(StatusObserved("h1", StatusRecord(7, False, 1.0, None)))
+        async with watching(run, ["h1"], mode) as (watcher, deliveries):
+            await deliveries.wait_for(StatusObserved("h1", StatusRecord(7, False, 1.0, None)))
             shutil.rmtree(run / swapped)
             (run / swapped).symlink_to(hung / "never-looked-up")
             if swapped == "ctl":
                 runfiles.write_json_atomic(
                     run / "status" / "h1.json", {"pid": 8, "heartbeat_at": 2.0}, root=None
                 )
-                await wait_for(StatusObserved("h1", StatusRecord(8, False, 2.0, None)))
+                await deliveries.wait_for(StatusObserved("h1", StatusRecord(8, False, 2.0, None)))
             else:
-                await wait_for(StatusObserved("h1", StatusProblem("missing")))
+                await deliveries.wait_for(StatusObserved("h1", StatusProblem("missing")))
                 runfiles.write_json_atomic(run / "ctl" / "h1.exit.json", {"pid": 7}, root=None)
-                await wait_for(ExitObserved("h1", ExitRecord(7, None, None, None)))
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    reader = watcher._files._thread
-    if reader is not None:
-        await asyncio.to_thread(reader.join, 60)
+                await deliveries.wait_for(ExitObserved("h1", ExitRecord(7, None, None, None)))
+    await join_reader(watcher)
 
 
 @pytest.mark.parametrize("planted", ["ctl/h1.stop", "status", "ctl"])
@@ -367,12 +324,7 @@ async def test_status_swapped_back_and_forth_with_a_symlink_into_a_hung_mount_ne
     run = tmp_path / "run"
     for sub in ("status", "ctl"):
         (run / sub).mkdir(parents=True)
-    if shutil.which("bindfs") is None:
-        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as hung:
-        [server] = _pids_of("bindfs", str(hung))
+    with bindfs_mount(tmp_path) as (hung, server):
         os.kill(server, signal.SIGSTOP)
         # A thread could not let the server go while the GIL is held: another process does.
         rescue = await asyncio.create_subprocess_exec("sh", "-c", f"sleep 40; kill -CONT {server}")

@@ -4,15 +4,13 @@ mount whose server died): the daemon still stops when told to."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import mounted
-from tests.integration.test_mounts import _pids_of
+from tests.conftest import bindfs_mount
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
     Daemons,
@@ -38,12 +36,7 @@ async def test_sigterm_ends_the_daemon_while_its_run_root_hangs(
     """The run root's FUSE server stopped under a running fleet: SIGTERM still ends the
     daemon well inside the unit's TimeoutStopSec (120 s), its stuck file operations
     abandoned and said so, instead of the process living as long as the mount hangs."""
-    if shutil.which("bindfs") is None:
-        pytest.skip("bindfs is not installed (apt-get install bindfs): FUSE mount test not run")
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    with mounted(tmp_path / "fuse", ["bindfs", "--no-allow-other", str(backing)]) as mount:
-        [server] = _pids_of("bindfs", str(mount))
+    with bindfs_mount(tmp_path) as (mount, server):
         raw = fast_config(openssh, mount / "run", 1, tmp_path, watch={"mode": "poll"})
         daemon = await daemons.start(write_config(tmp_path / "rs.toml", raw))
         status = await daemon.wait_status(lambda s: all_ready(s, 1), 60, "1 ready")
