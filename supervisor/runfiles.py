@@ -81,6 +81,17 @@ def open_dir(root: Path, parts: Sequence[str] = (), *, create: bool = False) -> 
     return fd
 
 
+#: A directory to open files by name in (``dir_fd``): O_PATH needs no read permission on it.
+_DIR_PATH_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir_path(path: str | os.PathLike[str]) -> int:
+    """An ``O_PATH`` descriptor of the directory ``path``, its last component never through
+    a symlink (one planted in place of ``status/`` or ``ctl/``, into a hung mount say), for
+    opening the files in it by name. Raises OSError (ELOOP, ENOTDIR for a symlink or file)."""
+    return os.open(path, _DIR_PATH_FLAGS)
+
+
 def _open_subdir(dir_fd: int, name: str, path: Path) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)

@@ -412,7 +412,6 @@ def seed_verdict(record: StatusRecord | StatusProblem, age_s: float | None, stal
 
 #: ``status/`` and ``ctl/`` descriptors (``None``: not a directory there).
 _Dirs = tuple[int | None, int | None]
-_DIR_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @contextlib.contextmanager
@@ -424,7 +423,7 @@ def _run_dirs(layout: RunLayout) -> Iterator[_Dirs]:
     try:
         for path in (layout.status_dir, layout.ctl):
             try:
-                fds.append(os.open(path, _DIR_FLAGS))
+                fds.append(runfiles.open_dir_path(path))
             except OSError:
                 fds.append(None)
         yield fds[0], fds[1]

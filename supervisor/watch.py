@@ -24,6 +24,7 @@ from typing import Final, Literal, Protocol
 import structlog
 from watchfiles import Change, awatch
 
+from supervisor import runfiles
 from supervisor.config import WatchMode
 from supervisor.filethread import FileThread
 from supervisor.layout import RunLayout
@@ -859,8 +860,6 @@ def _list_dir(path: str, suffixes: tuple[str, ...], limit: int) -> dict[str, int
 
 
 _LIST_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-# O_PATH: enough to open files by name below it, and needs no read permission on it.
-_DIR_FD_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 #: What ``_watch_once`` returns when there is no run root to watch.
@@ -877,7 +876,7 @@ def _open_run_dir(path: str) -> int | OSError:
     """A descriptor of ``status/`` or ``ctl/`` (the root above it as configured, the directory
     itself never through a symlink), or why there is none."""
     try:
-        return os.open(path, _DIR_FD_FLAGS)
+        return runfiles.open_dir_path(path)
     except OSError as exc:
         return exc
 
