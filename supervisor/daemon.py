@@ -1592,6 +1592,7 @@ def _event_of(obs: Observation) -> health.Event | None:
                 remote_seq=record.seq,
                 processed=record.processed,
                 in_flight=record.in_flight,
+                stats=record.stats,
             )
         case ExitObserved(record=ExitRecord() as r):
             return health.WorkerExited(

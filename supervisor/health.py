@@ -179,6 +179,25 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerStats:
+    """What else a worker's heartbeat says of its work (the AReaL worker's fields): carried
+    to status and metrics, never judged here. None: not reported."""
+
+    #: Tasks it finished with a score, and with an error result.
+    completed: int | None = None
+    errors: int | None = None
+    #: Task files waiting in its shard's inbox (in-flight ones included).
+    queue_depth: int | None = None
+    #: Tasks finished per second over its last few seconds, on its clock.
+    qps: float | None = None
+    concurrency: int | None = None
+    rss_gib: float | None = None
+    verify_ms_p95: float | None = None
+    #: Finished tasks that scored exactly 0.
+    semantic_zero: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatSeen:
     """The status file parsed; its fields as the worker wrote them."""
 
@@ -189,6 +208,7 @@ class HeartbeatSeen:
     #: Tasks finished so far (only grows) and tasks started and not finished, if reported.
     processed: int | None = None
     in_flight: int | None = None
+    stats: WorkerStats | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -479,6 +499,8 @@ class Host:
     #: (when, processed) marks at least a minute apart, for a rate of tasks per minute.
     rate_mark: tuple[float, int] | None = None
     rate_base: tuple[float, int] | None = None
+    #: The rest of what the current worker reports of its work, as its last heartbeat said.
+    stats: WorkerStats | None = None
     #: The last lines of the log the last exit record carried.
     last_log_tail: str | None = None
     #: The last evidence captured before a terminate, when, and the cause it was taken for.
@@ -919,7 +941,7 @@ def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, boo
 def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
     """What the current worker's heartbeat at ``now`` says about its progress."""
     if beat.processed is None and beat.in_flight is None:
-        return _NO_PROGRESS
+        return _NO_PROGRESS if beat.stats is None else {**_NO_PROGRESS, "stats": beat.stats}
     # Timed on our clock from the moment the count changed, like heartbeats; nothing in
     # flight means nothing is owed, so the clock starts again.
     advanced = host.progress_at is None or beat.processed != host.processed
@@ -928,6 +950,7 @@ def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
         "processed": beat.processed,
         "in_flight": beat.in_flight,
         "progress_at": at,
+        "stats": beat.stats,
     }
     if beat.processed is not None and (
         host.rate_mark is None or now - host.rate_mark[0] >= RATE_MARK_S
@@ -945,6 +968,7 @@ _NO_PROGRESS: Final[Mapping[str, Any]] = {
     "progress_at": None,
     "rate_mark": None,
     "rate_base": None,
+    "stats": None,
 }
 
 

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
@@ -450,6 +450,58 @@ def _per_host(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         ssh.add_metric([name], 1 if row.get("ssh") == "connected" else 0)
         restarts.add_metric([name], float(row.get("restarts") or 0))
     yield from (state, age, ssh, restarts, stuck)
+    yield from _work(hosts)
+
+
+def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """What each worker reports of its work, as it reports it: counts that start again at 0
+    with each new worker (counters, as a restarted process's are: ``rate()`` copes) and
+    levels; a figure the worker does not report has no sample."""
+    finished = CounterMetricFamily(
+        "reward_worker_tasks_finished",
+        "Tasks the host's current worker finished, with a score or an error result.",
+        labels=["host"],
+    )
+    errors = CounterMetricFamily(
+        "reward_worker_task_errors",
+        "Tasks the host's current worker finished with an error result (a failed trainer call).",
+        labels=["host"],
+    )
+    in_flight = GaugeMetricFamily(
+        "reward_worker_tasks_in_flight", "Tasks the worker is computing now.", labels=["host"]
+    )
+    queue = GaugeMetricFamily(
+        "reward_worker_queue_depth",
+        "Task files in the shard's inbox, as the worker counted them (in-flight ones included).",
+        labels=["host", "shard"],
+    )
+    backlog = GaugeMetricFamily(
+        "reward_shard_backlog",
+        "Task files waiting in each shard's inbox, from its worker's last heartbeat.",
+        labels=["shard"],
+    )
+    rss = GaugeMetricFamily(
+        "reward_worker_rss_bytes",
+        "The worker's resident memory, as it reports it.",
+        labels=["host"],
+    )
+    for name, row in sorted(hosts.items()):
+        work = row.get("work")
+        if row.get("processed") is not None:
+            finished.add_metric([name], float(row["processed"]))
+        if row.get("in_flight") is not None:
+            in_flight.add_metric([name], float(row["in_flight"]))
+        if not isinstance(work, Mapping):
+            continue
+        if work.get("errors") is not None:
+            errors.add_metric([name], float(work["errors"]))
+        if work.get("queue_depth") is not None:
+            shard = str(row.get("shard"))
+            queue.add_metric([name, shard], float(work["queue_depth"]))
+            backlog.add_metric([shard], float(work["queue_depth"]))
+        if work.get("rss_gib") is not None:
+            rss.add_metric([name], float(work["rss_gib"]) * 2**30)
+    yield from (finished, errors, in_flight, queue, backlog, rss)
 
 
 _UNHEALTHY: Final = frozenset(s.value for s in UNHEALTHY_STATES)

@@ -15,6 +15,7 @@ from typing import Final
 
 from supervisor import runfiles
 from supervisor.errors import UnsafeFileError
+from supervisor.health import WorkerStats
 
 #: A heartbeat is a few hundred bytes; anything this big is not one, and reading it must not
 #: cost memory or time (a 10 MB file is a problem, not a crash).
@@ -36,6 +37,8 @@ class StatusRecord:
     #: Progress, when the worker reports it: tasks finished, and tasks in flight.
     processed: int | None = None
     in_flight: int | None = None
+    #: The rest of what it says of its work (shown and exported, never judged).
+    stats: WorkerStats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,9 @@ def parse_status(data: bytes) -> StatusRecord | StatusProblem:
 
     ``pid`` (a positive integer) and ``heartbeat_at`` (a finite number) are required;
     ``ready`` defaults to false and ``seq`` to ``None``, as the seed's readers did; a field
-    of the wrong type is a problem, never guessed at.
+    of the wrong type is a problem, never guessed at. Progress comes from the AReaL worker's
+    fields (``completed`` + ``errors`` finished, ``inflight``) or the older ``processed`` and
+    ``in_flight``; a count that is not one is "not reported", never a problem.
     """
     obj = _json_object(data)
     if isinstance(obj, StatusProblem):
@@ -114,14 +119,44 @@ def parse_status(data: bytes) -> StatusRecord | StatusProblem:
     seq = _int(obj.get("seq"))
     if seq is None and obj.get("seq") is not None:
         return StatusProblem("bad seq")
+    completed = _count(obj.get("completed"))
+    errors = _count(obj.get("errors"))
+    stats = _stats(obj, completed, errors)
     return StatusRecord(
         pid=pid,
         ready=ready,
         heartbeat_at=heartbeat_at,
         seq=seq,
-        processed=_count(obj.get("processed")),
-        in_flight=_count(obj.get("in_flight")),
+        processed=_finished(completed, errors, obj),
+        in_flight=_count(obj["inflight"] if "inflight" in obj else obj.get("in_flight")),
+        stats=stats,
     )
+
+
+def _finished(completed: int | None, errors: int | None, obj: dict[str, object]) -> int | None:
+    """Tasks finished either way: the AReaL worker counts its ok results (``completed``) and
+    its error results (``errors``) apart; a stuck worker advances neither."""
+    if completed is None and errors is None:
+        return _count(obj.get("processed"))
+    return min(MAX_COUNT, (completed or 0) + (errors or 0))
+
+
+def _stats(obj: dict[str, object], completed: int | None, errors: int | None) -> WorkerStats | None:
+    """The worker's own figures of its work, each kept only when it is a number of its kind."""
+    stats = WorkerStats(
+        completed=completed,
+        errors=errors,
+        queue_depth=_count(obj.get("queue_depth")),
+        qps=_measure(obj.get("qps")),
+        concurrency=_count(obj.get("concurrency")),
+        rss_gib=_measure(obj.get("rss_gib")),
+        verify_ms_p95=_measure(obj.get("verify_ms_p95")),
+        semantic_zero=_count(obj.get("semantic_zero")),
+    )
+    return None if stats == _NO_STATS else stats
+
+
+_NO_STATS: Final = WorkerStats()
 
 
 #: An exit record's log tail is kept to this many characters (its end), whatever it says.
@@ -183,6 +218,16 @@ def _count(value: object) -> int | None:
     # rather than a problem that would hide a live worker's heartbeat.
     number = _int(value)
     return number if number is not None and 0 <= number <= MAX_COUNT else None
+
+
+#: A rate, a size or a latency past this is not a measurement (JSON allows 1e308).
+MAX_MEASURE: Final = 1e12
+
+
+def _measure(value: object) -> float | None:
+    # Like counts: shown when it is a finite number from 0 to MAX_MEASURE, else not reported.
+    number = _finite(value)
+    return number if number is not None and 0 <= number <= MAX_MEASURE else None
 
 
 def _text(value: object, limit: int) -> str | None:

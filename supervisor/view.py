@@ -64,7 +64,41 @@ def host_row(
         "in_flight": host.in_flight,
         "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
         "evidence_age_s": _age_of(host.evidence_at, now),
+        "work": work_row(host.stats),
     }
+
+
+def work_row(stats: health.WorkerStats | None) -> dict[str, Any] | None:
+    """What the worker says of its work (its own figures, not judged), or None."""
+    if stats is None:
+        return None
+    return {
+        "completed": stats.completed,
+        "errors": stats.errors,
+        "semantic_zero": stats.semantic_zero,
+        "queue_depth": stats.queue_depth,
+        "qps": _rounded(stats.qps, 3),
+        "concurrency": stats.concurrency,
+        "rss_gib": _rounded(stats.rss_gib, 3),
+        "verify_ms_p95": _rounded(stats.verify_ms_p95, 1),
+    }
+
+
+def work_text(work: Mapping[str, Any] | None, in_flight: object = None) -> str:
+    """A worker's own figures in a few words: ``1234 ok, 3 errors, 4 in flight, queue 12``."""
+    if not work:
+        return ""
+    parts = []
+    if work.get("completed") is not None:
+        parts.append(f"{work['completed']} ok")
+    if work.get("errors") is not None:
+        parts.append(f"{work['errors']} errors")
+    if in_flight is not None:
+        slots = work.get("concurrency")
+        parts.append(f"{in_flight} in flight" + (f" of {slots}" if slots is not None else ""))
+    if work.get("queue_depth") is not None:
+        parts.append(f"queue {work['queue_depth']}")
+    return ", ".join(parts)
 
 
 def host_detail(
@@ -294,7 +328,18 @@ def render_table(status: Mapping[str, Any]) -> str:
     else:
         lines.append(terminal_text(daemon.get("note", "daemon not running")))
         return "\n".join([*lines, *_offline_table(hosts)])
-    header = ("HOST", "SHARD", "STATE", "PID", "SSH", "BEAT", "RESTARTS", "NEXT", "LAST REASON")
+    header = (
+        "HOST",
+        "SHARD",
+        "STATE",
+        "PID",
+        "SSH",
+        "BEAT",
+        "RESTARTS",
+        "NEXT",
+        "TASKS",
+        "LAST REASON",
+    )
     rows: list[tuple[str, ...]] = [header]
     for name, row in hosts.items():
         state = str(row.get("state"))
@@ -309,6 +354,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             _age(row.get("heartbeat_age_s")),
             _dash(row.get("restarts")),
             "held" if row.get("restart_held") else _age(row.get("next_restart_in_s")),
+            _tasks_cell(row),
             str(row.get("last_reason") or row.get("last_error") or ""),
         )
         # Escaped before measuring, so widths are those of what is shown.
@@ -318,6 +364,20 @@ def render_table(status: Mapping[str, Any]) -> str:
     if any(r[2] == "ready*" for r in rows[1:]):
         lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
     return "\n".join(lines)
+
+
+def _tasks_cell(row: Mapping[str, Any]) -> str:
+    """Finished tasks (errors among them) and the shard's queue, in a narrow cell."""
+    work = row.get("work")
+    if not isinstance(work, Mapping):
+        return "-" if row.get("processed") is None else str(row["processed"])
+    done = row.get("processed")
+    cell = _dash(done)
+    if work.get("errors"):
+        cell += f" ({work['errors']} err)"
+    if work.get("queue_depth") is not None:
+        cell += f" q{work['queue_depth']}"
+    return cell
 
 
 def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
@@ -536,6 +596,7 @@ def offline_host_detail(
             "processed": record.processed,
             "in_flight": record.in_flight,
         }
+    work = work_row(record.stats) if isinstance(record, StatusRecord) else None
     last_exit = None
     if exit_record is not None:
         last_exit = {
@@ -564,6 +625,7 @@ def offline_host_detail(
         "host": host,
         **row,
         "progress": progress,
+        "work": work,
         "last_exit": last_exit,
         "evidence": None,
     }
@@ -609,6 +671,19 @@ def render_host(detail: Mapping[str, Any]) -> str:
         say(text, 2)
     else:
         say("progress: not reported: judged by heartbeat only", 2)
+    work = detail.get("work")
+    if isinstance(work, Mapping):
+        in_flight = progress.get("in_flight") if isinstance(progress, Mapping) else None
+        text = "work (as the worker reports it): " + work_text(work, in_flight)
+        if work.get("semantic_zero") is not None:
+            text += f", {work['semantic_zero']} scored 0"
+        if work.get("qps") is not None:
+            text += f", {work['qps']:g} tasks/s"
+        if work.get("verify_ms_p95") is not None:
+            text += f", verify p95 {work['verify_ms_p95']:g} ms"
+        if work.get("rss_gib") is not None:
+            text += f", rss {work['rss_gib']:g} GiB"
+        say(text, 2)
     restart = detail.get("restart")
     if isinstance(restart, Mapping):
         text = (

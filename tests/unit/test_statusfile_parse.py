@@ -6,12 +6,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from supervisor.health import WorkerStats
 from supervisor.statusfiles import (
     MAX_FILE_BYTES,
     ExitRecord,
@@ -80,6 +81,74 @@ def test_progress_fields_of_the_wrong_type_are_not_reported_and_the_heartbeat_st
     good = _dump({"pid": 7, "heartbeat_at": 1.0, "processed": 0, "in_flight": 4})
     assert parse_status(good) == StatusRecord(
         pid=7, ready=False, heartbeat_at=1.0, seq=None, processed=0, in_flight=4
+    )
+
+
+#: A heartbeat exactly as ``areal.reward.fs_worker`` writes it (../shared/areal-fs).
+AREAL_HEARTBEAT: Final = {
+    "host": "worker-0",
+    "shard": 0,
+    "ready": True,
+    "heartbeat_at": 1796467978.0040958,
+    "started_at": 1796467976.9283412,
+    "pid": 14074,
+    "concurrency": 48,
+    "inflight": 5,
+    "queue_depth": 12,
+    "qps": 3.2,
+    "completed": 1200,
+    "errors": 34,
+    "semantic_zero": 410,
+    "verify_timeout_n": 0,
+    "queue_wait_ms_p50": None,
+    "queue_wait_ms_p95": 17.0,
+    "verify_ms_p50": None,
+    "verify_ms_p95": 2000.5,
+    "rss_gib": 1.25,
+}
+
+
+def test_the_areal_worker_s_heartbeat_gives_progress_and_its_figures() -> None:
+    """The real worker's fields: finished = completed + errors, in flight = inflight, and the
+    figures it reports of its work carried as they are."""
+    record = parse_status(_dump(AREAL_HEARTBEAT))
+    assert isinstance(record, StatusRecord)
+    assert (record.pid, record.ready, record.processed, record.in_flight) == (14074, True, 1234, 5)
+    assert record.stats == WorkerStats(
+        completed=1200,
+        errors=34,
+        queue_depth=12,
+        qps=3.2,
+        concurrency=48,
+        rss_gib=1.25,
+        verify_ms_p95=2000.5,
+        semantic_zero=410,
+    )
+
+
+def test_errors_alone_are_progress_a_stuck_worker_advances_neither_count() -> None:
+    """A worker whose every task fails still finishes tasks (its ``errors`` grow); one with
+    neither count reported falls back to the older ``processed``."""
+    only_errors = parse_status(_dump({"pid": 7, "heartbeat_at": 1.0, "errors": 3, "inflight": 0}))
+    assert isinstance(only_errors, StatusRecord)
+    assert (only_errors.processed, only_errors.in_flight) == (3, 0)
+    older = parse_status(_dump({"pid": 7, "heartbeat_at": 1.0, "processed": 9, "in_flight": 2}))
+    assert isinstance(older, StatusRecord)
+    assert (older.processed, older.in_flight, older.stats) == (9, 2, None)
+
+
+@pytest.mark.parametrize("bad", ["9", -1, True, None, [3], 1e300, float("nan")])
+def test_figures_of_the_wrong_kind_are_not_reported_and_the_heartbeat_stands(bad: object) -> None:
+    """A figure that is not a number of its kind (a count that is negative or not an integer,
+    a measure past any real one) is left out, never a problem that hides the heartbeat."""
+    obj = {k: bad for k in ("completed", "errors", "inflight", "queue_depth", "qps", "rss_gib")}
+    record = parse_status(_dump({"pid": 7, "heartbeat_at": 1.0, "ready": True, **obj}))
+    assert isinstance(record, StatusRecord)
+    assert (record.ready, record.processed, record.in_flight, record.stats) == (
+        True,
+        None,
+        None,
+        None,
     )
 
 
