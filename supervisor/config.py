@@ -70,6 +70,8 @@ MIN_EVIDENCE_TIMEOUT_S: Final = 0.5
 MAX_EVIDENCE_TIMEOUT_S: Final = 30.0
 #: How stacks are taken (health.evidence_stacks).
 EVIDENCE_STACKS: Final = ("auto", "py-spy", "signal", "none")
+#: How a worker that is replaced is ended (health.restart_stop).
+RESTART_STOPS: Final = ("kill", "drain")
 # Start-up waits one connect timeout plus this for probes and launches to answer before
 # READY=1 goes out anyway (a host that cannot be reached must not block the others).
 STARTUP_SLACK_S: Final = 10.0
@@ -197,6 +199,18 @@ class HaConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerConfig:
+    """``[trainer]``: what the trainer's reward client tolerates (``FSRewardClient``'s
+    defaults). The client fails every call once any host's heartbeat is older than
+    ``heartbeat_stale_s`` or says ``ready: false``, and a call whose result has not come
+    within ``task_timeout_s``: the health defaults are derived from it (``trainer_defaults``)
+    so that a crash, a hang or a stuck worker is replaced before the client fails a call."""
+
+    heartbeat_stale_s: float = 15.0
+    task_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostConfig:
     """One ``[[hosts]]`` entry."""
 
@@ -223,6 +237,10 @@ class Config:
     metrics: MetricsConfig
     hosts: tuple[HostConfig, ...]
     ha: HaConfig = HaConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    #: The keys the file sets (``"health.heartbeat_stale_s"``...): a default derived from
+    #: ``[trainer]`` is ours to answer for, a value set by hand the operator's.
+    keys_set: frozenset[str] = frozenset()
 
     def host(self, name: str) -> HostConfig | None:
         """The host called ``name``, if configured."""
@@ -256,6 +274,103 @@ def render_argv(config: Config, host: HostConfig) -> tuple[str, ...]:
     """The worker's argv for ``host``: each template element becomes exactly one argument."""
     values = argv_fields(config, host)
     return tuple(element.format_map(values) for element in config.worker.argv)
+
+
+#: What a restart takes once the old worker is found unhealthy, besides the evidence: the
+#: kill, the launch and the new worker's first heartbeat (a few hundred milliseconds for
+#: AReaL's worker here, docs/BENCHMARKS.md; a second leaves room for a loaded host).
+RESTART_ALLOWANCE_S: Final = 1.0
+
+
+def trainer_defaults(trainer: TrainerConfig, watch: WatchConfig) -> Policy:
+    """The ``[health]`` defaults that beat the trainer's client (README, "Defaults that beat
+    the trainer"): a third of its heartbeat limit to call a worker hung and to wait before a
+    second restart, a third of its task timeout to call one stuck, and no longer than the
+    task timeout for a stop's drain (past it the trainer has given up on those tasks)."""
+    stale_floor = max(MIN_HEARTBEAT_STALE_S, 2 * watch.poll_interval_s + 1)
+    return Policy(
+        heartbeat_stale_s=max(stale_floor, trainer.heartbeat_stale_s / 3),
+        restart_cooldown_s=trainer.heartbeat_stale_s / 3,
+        progress_stale_s=max(stale_floor, trainer.task_timeout_s / 3),
+        stop_grace_s=trainer.task_timeout_s,
+    )
+
+
+def trainer_warnings(config: Config) -> list[tuple[str, str]]:
+    """``(key, why)`` for each health setting with which a failure would reach the trainer
+    before it is mended: the trainer's client then fails calls the supervisor could have
+    saved. Each names both numbers; a key the file does not set is said to be derived."""
+    h, t, watch = config.health, config.trainer, config.watch
+    lag = watch.poll_interval_s if watch.mode != "inotify" else 0.0
+    evidence = h.evidence_timeout_s
+    out: list[tuple[str, str]] = []
+
+    def origin(key: str) -> str:
+        return "" if f"health.{key}" in config.keys_set else " (derived from [trainer])"
+
+    if not h.auto_restart:
+        out.append(
+            (
+                "health.auto_restart",
+                "false: a crashed or hung worker is never replaced, and the trainer fails every"
+                f" call once its heartbeat is {t.heartbeat_stale_s:g}s old"
+                " (trainer.heartbeat_stale_s)",
+            )
+        )
+    hang = h.heartbeat_stale_s + lag + evidence + RESTART_ALLOWANCE_S
+    if hang >= t.heartbeat_stale_s:
+        out.append(
+            (
+                "health.heartbeat_stale_s",
+                f"{h.heartbeat_stale_s:g}s{origin('heartbeat_stale_s')} cannot beat the trainer:"
+                f" a hung worker is replaced about {hang:g}s after its last heartbeat"
+                f" (+ {lag:g}s watch lag, {evidence:g}s evidence, {RESTART_ALLOWANCE_S:g}s"
+                f" restart), but the trainer fails every call once a heartbeat is"
+                f" {t.heartbeat_stale_s:g}s old (trainer.heartbeat_stale_s)",
+            )
+        )
+    if h.progress_stale_s <= 0:
+        out.append(
+            (
+                "health.progress_stale_s",
+                "0: a worker whose every slot hangs in a reward call is never replaced, and every"
+                f" call on its shard fails at the trainer's {t.task_timeout_s:g}s task timeout",
+            )
+        )
+    else:
+        stuck = h.progress_stale_s + evidence + RESTART_ALLOWANCE_S
+        if stuck >= t.task_timeout_s:
+            out.append(
+                (
+                    "health.progress_stale_s",
+                    f"{h.progress_stale_s:g}s{origin('progress_stale_s')} cannot beat the"
+                    f" trainer: a stuck worker is replaced about {stuck:g}s after its last"
+                    " finished task, but a task queued behind it fails at the trainer's"
+                    f" {t.task_timeout_s:g}s timeout (trainer.task_timeout_s)",
+                )
+            )
+    second = h.restart_cooldown_s + RESTART_ALLOWANCE_S
+    if second >= t.heartbeat_stale_s:
+        out.append(
+            (
+                "health.restart_cooldown_s",
+                f"{h.restart_cooldown_s:g}s{origin('restart_cooldown_s')} cannot beat the"
+                f" trainer: a worker that fails again soon is restarted {second:g}s later,"
+                " and its old heartbeat fails every trainer call after"
+                f" {t.heartbeat_stale_s:g}s (trainer.heartbeat_stale_s)",
+            )
+        )
+    return out
+
+
+def _keys_set(raw: Mapping[str, Any]) -> frozenset[str]:
+    """``section.key`` of every key the document sets in its tables (not ``[[hosts]]``)."""
+    return frozenset(
+        f"{section}.{key}"
+        for section, table in raw.items()
+        if isinstance(table, dict)
+        for key in table
+    )
 
 
 def fleet_ssh(ssh: SshConfig, hosts: int) -> SshConfig:
@@ -467,7 +582,8 @@ class Checked:
 
 def check(path: str | os.PathLike[str]) -> Checked:
     """Validate like ``load()``, and look at the SSH files the config names: one that is
-    missing, unreadable or empty is a warning (the file may yet be installed), not a problem."""
+    missing, unreadable or empty is a warning (the file may yet be installed), not a problem;
+    so is a health setting that cannot beat the trainer (``trainer_warnings``)."""
     source = Path(path)
     try:
         raw = _read(source)
@@ -475,9 +591,11 @@ def check(path: str | os.PathLike[str]) -> Checked:
         return Checked(None, tuple(exc.problems), ())
     warnings = tuple(file_warnings(raw, source))
     try:
-        return Checked(parse(raw, source), (), warnings)
+        config = parse(raw, source)
     except ConfigError as exc:
         return Checked(None, tuple(exc.problems), warnings)
+    beaten = tuple(ConfigProblem(str(source), key, why) for key, why in trainer_warnings(config))
+    return Checked(config, (), warnings + beaten)
 
 
 def file_warnings(raw: Mapping[str, Any], source: Path) -> list[ConfigProblem]:
@@ -558,6 +676,7 @@ _SECTIONS: Final = (
     "fleet",
     "metrics",
     "ha",
+    "trainer",
     "hosts",
 )
 
@@ -601,6 +720,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "permanent_exit_codes",
         "evidence_timeout_s",
         "evidence_stacks",
+        "restart_stop",
     ),
     "ssh": (
         "username",
@@ -638,6 +758,10 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "check_interval_s",
         "confirm_timeout_s",
         "handover_hold_s",
+    ),
+    "trainer": (
+        "heartbeat_stale_s",
+        "task_timeout_s",
     ),
     "hosts": (
         "name",
@@ -820,7 +944,8 @@ class _Validator:
         run = self.run(self.table(raw, "run"), hosts)
         worker = self.worker(self.table(raw, "worker"))
         watch = self.watch(self.table(raw, "watch"))
-        health = self.health(self.table(raw, "health"), watch)
+        trainer = self.trainer(self.table(raw, "trainer"))
+        health = self.health(self.table(raw, "health"), watch, trainer)
         ssh = self.ssh(self.table(raw, "ssh"))
         control = self.control(self.table(raw, "control"), source)
         pointer_file = run.pointer_file if run is not None else None
@@ -841,6 +966,8 @@ class _Validator:
             metrics=metrics,
             hosts=hosts,
             ha=ha,
+            trainer=trainer,
+            keys_set=_keys_set(raw),
         )
 
     def run(self, t: Mapping[str, Any], hosts: tuple[HostConfig, ...] | None) -> RunConfig | None:
@@ -939,9 +1066,18 @@ class _Validator:
             elif spec or conversion:
                 self.problem(key, f"field {{{name}}} takes no format spec or conversion")
 
-    def health(self, t: Mapping[str, Any], watch: WatchConfig) -> Policy:
+    def trainer(self, t: Mapping[str, Any]) -> TrainerConfig:
+        w = "trainer"
+        d = TrainerConfig()
+        self.unknown_keys(t, KEYS[w], w)
+        return TrainerConfig(
+            heartbeat_stale_s=self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s),
+            task_timeout_s=self.seconds(t, w, "task_timeout_s", d.task_timeout_s),
+        )
+
+    def health(self, t: Mapping[str, Any], watch: WatchConfig, trainer: TrainerConfig) -> Policy:
         w = "health"
-        d = Policy()
+        d = trainer_defaults(trainer, watch)
         self.unknown_keys(t, KEYS[_section(w)], w)
         # A poller sees a change up to one interval late; the stale threshold must cover two.
         poll_min = 2 * watch.poll_interval_s + 1
@@ -968,10 +1104,10 @@ class _Validator:
             restart_cooldown_s=self.seconds(t, w, "restart_cooldown_s", d.restart_cooldown_s),
             backoff_max_s=self.seconds(t, w, "backoff_max_s", d.backoff_max_s),
             backoff_reset_s=self.seconds(t, w, "backoff_reset_s", d.backoff_reset_s),
-            max_restarts=self.positive_int(t, w, "max_restarts", 0, 0),
+            max_restarts=self.positive_int(t, w, "max_restarts", d.max_restarts, 0),
             restart_window_s=self.seconds(t, w, "restart_window_s", d.restart_window_s),
             stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
-            kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, False)),
+            kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, d.kill_after_grace)),
             kill_stuck=bool(self.get(t, w, "kill_stuck", bool, True)),
             auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
             progress_stale_s=self.seconds_or_off(
@@ -984,6 +1120,7 @@ class _Validator:
             evidence_stacks=self.choice(
                 t, w, "evidence_stacks", EVIDENCE_STACKS, d.evidence_stacks
             ),
+            restart_stop=self.choice(t, w, "restart_stop", RESTART_STOPS, d.restart_stop),
         )
         if policy.evidence_timeout_s > MAX_EVIDENCE_TIMEOUT_S:
             self.problem(

@@ -329,7 +329,7 @@ class Daemon:
         )
         for event, fields in config_mod.privilege_warnings(self._config, os.geteuid()):
             log.warning(event, **fields)
-        self._warn_if_open_files_short(self._config)
+        self._warn_about_config(self._config)
         try:
             await asyncio.to_thread(self._prepare_run_directory)
         except (OSError, RunLocked) as exc:
@@ -360,9 +360,12 @@ class Daemon:
             log.info("daemon.stopped", exit_code=self._exit_code, role=self._role)
         return self._exit_code
 
-    def _warn_if_open_files_short(self, config: Config) -> None:
+    def _warn_about_config(self, config: Config) -> None:
         for event, fields in config_mod.open_file_limit_warnings(config, self._open_file_limit):
             log.warning(event, **fields)
+        # check-config says the same; the journal must too, for a config nobody checked.
+        for key, why in config_mod.trainer_warnings(config):
+            log.warning("config.cannot_beat_trainer", key=key, reason=why)
 
     async def _serve(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -1546,7 +1549,7 @@ class Daemon:
             return {"reloaded": False, "errors": errors}
         self._config = new
         self._host_configs.update((h.name, h) for h in new.hosts)
-        self._warn_if_open_files_short(new)
+        self._warn_about_config(new)
         try:
             await asyncio.to_thread(layout.write_run_files, new)
         except OSError as exc:

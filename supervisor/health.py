@@ -155,6 +155,12 @@ class Policy:
     #: How its stacks are taken: "auto" (py-spy where the host has it, else the signal),
     #: "py-spy", "signal" (SIGUSR1, answered by ``faulthandler``) or "none" (log tail only).
     evidence_stacks: str = "auto"
+    #: How a worker is ended when another is to replace it (a restart, automatic or not):
+    #: "kill" (SIGKILL at once: its in-flight tasks are computed again by the next worker,
+    #: and no ``ready: false`` ever reaches the trainer) or "drain" (SIGTERM and
+    #: ``stop_grace_s``, as a stop: in-flight tasks finish, and the trainer's client fails
+    #: every call from the worker's last ``ready: false`` to its successor's first heartbeat).
+    restart_stop: str = "kill"
 
 
 # --------------------------------------------------------------------------------------
@@ -1315,10 +1321,15 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
     held = host.frozen and host.state is S.STALE and host.restart_is_automatic
     if host.state in (S.STALE, S.STOPPING) and host.pid is not None and not held:
         automatic = host.state is S.STALE and host.restart_is_automatic
+        # A worker being replaced is killed at once (restart_stop): its successor does its
+        # in-flight tasks again, and a drain would end in ready: false, which fails every
+        # trainer call until the successor beats.
+        replace_now = host.state is S.STALE and policy.restart_stop == "kill"
         terminate = Terminate(
             pid=host.pid,
-            grace_s=policy.stop_grace_s,
-            kill=policy.kill_after_grace
+            grace_s=0.0 if replace_now else policy.stop_grace_s,
+            kill=replace_now
+            or policy.kill_after_grace
             or (policy.kill_stuck and automatic and host.cause_code is Cause.STUCK),
             collect_evidence=automatic
             and host.cause_code in _LIVE_BUT_UNHEALTHY

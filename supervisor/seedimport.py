@@ -289,7 +289,11 @@ def _document(
         "argv": list(config_mod.DEFAULT_ARGV),
         "env": {"AREAL_MATH_VERIFY_SOFT_TIMEOUT": "1"},
     }
-    health: dict[str, Any] = {"heartbeat_stale_s": 60.0, "restart_cooldown_s": 30.0}
+    # The seed's own thresholds (60 s stale, 30 s cooldown) are what failed its trainers: the
+    # health defaults derive from what the trainer's client tolerates instead, which is
+    # FSRewardClient's defaults unless the trainer passes others.
+    trainer = {"heartbeat_stale_s": 15.0, "task_timeout_s": 30.0}
+    health: dict[str, Any] = {}
     if meta.get("respawn") is False:
         health["auto_restart"] = False
     ssh: dict[str, Any] = {"known_hosts": known_hosts}
@@ -306,13 +310,21 @@ def _document(
         for w in meta["workers"]
         if isinstance(w, dict)
     ]
-    return {"run": run, "worker": worker, "health": health, "ssh": ssh, "hosts": hosts}
+    doc: dict[str, Any] = {"run": run, "worker": worker, "trainer": trainer}
+    if health:
+        doc["health"] = health
+    return {**doc, "ssh": ssh, "hosts": hosts}
 
 
 def render_toml(doc: Mapping[str, Any]) -> str:
     """TOML for our config's shapes: tables of scalars and string lists, one nested table
     level (``[worker.env]``) and ``[[hosts]]``. Strings are JSON-escaped, which is valid TOML."""
-    lines = ["# Written by `reward-supervisor import-seed`.", ""]
+    lines = [
+        "# Written by `reward-supervisor import-seed`.",
+        "# [trainer] holds FSRewardClient's defaults: set it to what the trainer passes",
+        "# (heartbeat_stale_seconds, timeout_seconds); the [health] thresholds derive from it.",
+        "",
+    ]
     for section, body in doc.items():
         if section == "hosts":
             continue

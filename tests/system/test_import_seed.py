@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from supervisor.config import load
+from supervisor.config import load, trainer_warnings
 
 # What reward_workers_ctl.py writes into ctl/<host>.wrap.sh (its _start_one_host), trimmed
 # to the lines import-seed reads plus the loop it runs.
@@ -81,6 +81,19 @@ def test_without_sao_ws_it_warns_and_says_what_to_pass(tmp_path: Path) -> None:
     assert cfg.worker.python == "python3"
     assert "PYTHONPATH" not in cfg.worker.env
     assert cfg.run.pointer_file is None
+
+
+def test_the_imported_config_names_the_trainer_client_and_beats_it(tmp_path: Path) -> None:
+    """The file has a [trainer] table with FSRewardClient's defaults, and the health settings
+    derived from it, not the seed's 60 s stale limit, which the trainer could never wait out."""
+    root = seed_run(tmp_path)
+    out = tmp_path / "run.toml"
+    import_seed(root, out, "--ws", "/data/ws")
+    assert "[trainer]" in out.read_text()
+    cfg = load(out)
+    assert (cfg.trainer.heartbeat_stale_s, cfg.trainer.task_timeout_s) == (15.0, 30.0)
+    assert cfg.health.heartbeat_stale_s == 5.0
+    assert trainer_warnings(cfg) == []
 
 
 def test_ws_venv_and_repo_options_set_the_interpreter_environment_and_pointer(

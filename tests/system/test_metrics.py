@@ -116,6 +116,12 @@ METRIC_FAMILIES = {
     "reward_supervisor_up": "gauge",
     "reward_supervisor_role": "gauge",
     "reward_supervisor_epoch": "gauge",
+    "reward_worker_tasks_finished_total": "counter",
+    "reward_worker_task_errors_total": "counter",
+    "reward_worker_tasks_in_flight": "gauge",
+    "reward_worker_queue_depth": "gauge",
+    "reward_shard_backlog": "gauge",
+    "reward_worker_rss_bytes": "gauge",
 }
 
 

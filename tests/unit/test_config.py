@@ -57,11 +57,16 @@ def test_shipped_example_and_minimal_configs_are_valid() -> None:
 
 
 def test_defaults_are_the_documented_ones() -> None:
-    """Keys left out take DESIGN §6's defaults; host address defaults to its name."""
+    """Keys left out take the README's defaults (the health ones derived from the trainer
+    client's 15 s heartbeat limit and 30 s task timeout); host address defaults to its name."""
     c = config.parse(minimal(), Path("/etc/x.toml"))
-    assert c.health.heartbeat_stale_s == 60
+    assert (c.trainer.heartbeat_stale_s, c.trainer.task_timeout_s) == (15, 30)
+    assert c.health.heartbeat_stale_s == 5
+    assert c.health.progress_stale_s == 10
+    assert c.health.restart_cooldown_s == 5
+    assert c.health.stop_grace_s == 30
+    assert c.health.restart_stop == "kill"
     assert c.health.ready_timeout_s == 60
-    assert c.health.restart_cooldown_s == 30
     assert c.health.backoff_max_s == 300
     assert c.health.max_restarts == 0
     assert c.health.kill_after_grace is False
@@ -76,6 +81,98 @@ def test_defaults_are_the_documented_ones() -> None:
     assert c.hosts[0].port == 22
     assert c.hosts[0].concurrency == 48
     assert c.worker.argv == config.DEFAULT_ARGV
+
+
+def test_health_defaults_follow_the_trainer_table_and_set_keys_win() -> None:
+    """A slower trainer client moves the derived defaults; a key set in [health] is kept."""
+    c = config.parse(
+        minimal(trainer={"heartbeat_stale_s": 60, "task_timeout_s": 120}), Path("/etc/x.toml")
+    )
+    assert (c.health.heartbeat_stale_s, c.health.restart_cooldown_s) == (20, 20)
+    assert (c.health.progress_stale_s, c.health.stop_grace_s) == (40, 120)
+    kept = config.parse(
+        minimal(trainer={"heartbeat_stale_s": 60}, health={"heartbeat_stale_s": 7}),
+        Path("/etc/x.toml"),
+    )
+    assert kept.health.heartbeat_stale_s == 7
+    assert "health.heartbeat_stale_s" in kept.keys_set
+
+
+def test_a_derived_stale_limit_never_goes_below_what_polling_can_see() -> None:
+    """With a slow poll the derived stale limit stays above two poll intervals plus one."""
+    c = config.parse(minimal(watch={"poll_interval_s": 4}), Path("/etc/x.toml"))
+    assert c.health.heartbeat_stale_s == 9
+    assert c.health.progress_stale_s == 10
+
+
+def test_the_shipped_defaults_beat_the_trainer() -> None:
+    """No warning for a config that sets nothing: every derived default is in time."""
+    assert config.trainer_warnings(config.parse(minimal(), Path("/etc/x.toml"))) == []
+
+
+def test_thresholds_that_cannot_beat_the_trainer_are_named_with_both_numbers() -> None:
+    """The old 60 s stale limit, a 5-minute stuck limit, a 30 s cooldown, no auto restart and
+    no stuck check each warn, naming the setting's number and the trainer's."""
+    c = config.parse(
+        minimal(
+            health={
+                "heartbeat_stale_s": 60,
+                "progress_stale_s": 300,
+                "restart_cooldown_s": 30,
+                "auto_restart": False,
+            }
+        ),
+        Path("/etc/x.toml"),
+    )
+    warned = dict(config.trainer_warnings(c))
+    assert set(warned) == {
+        "health.heartbeat_stale_s",
+        "health.progress_stale_s",
+        "health.restart_cooldown_s",
+        "health.auto_restart",
+    }
+    assert "60s cannot beat the trainer" in warned["health.heartbeat_stale_s"]
+    assert "15s old" in warned["health.heartbeat_stale_s"]
+    assert "300s" in warned["health.progress_stale_s"]
+    assert "30s timeout" in warned["health.progress_stale_s"]
+    off = config.parse(minimal(health={"progress_stale_s": 0}), Path("/etc/x.toml"))
+    assert [k for k, _ in config.trainer_warnings(off)] == ["health.progress_stale_s"]
+
+
+def test_a_trainer_too_impatient_for_any_default_is_warned_about_as_derived() -> None:
+    """A 4 s trainer limit cannot be beaten even by the derived stale limit, and says so."""
+    c = config.parse(minimal(trainer={"heartbeat_stale_s": 4}), Path("/etc/x.toml"))
+    warned = dict(config.trainer_warnings(c))
+    assert "(derived from [trainer])" in warned["health.heartbeat_stale_s"]
+
+
+def test_check_reports_trainer_warnings_without_failing(tmp_path: Path) -> None:
+    """check-config lists a threshold that cannot beat the trainer as a warning, not a problem."""
+    path = tmp_path / "slow.toml"
+    path.write_text(
+        '[run]\nroot = "/shared/reward/run-1"\n[ssh]\nknown_hosts = "/etc/kh"\n'
+        "[health]\nheartbeat_stale_s = 60\n"
+        '[[hosts]]\nname = "worker-0"\nshard = 0\n'
+    )
+    checked = config.check(path)
+    assert checked.config is not None and checked.problems == ()
+    assert "health.heartbeat_stale_s" in [w.key for w in checked.warnings]
+
+
+@pytest.mark.parametrize("section", ["trainer", "health"])
+def test_unknown_trainer_and_restart_keys_are_refused(section: str) -> None:
+    """A misspelt key in [trainer] or a bad restart_stop is a problem with its key."""
+    raw = (
+        minimal(trainer={"heartbeat_stale": 15})
+        if section == "trainer"
+        else minimal(health={"restart_stop": "gently"})
+    )
+    with pytest.raises(ConfigError) as caught:
+        config.parse(raw, Path("/etc/x.toml"))
+    keys = [p.key for p in caught.value.problems]
+    assert keys == (
+        ["trainer.heartbeat_stale"] if section == "trainer" else ["health.restart_stop"]
+    )
 
 
 def test_argv_fields_are_substituted_inside_single_arguments() -> None:
@@ -236,7 +333,7 @@ def test_progress_check_can_be_turned_off_and_permanent_codes_are_a_set() -> Non
     )
     assert cfg.health.progress_stale_s == 0
     assert cfg.health.permanent_exit_codes == frozenset({2, 70})
-    assert config.parse(minimal(), Path("x")).health.progress_stale_s == 300
+    assert config.parse(minimal(), Path("x")).health.progress_stale_s == 10
 
 
 def test_keepalives_are_spread_so_the_fleet_sends_at_most_its_rate() -> None:

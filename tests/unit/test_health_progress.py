@@ -9,12 +9,15 @@ from dataclasses import replace
 from supervisor import health as h
 from supervisor.health import HostState as S
 
+#: A worker is replaced the contract's way here (SIGTERM, the grace, then the kill rules),
+#: which these stories are about; the default, replacing by an immediate kill, has its own.
 POLICY = h.Policy(
     heartbeat_stale_s=10,
     ready_timeout_s=20,
     restart_cooldown_s=5,
     progress_stale_s=300,
     permanent_exit_codes=frozenset({2}),
+    restart_stop="drain",
 )
 
 
@@ -88,6 +91,31 @@ def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replace
     # Killed after the grace although kill_after_grace is off: the hung call ignores SIGTERM.
     assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True)]
     assert host.state is S.STALE and host.op == "terminate"
+
+
+def test_by_default_a_worker_being_replaced_is_killed_at_once_after_its_evidence() -> None:
+    """restart_stop = "kill": a stuck or silent worker gets no grace (its drain would end in
+    ``ready: false``, failing the trainer's calls); its evidence is still taken first."""
+    policy = replace(POLICY, restart_stop="kill")
+    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
+    terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
+    assert terminate == [h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True)]
+    host, actions = run(ready(), (h.DeadlinePassed(), 12.0), policy=policy)
+    assert host.cause_code is h.Cause.HEARTBEAT_STALE
+    assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
+        h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True)
+    ]
+
+
+def test_a_stop_still_drains_under_the_kill_restart_mode() -> None:
+    """restart_stop only concerns a worker that is replaced: a stop keeps SIGTERM and the
+    grace, with kill_after_grace deciding the rest."""
+    policy = replace(POLICY, restart_stop="kill")
+    host, actions = run(ready(), (h.StopRequested(reason="operator"), 5.0), policy=policy)
+    assert host.state is S.STOPPING
+    assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False, collect_evidence=False)
+    ]
 
 
 def test_with_kill_stuck_off_a_stuck_worker_is_only_asked_to_stop() -> None:

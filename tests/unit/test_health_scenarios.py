@@ -64,8 +64,9 @@ def test_adopted_worker_that_never_beats_is_replaced_after_ready_timeout() -> No
         (h.ProbeResult(pid=7), 0.1),
     )
     host, actions = run(host, (h.DeadlinePassed(), 20.1))
+    # Replaced, so killed at once (restart_stop "kill"), after its evidence is taken.
     assert host.state is S.STALE and remote(actions) == [
-        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False, collect_evidence=True)
+        h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True)
     ]
     host, actions = run(host, (h.TerminateConfirmed(pid=7), 20.5))
     assert host.state is S.STARTING and [type(a) for a in remote(actions)] == [h.Launch]

@@ -194,3 +194,68 @@ def test_a_worker_reporting_a_huge_count_never_breaks_the_status_or_the_metrics(
     view.host_detail(host, cfg, 63.0, policy, wall_now=1e9)
     metrics = scrape({"hosts": {"w": r}, "daemon": {}})
     assert metrics['reward_supervisor_host_state{host="w",state="ready"}'] == 1
+
+
+def _areal_host() -> health.Host:
+    """A ready host whose worker's last heartbeat is one the AReaL worker wrote."""
+    record = parse_status(
+        json.dumps(
+            {
+                "pid": 41,
+                "heartbeat_at": 5.0,
+                "ready": True,
+                "completed": 120,
+                "errors": 3,
+                "inflight": 4,
+                "queue_depth": 9,
+                "qps": 2.5,
+                "concurrency": 48,
+                "rss_gib": 0.5,
+                "verify_ms_p95": 812.0,
+                "semantic_zero": 40,
+            }
+        ).encode()
+    )
+    assert isinstance(record, StatusRecord)
+    return health.Host(
+        name="w", state=S.READY, reason="r", since_at=0.0, pid=41,
+        processed=record.processed, in_flight=record.in_flight, stats=record.stats,
+    )  # fmt: skip
+
+
+def test_the_worker_s_own_figures_reach_the_row_the_table_and_status_host() -> None:
+    """completed, errors, queue depth, qps, concurrency, RSS, verify p95 and semantic zeros
+    are shown as the worker reported them; finished = completed + errors."""
+    cfg = HostConfig(name="w", shard=3, address="127.0.0.1")
+    host = _areal_host()
+    r = view.host_row(host, cfg, 10.0, health.Policy())
+    assert (r["processed"], r["in_flight"]) == (123, 4)
+    assert r["work"] == {
+        "completed": 120, "errors": 3, "semantic_zero": 40, "queue_depth": 9, "qps": 2.5,
+        "concurrency": 48, "rss_gib": 0.5, "verify_ms_p95": 812.0,
+    }  # fmt: skip
+    table = view.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
+    assert "123 (3 err) q9" in table
+    text = view.render_host({"daemon": {}, "host": "w", **view.host_detail(host, cfg, 10.0,
+                            health.Policy())})  # fmt: skip
+    assert "120 ok, 3 errors, 4 in flight of 48, queue 9, 40 scored 0" in text
+    assert "verify p95 812 ms" in text
+
+
+def test_work_metrics_are_counters_of_finished_tasks_and_errors_and_gauges_of_levels() -> None:
+    """Per host: finished and errors as counters (rate() over them is the reward flow), in
+    flight, queue depth and RSS in bytes as gauges, and the backlog per shard."""
+    cfg = HostConfig(name="w", shard=3, address="127.0.0.1")
+    r = view.host_row(_areal_host(), cfg, 10.0, health.Policy())
+    silent = view.host_row(
+        health.Host(name="x", state=S.READY, reason="r", since_at=0.0), cfg, 10.0, health.Policy()
+    )
+    metrics = scrape({"hosts": {"w": r, "x": silent}, "daemon": {}})
+    assert metrics['reward_worker_tasks_finished_total{host="w"}'] == 123
+    assert metrics['reward_worker_task_errors_total{host="w"}'] == 3
+    assert metrics['reward_worker_tasks_in_flight{host="w"}'] == 4
+    assert metrics['reward_worker_queue_depth{host="w",shard="3"}'] == 9
+    assert metrics['reward_shard_backlog{shard="3"}'] == 9
+    assert metrics['reward_worker_rss_bytes{host="w"}'] == 0.5 * 2**30
+    # A worker that reports none of it has no samples, not zeros.
+    assert not [k for k in metrics if k.startswith("reward_worker_") and 'host="x"' in k]
