@@ -810,6 +810,8 @@ class Daemon:
                 )
             case fleet.Probe():
                 self._spawn_op(action.host, self._probe(action), "probe")
+            case fleet.RecheckStatus():
+                self._spawn(self._recheck(action.host), f"recheck:{action.host}")
             case fleet.LaunchAsked():
                 self._launch_asked(action)
             case fleet.Launch():
@@ -1100,6 +1102,29 @@ class Daemon:
             elapsed_ms=round(1000 * _since(started), 1),
         )
         return evidence
+
+    async def _recheck(self, name: str) -> None:
+        """Read ``name``'s files afresh before a verdict from silence: the core hears the
+        status as ``StatusRechecked`` (None when the read failed or took too long)."""
+        beat: health.HeartbeatSeen | health.StatusMissing | None = None
+        others: list[Observation] = []
+        try:
+            async with asyncio.timeout(health.RECHECK_TIMEOUT_S):
+                observations = await self._watcher.scan((name,))
+        except TimeoutError:
+            log.warning("host.recheck_failed", host=name, reason="no answer in time")
+        except Exception:  # task root: the verdict must not wait on a broken read
+            log.exception("host.recheck_failed", host=name)
+        else:
+            for obs in observations:
+                event = _event_of(obs) if isinstance(obs, StatusObserved) else None
+                if isinstance(event, health.HeartbeatSeen | health.StatusMissing):
+                    beat = event
+                else:
+                    others.append(obs)
+        self._inbox.put_all(
+            [*_events_of(others), fleet.HostObserved(name, health.StatusRechecked(beat=beat))]
+        )
 
     async def _probe(self, action: fleet.Probe) -> None:
         name = action.host

@@ -344,6 +344,14 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecheckStatus:
+    """Read ``host``'s status file again now, by content; answer with
+    ``HostObserved(host, health.StatusRechecked(...))``."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostStateChanged:
     """``host`` moved between states; logged as ``event="host.state"``."""
 
@@ -504,6 +512,7 @@ Action = (
     | Launch
     | Terminate
     | Probe
+    | RecheckStatus
     | HostStateChanged
     | LaunchesWaiting
     | WriteStopSentinel
@@ -839,6 +848,8 @@ class Fleet:
                 )
             case health.Probe():
                 out.append(Probe(host=name, pid=action.pid))
+            case health.RecheckStatus():
+                out.append(RecheckStatus(host=name))
             case _:
                 assert_never(action)
 

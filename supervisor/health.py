@@ -39,7 +39,12 @@ Rules (DESIGN §4); everything that decides a host's health lives in this file:
 9. Held restarts. While the fleet holds a host's restarts (``RestartHeld``: many hosts
    crashed the same way, decided by ``fleet.py``), a failure waits in ``cooling_down`` with
    no restart time until ``RestartReleased`` or an operator acts.
-10. Odd input is an observation, not an error: an event that does not apply in a state is
+10. A verdict from silence is confirmed first. Before a ready worker is called hung, stuck
+   or not ready, its status file is read again by content (``RecheckStatus``), which no
+   attribute cache can answer from memory: an NFS client may show a directory or a file's
+   times up to a minute old, while the trainer's own read of the file is fresh. Only the
+   answer (``StatusRechecked``), or ``RECHECK_TIMEOUT_S`` without one, gives the verdict.
+11. Odd input is an observation, not an error: an event that does not apply in a state is
    recorded (stamps, pids, SSH) and otherwise ignored. Only impossible input raises.
 
 Theory of operation. The shell feeds every observation as an event with ``now`` (a
@@ -312,6 +317,14 @@ class DeadlinePassed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StatusRechecked:
+    """The answer to ``RecheckStatus``: the status file as a fresh read found it (None:
+    it could not be read in time)."""
+
+    beat: HeartbeatSeen | StatusMissing | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartRequested:
     """An operator asked for the host to run (clears ``failed``)."""
 
@@ -396,6 +409,7 @@ Event = (
     | LaunchBegan
     | RestartHeld
     | RestartReleased
+    | StatusRechecked
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -443,7 +457,17 @@ class StateChanged:
     evidence: Evidence | None = None
 
 
-Action = Launch | Terminate | Probe | StateChanged
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecheckStatus:
+    """Read the status file again now, by content; answer with StatusRechecked."""
+
+
+#: A fresh read of one small file that has not answered in this long will not: the verdict
+#: it holds back is given without it (a mount that hangs is the freeze's business).
+RECHECK_TIMEOUT_S: Final = 2.0
+_RECHECK: Final = RecheckStatus()
+
+Action = Launch | Terminate | Probe | StateChanged | RecheckStatus
 
 # --------------------------------------------------------------------------------------
 # The host.
@@ -532,6 +556,9 @@ class Host:
     frozen: bool = False
     #: When the last freeze ended: silence and readiness are timed from no earlier than this.
     thawed_at: float | None = None
+    #: When a verdict from silence asked for a fresh read of the status file (rule 10);
+    #: None while none is awaited.
+    recheck_at: float | None = None
     #: When ``DeadlinePassed`` should be fed next; None when only events can change things.
     deadline_at: float | None = None
 
@@ -693,6 +720,7 @@ def _step_in_full(
     (tests/unit/test_health_properties.py)."""
     changes: list[Action] = []
     state = host.state
+    before_recheck_at = host.recheck_at
     host, applies = _observe(host, event, now, policy)
     handler = TRANSITIONS.get((host.state, type(event))) if applies else None
     if handler is not None:
@@ -704,6 +732,8 @@ def _step_in_full(
         changes.append(
             StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
         )
+    if host.recheck_at is not None and host.recheck_at != before_recheck_at:
+        changes.append(_RECHECK)
     state = host.state
     host, actions = _reconcile(host, now, policy)
     if host.state is not state:
@@ -817,6 +847,13 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return replace(host, held=event.reason), True
         case RestartReleased():
             return replace(host, held=None), host.held is not None
+        case StatusRechecked():
+            host = replace(host, recheck_at=None)
+            if isinstance(event.beat, HeartbeatSeen):
+                host, _ = _record_beat(host, event.beat, now)
+            elif isinstance(event.beat, StatusMissing):
+                host = replace(host, status_problem=event.beat.reason, status_seen=True)
+            return host, True
         case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
             return host, True
         case _:
@@ -887,6 +924,7 @@ def _steady(host: Host) -> bool:
         and host.failures == 0
         and host.op_retry_at is None
         and not host.needs_probe
+        and host.recheck_at is None
     )
 
 
@@ -939,8 +977,14 @@ def _record_beat(host: Host, beat: HeartbeatSeen, now: float) -> tuple[Host, boo
     else:
         not_ready_since_at = host.not_ready_since_at
     progress = _progress(host, beat, now)
+    # A fresh beat answers any recheck that was pending: nothing is silent any more.
     return replace(
-        host, **seen, **progress, alive_at=now, not_ready_since_at=not_ready_since_at
+        host,
+        **seen,
+        **progress,
+        alive_at=now,
+        not_ready_since_at=not_ready_since_at,
+        recheck_at=None,
     ), True
 
 
@@ -1022,6 +1066,7 @@ def _enter(host: Host, state: HostState, reason: str, now: float) -> Host:
         next_restart_at=host.next_restart_at if state is S.COOLING_DOWN else None,
         launched_at=host.launched_at if state is S.STARTING else None,
         not_ready_since_at=host.not_ready_since_at if state is S.READY else None,
+        recheck_at=None if entering else host.recheck_at,
     )
 
 
@@ -1152,19 +1197,35 @@ def _ready_timeout_passed(host: Host, event: Event, now: float, policy: Policy) 
 
 
 def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    verdict = _silence_verdict(host, now, policy)
+    if verdict is None:
+        return host if host.recheck_at is None else replace(host, recheck_at=None)
+    answered = isinstance(event, StatusRechecked) or (
+        host.recheck_at is not None and now >= host.recheck_at + RECHECK_TIMEOUT_S
+    )
+    if answered:
+        return _fail(host, *verdict, now, policy)
+    # Rule 10: what we saw of the file may be a cache's; read it afresh before the verdict.
+    return host if host.recheck_at is not None else replace(host, recheck_at=now)
+
+
+def _silence_verdict(host: Host, now: float, policy: Policy) -> tuple[Cause, str] | None:
+    """Why a ready host is unhealthy at ``now`` by what its heartbeats said (or did not),
+    or None while it is not."""
     if now >= _stale_at(host, policy) and not host.frozen:
         base = host.alive_at if host.alive_at is not None else host.since_at
-        why = f"heartbeat stale for {now - base:.1f}s"
-        return _fail(host, Cause.HEARTBEAT_STALE, why, now, policy)
+        return Cause.HEARTBEAT_STALE, f"heartbeat stale for {now - base:.1f}s"
     stuck_at = _stuck_at(host, policy)
     if stuck_at is not None and now >= stuck_at and not host.frozen:
         idle_s = now - stuck_at + policy.progress_stale_s
-        why = f"stuck: no task finished in {idle_s:.0f} s with {host.in_flight} in flight"
-        return _fail(host, Cause.STUCK, why, now, policy)
+        return (
+            Cause.STUCK,
+            f"stuck: no task finished in {idle_s:.0f} s with {host.in_flight} in flight",
+        )
     since = host.not_ready_since_at
     if since is not None and now >= since + policy.ready_timeout_s:
-        return _fail(host, Cause.NOT_READY, f"not ready for {now - since:.1f}s", now, policy)
-    return host
+        return Cause.NOT_READY, f"not ready for {now - since:.1f}s"
+    return None
 
 
 def _stuck_at(host: Host, policy: Policy) -> float | None:
@@ -1290,6 +1351,7 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     **_each(UNHEALTHY_STATES, HeartbeatSeen, _recover),
     (S.STARTING, DeadlinePassed): _ready_timeout_passed,
     (S.READY, DeadlinePassed): _heartbeat_deadline_passed,
+    (S.READY, StatusRechecked): _heartbeat_deadline_passed,
     (S.COOLING_DOWN, DeadlinePassed): _cooldown_passed,
     (S.COOLING_DOWN, RestartReleased): _cooldown_passed,
     # Thawing re-checks what the freeze held back; silence and readiness are timed anew from
@@ -1375,6 +1437,8 @@ def _deadline(host: Host, policy: Policy) -> float | None:
     match host.state:
         case S.STARTING if host.launched_at is not None and not host.frozen:
             candidates.append(_ready_by(host, policy))
+        case S.READY if host.recheck_at is not None:
+            candidates.append(host.recheck_at + RECHECK_TIMEOUT_S)
         case S.READY:
             if not host.frozen:
                 candidates.append(_judged_at(host, policy))

@@ -113,10 +113,17 @@ async def test_worker_exit_is_reported_with_its_code_and_replaced(
     assert not pid_alive(first)
 
 
-async def test_stopped_worker_is_terminated_then_replaced(fault_run: FaultRun) -> None:
-    """SIGSTOP: the heartbeat goes stale, the stopped worker is continued and terminated (it
-    exits on SIGTERM), and only once it is confirmed dead does its replacement start."""
-    fault_run.write(fault_run.raw(1))
+@pytest.mark.parametrize(
+    ("restart_stop", "outcome"), [("kill", "killed"), ("drain", "terminated")]
+)
+async def test_stopped_worker_is_terminated_then_replaced(
+    fault_run: FaultRun, restart_stop: str, outcome: str
+) -> None:
+    """SIGSTOP: the heartbeat goes stale, the stopped worker is killed at once (the default:
+    a drain would end in ``ready: false``) or, with restart_stop = "drain", continued and
+    terminated (it exits on SIGTERM); only once it is confirmed dead does its replacement
+    start."""
+    fault_run.write(fault_run.raw(1, health={"restart_stop": restart_stop}))
     daemon = await fault_run.start(ready=1)
     hung = pid_of(await daemon.status(), "worker-0")
     stopped_at = time.monotonic()
@@ -125,7 +132,7 @@ async def test_stopped_worker_is_terminated_then_replaced(fault_run: FaultRun) -
     fault_run.recovered("SIGSTOP: stale (heartbeat_stale_s=3)", stopped_at)
     assert stale["reason"].startswith("heartbeat stale"), stale
     terminated = await daemon.wait_log("remote.terminated", host="worker-0", pid=hung)
-    assert terminated["outcome"] == "terminated"  # SIGTERM after SIGCONT was enough
+    assert terminated["outcome"] == outcome
     replacement = await wait_ready_pid(daemon, "worker-0", other_than=hung)
     fault_run.recovered("SIGSTOP: replacement ready", stopped_at)
     assert not pid_alive(hung)
@@ -163,14 +170,14 @@ async def test_worker_ignoring_sigterm_is_killed_after_grace_when_allowed(
 async def test_worker_ignoring_sigterm_is_reported_and_never_doubled_without_kill(
     fault_run: FaultRun,
 ) -> None:
-    """kill_after_grace = false: terminating a worker that ignores SIGTERM fails, is retried and
-    reported, and no second worker is ever started beside it; an operator's stop-host and
-    kill -9 then end it and nothing replaces it."""
+    """kill_after_grace = false, replacing by a drain: terminating a worker that ignores
+    SIGTERM fails, is retried and reported, and no second worker is ever started beside it;
+    an operator's stop-host and kill -9 then end it and nothing replaces it."""
     fault_run.write(
         fault_run.raw(
             1,
             env={"REWARD_WORKER_FAULT": "hang_ignore_term:after=0.5"},
-            health={"kill_after_grace": False, "stop_grace_s": 1.0},
+            health={"kill_after_grace": False, "stop_grace_s": 1.0, "restart_stop": "drain"},
         )
     )
     daemon = await fault_run.start(ready=1)

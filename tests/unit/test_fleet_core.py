@@ -16,6 +16,7 @@ import pytest
 from supervisor import fleet as f
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.unit.freshread import fresh_read
 
 A = TypeVar("A", bound=f.Action)
 
@@ -38,8 +39,15 @@ class Shell:
     tokens: int = 0
 
     def feed(self, *events: f.Event) -> list[f.Action]:
-        """Step the core with ``events`` as one batch; return (and keep) its actions."""
+        """Step the core with ``events`` as one batch; return (and keep) its actions. A
+        fresh read asked for (``RecheckStatus``) is answered at once, finding each file as
+        its host last saw it."""
         out = self.core.step(events, self.now)
+        rechecks = [a.host for a in out if isinstance(a, f.RecheckStatus)]
+        if rechecks:
+            out += self.core.step(
+                [f.HostObserved(n, fresh_read(self.core.hosts[n])) for n in rechecks], self.now
+            )
         self.actions += out
         return out
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.unit.freshread import step_answering
 
 #: A worker is replaced the contract's way here (SIGTERM, the grace, then the kill rules),
 #: which these stories are about; the default, replacing by an immediate kill, has its own.
@@ -27,7 +28,7 @@ def run(
     """Feed the events in order; return the host and every action emitted."""
     actions: list[h.Action] = []
     for event, now in steps:
-        host, more = h.step(host, event, now, policy)
+        host, more = step_answering(host, event, now, policy)
         actions += more
     return host, actions
 
@@ -73,7 +74,7 @@ def beats(
     while t <= end:
         processed, in_flight = progress(t)
         for event in (h.DeadlinePassed(), beat(7, 1000.0 + t, processed, in_flight)):
-            host, more = h.step(host, event, t, policy)
+            host, more = step_answering(host, event, t, policy)
             actions += more
         t += 1.0
     return host, actions

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.unit.freshread import fresh_read
 
 #: Causes that leave the worker alive: only its terminate captures evidence.
 LIVE_BUT_UNHEALTHY = frozenset({h.Cause.STUCK, h.Cause.HEARTBEAT_STALE, h.Cause.NOT_READY})
@@ -51,6 +52,8 @@ class World:
     ssh_up: bool = False
     #: Tasks the live worker has finished (its status file's ``processed``).
     done: int = 0
+    #: What the status file says now: the last heartbeat written, if any.
+    file: h.HeartbeatSeen | None = None
 
 
 class FleetOfOne(RuleBasedStateMachine):
@@ -117,6 +120,9 @@ class FleetOfOne(RuleBasedStateMachine):
                     self._take(action)
                 case h.Probe():
                     self._take(action)
+                case h.RecheckStatus():
+                    # Rule 10: a verdict from silence asks for a fresh read, only in ready.
+                    assert host.state is S.READY and host.recheck_at == self.now
                 case h.StateChanged(to=S.FAILED) if permanent:
                     pass  # an exit no restart can mend fails the host at once
                 case h.StateChanged(to=S.FAILED):
@@ -164,15 +170,23 @@ class FleetOfOne(RuleBasedStateMachine):
                 "stalled": (self.world.done, 4),
                 "idle": (self.world.done, 0),
             }[progress]
-            self.feed(
-                h.HeartbeatSeen(
-                    pid=pid,
-                    ready=ready,
-                    remote_heartbeat_at=stamp,
-                    processed=processed,
-                    in_flight=in_flight,
-                )
+            beat = h.HeartbeatSeen(
+                pid=pid,
+                ready=ready,
+                remote_heartbeat_at=stamp,
+                processed=processed,
+                in_flight=in_flight,
             )
+            self.world.file = beat
+            self.feed(beat)
+
+    @rule(readable=st.booleans())
+    def status_file_reread(self, readable: bool) -> None:
+        """The fresh read a verdict waits for finds the file as the world last wrote it (or
+        cannot be made)."""
+        if self.host.recheck_at is not None:
+            beat = self.world.file if self.world.file is not None else None
+            self.feed(h.StatusRechecked(beat=beat if readable else None))
 
     @rule()
     def status_file_unreadable(self) -> None:
@@ -514,6 +528,8 @@ def test_an_unchanged_heartbeat_does_not_count() -> None:
             host, h.HeartbeatSeen(pid=3, ready=True, remote_heartbeat_at=1.0), i * 4.0, policy
         )
     host, actions = h.step(host, h.DeadlinePassed(), 12.0, policy)
+    assert host.state is S.READY and [type(a) for a in actions] == [h.RecheckStatus]
+    host, actions = h.step(host, fresh_read(host), 12.0, policy)
     assert host.state is S.STALE
     assert [type(a) for a in actions if not isinstance(a, h.StateChanged)] == [h.Terminate]
 

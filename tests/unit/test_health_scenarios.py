@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.unit.freshread import step_answering
 
 POLICY = h.Policy(heartbeat_stale_s=10, ready_timeout_s=20, restart_cooldown_s=5)
 
@@ -12,7 +13,7 @@ def run(host: h.Host, *steps: tuple[h.Event, float]) -> tuple[h.Host, list[h.Act
     """Feed the events in order; return the host and every action emitted."""
     actions: list[h.Action] = []
     for event, now in steps:
-        host, more = h.step(host, event, now, POLICY)
+        host, more = step_answering(host, event, now, POLICY)
         actions += more
     return host, actions
 
@@ -331,7 +332,8 @@ def test_a_frozen_fleet_holds_restarts_for_silence_until_it_thaws() -> None:
     assert host.deadline_at == 101.0 + POLICY.heartbeat_stale_s
     host, actions = run(host, (h.DeadlinePassed(), 101.0 + POLICY.heartbeat_stale_s))
     assert host.state is S.STALE
-    assert [type(a) for a in remote(actions)] == [h.Terminate]
+    # The silence is confirmed by a fresh read of the file first (health rule 10).
+    assert [type(a) for a in remote(actions)] == [h.RecheckStatus, h.Terminate]
 
 
 def test_a_host_that_beats_soon_after_a_thaw_is_kept() -> None:
@@ -407,7 +409,7 @@ def test_a_failed_terminate_is_retried_after_the_cooldown() -> None:
     passed, not before, and never replaced while it may be alive."""
     host, actions = run(ready_host(), (h.DeadlinePassed(), 11.0))
     assert host.state is S.STALE
-    assert [type(a) for a in remote(actions)] == [h.Terminate]
+    assert [type(a) for a in remote(actions)] == [h.RecheckStatus, h.Terminate]
     host, actions = run(host, (h.TerminateFailed(pid=1, reason="still alive after 5s"), 16.0))
     assert not remote(actions)
     assert host.deadline_at == 16.0 + POLICY.restart_cooldown_s
@@ -416,3 +418,40 @@ def test_a_failed_terminate_is_retried_after_the_cooldown() -> None:
     host, actions = run(host, (h.DeadlinePassed(), 21.0))
     assert [type(a) for a in remote(actions)] == [h.Terminate]
     assert host.op_retry_at is None
+
+
+def test_a_heartbeat_a_cache_hid_is_found_by_the_fresh_read_and_saves_the_worker() -> None:
+    """At the stale deadline the core asks for a fresh read instead of a verdict; the read
+    finds a newer stamp (an NFS attribute cache had shown the old one): no restart, and the
+    next deadline is a full stale limit after the read."""
+    host = ready_host()
+    host, actions = h.step(host, h.DeadlinePassed(), 11.0, POLICY)
+    assert host.state is S.READY and actions == [h.RecheckStatus()]
+    assert host.deadline_at == 11.0 + h.RECHECK_TIMEOUT_S
+    seen = h.StatusRechecked(beat=beat(1, 9.5))
+    host, actions = h.step(host, seen, 11.2, POLICY)
+    assert host.state is S.READY and not actions
+    assert host.recheck_at is None and host.deadline_at == 11.2 + POLICY.heartbeat_stale_s
+
+
+def test_a_fresh_read_that_never_answers_gives_the_verdict_at_its_timeout() -> None:
+    """A read that does not come back within RECHECK_TIMEOUT_S holds the verdict no longer:
+    a hung worker is still replaced, two seconds later at most."""
+    host = ready_host()
+    host, _ = h.step(host, h.DeadlinePassed(), 11.0, POLICY)
+    host, actions = h.step(host, h.DeadlinePassed(), 12.0, POLICY)
+    assert host.state is S.READY and not actions  # early wake-up: still waiting
+    host, actions = h.step(host, h.DeadlinePassed(), 11.0 + h.RECHECK_TIMEOUT_S, POLICY)
+    assert host.state is S.STALE and host.cause_code is h.Cause.HEARTBEAT_STALE
+    assert [type(a) for a in actions if not isinstance(a, h.StateChanged)] == [h.Terminate]
+
+
+def test_a_beat_that_comes_while_the_read_is_pending_ends_the_silence() -> None:
+    """The worker's next heartbeat arrives before the fresh read answers: no verdict, and
+    the late answer (the same stamp, read meanwhile) changes nothing."""
+    host = ready_host()
+    host, _ = h.step(host, h.DeadlinePassed(), 11.0, POLICY)
+    host, actions = h.step(host, beat(1, 9.0), 11.1, POLICY)
+    assert host.state is S.READY and not actions and host.recheck_at is None
+    host, actions = h.step(host, h.StatusRechecked(beat=beat(1, 9.0)), 11.3, POLICY)
+    assert host.state is S.READY and not actions

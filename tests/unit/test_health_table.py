@@ -52,9 +52,16 @@ def _scenarios() -> dict[str, Scenario]:
     launched = _drive([(h.Launched(pid=100), 0.1)], launching.host)
     beat = h.HeartbeatSeen(pid=100, ready=True, remote_heartbeat_at=5000.0)
     ready = _drive([(beat, 1.0)], launched.host)
-    stale_terminating = _drive([(h.DeadlinePassed(), 11.0)], ready.host)
+    # The verdict waits for a fresh read of the file; the read finds the same stamp.
+    rechecking = _drive([(h.DeadlinePassed(), 11.0)], ready.host)
+    stale_terminating = _drive([(h.StatusRechecked(beat=beat), 11.0)], rechecking.host)
     stale_ssh_down = _drive(
-        [(h.SshLost(reason="eof"), 2.0), (h.DeadlinePassed(), 11.0)], ready.host
+        [
+            (h.SshLost(reason="eof"), 2.0),
+            (h.DeadlinePassed(), 11.0),
+            (h.StatusRechecked(beat=beat), 11.0),
+        ],
+        ready.host,
     )
     cooling = _drive(
         [
@@ -79,6 +86,7 @@ def _scenarios() -> dict[str, Scenario]:
         "starting:launching": launching,
         "starting:launched": launched,
         "ready": ready,
+        "ready:rechecking": rechecking,
         "stale:terminating": stale_terminating,
         "stale:ssh-down": stale_ssh_down,
         "cooling_down": cooling,
@@ -122,6 +130,16 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
     h.LaunchBegan: lambda host: h.LaunchBegan(),
     h.RestartHeld: lambda host: h.RestartHeld(reason="5 hosts crashed the same way"),
     h.RestartReleased: lambda host: h.RestartReleased(),
+    # A fresh read that finds what was seen already (the same stamp, or still no file).
+    h.StatusRechecked: lambda host: h.StatusRechecked(
+        beat=h.StatusMissing(reason="missing")
+        if host.remote_heartbeat_at is None
+        else h.HeartbeatSeen(
+            pid=host.beat_pid or _pid(host),
+            ready=host.beat_ready,
+            remote_heartbeat_at=host.remote_heartbeat_at,
+        )
+    ),
 }
 
 E = h
@@ -151,6 +169,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STARTING, ()),
         E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STARTING, ()),
+        E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -176,6 +195,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STARTING, ()),
         E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STARTING, ()),
+        E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -201,6 +221,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STARTING, ()),
         E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STARTING, ()),
+        E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -215,7 +236,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.ProbeFailed: (S.READY, ()),
         E.SshLost: (S.READY, ()),  # SSH down is not worker down
         E.SshRestored: (S.READY, ()),
-        E.DeadlinePassed: (S.STALE, ("Terminate",)),
+        E.DeadlinePassed: (S.READY, ("RecheckStatus",)),  # the verdict waits for a fresh read
         E.StartRequested: (S.READY, ()),
         E.StopRequested: (S.STOPPING, ("Terminate",)),
         E.RestartRequested: (S.STALE, ("Terminate",)),
@@ -226,6 +247,33 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.READY, ()),
         E.RestartHeld: (S.READY, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.READY, ()),
+        E.StatusRechecked: (S.READY, ()),  # the same stamp: nothing new
+    },
+    "ready:rechecking": {
+        E.HeartbeatSeen: (S.READY, ()),  # a fresh beat ends the silence before the verdict
+        E.StatusMissing: (S.READY, ()),  # no heartbeat is an observation; the deadline decides
+        E.WorkerExited: (S.STARTING, ("Launch",)),
+        E.Launched: (S.READY, ()),
+        E.LaunchFailed: (S.READY, ()),
+        E.LaunchRefused: (S.READY, ()),
+        E.TerminateConfirmed: (S.STARTING, ("Launch",)),
+        E.TerminateFailed: (S.READY, ()),
+        E.ProbeResult: (S.READY, ()),
+        E.ProbeFailed: (S.READY, ()),
+        E.SshLost: (S.READY, ()),  # SSH down is not worker down
+        E.SshRestored: (S.READY, ()),
+        E.DeadlinePassed: (S.STALE, ("Terminate",)),  # no answer in time: the verdict stands
+        E.StartRequested: (S.READY, ()),
+        E.StopRequested: (S.STOPPING, ("Terminate",)),
+        E.RestartRequested: (S.STALE, ("Terminate",)),
+        E.StopSentinelAppeared: (S.STOPPING, ("Terminate",)),
+        E.StopSentinelRemoved: (S.READY, ()),
+        E.FleetFrozen: (S.READY, ()),  # the freeze changes no state by itself
+        E.FleetThawed: (S.READY, ()),
+        E.LaunchBegan: (S.READY, ()),
+        E.RestartHeld: (S.READY, ()),  # a hold only matters at the next failure
+        E.RestartReleased: (S.READY, ()),
+        E.StatusRechecked: (S.STALE, ("Terminate",)),  # the fresh read confirms the silence
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -251,6 +299,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STALE, ()),
         E.RestartHeld: (S.STALE, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STALE, ()),
+        E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -276,6 +325,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STALE, ()),
         E.RestartHeld: (S.STALE, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STALE, ()),
+        E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -301,6 +351,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.COOLING_DOWN, ()),
         E.RestartHeld: (S.COOLING_DOWN, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.COOLING_DOWN, ()),
+        E.StatusRechecked: (S.COOLING_DOWN, ()),  # the same stamp: nothing new
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -326,6 +377,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.FAILED, ()),
         E.RestartHeld: (S.FAILED, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.FAILED, ()),
+        E.StatusRechecked: (S.FAILED, ()),  # the same stamp: nothing new
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -351,6 +403,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STOPPING, ()),
         E.RestartHeld: (S.STOPPING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STOPPING, ()),
+        E.StatusRechecked: (S.STOPPING, ()),  # the same stamp: nothing new
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -376,6 +429,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.LaunchBegan: (S.STOPPED, ()),
         E.RestartHeld: (S.STOPPED, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STOPPED, ()),
+        E.StatusRechecked: (S.STOPPED, ()),  # the same stamp: nothing new
     },
 }
 
