@@ -721,6 +721,7 @@ KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "evidence_timeout_s",
         "evidence_stacks",
         "restart_stop",
+        "quarantine_stuck_tasks",
     ),
     "ssh": (
         "username",
@@ -1121,6 +1122,9 @@ class _Validator:
                 t, w, "evidence_stacks", EVIDENCE_STACKS, d.evidence_stacks
             ),
             restart_stop=self.choice(t, w, "restart_stop", RESTART_STOPS, d.restart_stop),
+            quarantine_stuck_tasks=bool(
+                self.get(t, w, "quarantine_stuck_tasks", bool, d.quarantine_stuck_tasks)
+            ),
         )
         if policy.evidence_timeout_s > MAX_EVIDENCE_TIMEOUT_S:
             self.problem(

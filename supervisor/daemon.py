@@ -31,7 +31,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, logs, runfiles, view
+from supervisor import fleet, health, layout, logs, runfiles, tasks, view
 from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
@@ -1064,8 +1064,50 @@ class Daemon:
                 self._metrics.terminate_seconds.observe(elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.terminated", host=name, pid=action.pid, elapsed_ms=elapsed_ms)
+            # Before the core hears it is dead, so before its successor can start.
+            await self._quarantine(action, link.cfg)
             event = health.TerminateConfirmed(pid=action.pid, evidence=evidence)
         self._inbox.put(fleet.HostObserved(name, event))
+
+    async def _quarantine(self, action: fleet.Terminate, cfg: HostConfig) -> None:
+        """Take the tasks a stuck worker hung on out of its shard's inbox, each answered with
+        an error result (``tasks.quarantine_stuck``); never raises, bounded in time."""
+        if action.quarantine <= 0:
+            return
+        stale_s = self._config.health.progress_stale_s
+        reason = (
+            f"reward call stuck: {cfg.name} (shard {cfg.shard}) finished no task in"
+            f" {stale_s:g}s with {action.quarantine} in flight and was replaced; this task"
+            f" was quarantined by reward-supervisor in ctl/quarantine/{cfg.shard}/"
+        )
+        try:
+            async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
+                done = await asyncio.to_thread(
+                    tasks.quarantine_stuck,
+                    self._config.run.root,
+                    cfg.shard,
+                    cfg.name,
+                    count=action.quarantine,
+                    older_than_s=stale_s,
+                    reason=reason,
+                )
+        except (OSError, TimeoutError) as exc:
+            why = str(exc) or "the run root did not answer in time"
+            log.error("tasks.quarantine_failed", host=cfg.name, shard=cfg.shard, reason=why)
+            return
+        except Exception:  # task root of the quarantine: the restart must go on
+            log.exception("tasks.quarantine_failed", host=cfg.name, shard=cfg.shard)
+            return
+        log.warning(
+            "tasks.quarantined",
+            host=cfg.name,
+            shard=cfg.shard,
+            asked=action.quarantine,
+            task_ids=list(done.task_ids[:50]),
+            count=len(done.task_ids),
+            unanswered=done.unanswered,
+            note=done.note,
+        )
 
     async def _evidence(self, action: fleet.Terminate) -> health.Evidence:
         """The worker's stacks and log tail, from its host's agent, within

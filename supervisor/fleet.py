@@ -333,6 +333,8 @@ class Terminate:
     kill: bool
     #: Capture the worker's stacks and log tail first (``health.Terminate.collect_evidence``).
     collect_evidence: bool = False
+    #: Then quarantine this many of its shard's tasks (``health.Terminate.quarantine``).
+    quarantine: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -844,6 +846,7 @@ class Fleet:
                         grace_s=action.grace_s,
                         kill=action.kill,
                         collect_evidence=action.collect_evidence,
+                        quarantine=action.quarantine,
                     )
                 )
             case health.Probe():

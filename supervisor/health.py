@@ -166,6 +166,9 @@ class Policy:
     #: ``stop_grace_s``, as a stop: in-flight tasks finish, and the trainer's client fails
     #: every call from the worker's last ``ready: false`` to its successor's first heartbeat).
     restart_stop: str = "kill"
+    #: The tasks a stuck worker hung on are quarantined before its successor starts, each
+    #: answered with an error result, so one poison task cannot keep a shard restarting.
+    quarantine_stuck_tasks: bool = True
 
 
 # --------------------------------------------------------------------------------------
@@ -437,6 +440,9 @@ class Terminate:
     #: A live but unhealthy worker (stuck, stale, never ready): capture its stacks and log
     #: tail before it dies, to tell why.
     collect_evidence: bool = False
+    #: A stuck worker's tasks in flight, to take out of its shard's inbox once it is dead and
+    #: before its successor starts (the successor would hang on them too); 0: none.
+    quarantine: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1396,6 +1402,9 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
             collect_evidence=automatic
             and host.cause_code in _LIVE_BUT_UNHEALTHY
             and policy.evidence_timeout_s > 0,
+            quarantine=(host.in_flight or 0)
+            if automatic and host.cause_code is Cause.STUCK and policy.quarantine_stuck_tasks
+            else 0,
         )
         return replace(host, op="terminate"), [terminate]
     if host.state in (S.STALE, S.STARTING) and host.pid is None:

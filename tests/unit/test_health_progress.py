@@ -90,7 +90,9 @@ def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replace
     assert host.cause_code is h.Cause.STUCK
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
     # Killed after the grace although kill_after_grace is off: the hung call ignores SIGTERM.
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True, quarantine=4)
+    ]
     assert host.state is S.STALE and host.op == "terminate"
 
 
@@ -100,12 +102,27 @@ def test_by_default_a_worker_being_replaced_is_killed_at_once_after_its_evidence
     policy = replace(POLICY, restart_stop="kill")
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True, quarantine=1)
+    ]
     host, actions = run(ready(), (h.DeadlinePassed(), 12.0), policy=policy)
     assert host.cause_code is h.Cause.HEARTBEAT_STALE
     assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
         h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True)
     ]
+
+
+def test_a_stuck_worker_s_tasks_in_flight_are_quarantined_before_its_successor() -> None:
+    """The terminate of a worker replaced for being stuck names its tasks in flight for the
+    quarantine; a silent worker's, and any with the quarantine off, name none."""
+    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 3))
+    [terminate] = [a for a in remote(actions) if isinstance(a, h.Terminate)]
+    assert terminate.quarantine == 3
+    off = replace(POLICY, quarantine_stuck_tasks=False)
+    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 3), policy=off)
+    assert [a.quarantine for a in remote(actions) if isinstance(a, h.Terminate)] == [0]
+    _, actions = run(ready(in_flight=3), (h.DeadlinePassed(), 12.0))
+    assert [a.quarantine for a in remote(actions) if isinstance(a, h.Terminate)] == [0]
 
 
 def test_a_stop_still_drains_under_the_kill_restart_mode() -> None:
@@ -125,7 +142,9 @@ def test_with_kill_stuck_off_a_stuck_worker_is_only_asked_to_stop() -> None:
     policy = replace(POLICY, kill_stuck=False)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True, quarantine=1)
+    ]
 
 
 def test_only_a_stuck_worker_is_killed_without_kill_after_grace() -> None:
@@ -299,7 +318,9 @@ def test_no_evidence_is_asked_for_when_the_timeout_is_zero() -> None:
     policy = replace(POLICY, evidence_timeout_s=0.0)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=False)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=False, quarantine=1)
+    ]
 
 
 def test_tasks_per_minute_need_a_minute_of_reports() -> None:
