@@ -55,8 +55,9 @@ async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_on
     """One reward call hangs forever while heartbeats go on: once the other tasks are done
     and nothing finishes for progress_stale_s, the host is stuck; the stacks (showing the
     hung call) and the log tail are captured before the kill and land in the host.state
-    event and in status HOST; the replacement does the hung task, exactly once. With the
-    contract's kill_after_grace = false: a stuck worker is killed all the same (kill_stuck)."""
+    event and in status HOST; with the quarantine off, the replacement does the hung task,
+    exactly once. With the contract's kill_after_grace = false: a stuck worker is killed all
+    the same (kill_stuck)."""
     marker = fault_run.tmp_path / "hang.marker"
     fault = f"hang_call:task={HUNG_TASK}:marker={marker}"
     raw = fault_run.raw(
@@ -66,6 +67,7 @@ async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_on
             "progress_stale_s": PROGRESS_STALE_S,
             "evidence_stacks": stacks,
             "kill_after_grace": False,
+            "quarantine_stuck_tasks": False,
         },
     )
     fault_run.write(raw)
