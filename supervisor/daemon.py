@@ -811,7 +811,7 @@ class Daemon:
             case fleet.Probe():
                 self._spawn_op(action.host, self._probe(action), "probe")
             case fleet.RecheckStatus():
-                self._spawn(self._recheck(action.host), f"recheck:{action.host}")
+                self._spawn(self._recheck(action), f"recheck:{action.host}")
             case fleet.LaunchAsked():
                 self._launch_asked(action)
             case fleet.Launch():
@@ -1145,9 +1145,11 @@ class Daemon:
         )
         return evidence
 
-    async def _recheck(self, name: str) -> None:
-        """Read ``name``'s files afresh before a verdict from silence: the core hears the
-        status as ``StatusRechecked`` (None when the read failed or took too long)."""
+    async def _recheck(self, action: fleet.RecheckStatus) -> None:
+        """Read a host's files afresh before a verdict from silence: the core hears the
+        status as ``StatusRechecked`` (None when the read failed or took too long), with
+        the count of its shard's old task files when that was asked."""
+        name = action.host
         beat: health.HeartbeatSeen | health.StatusMissing | None = None
         others: list[Observation] = []
         try:
@@ -1164,9 +1166,30 @@ class Daemon:
                     beat = event
                 else:
                     others.append(obs)
-        self._inbox.put_all(
-            [*_events_of(others), fleet.HostObserved(name, health.StatusRechecked(beat=beat))]
-        )
+        old_tasks = None
+        if action.tasks_older_than_s is not None:
+            old_tasks = await self._count_old_tasks(name, action.tasks_older_than_s)
+        recheck = health.StatusRechecked(beat=beat, old_tasks=old_tasks)
+        self._inbox.put_all([*_events_of(others), fleet.HostObserved(name, recheck)])
+
+    async def _count_old_tasks(self, name: str, older_than_s: float) -> int | None:
+        """Task files of ``name``'s shard at least ``older_than_s`` old (None: not known)."""
+        shard = self._host_configs[name].shard
+        try:
+            async with asyncio.timeout(health.RECHECK_TIMEOUT_S):
+                return await asyncio.to_thread(
+                    tasks.count_older,
+                    self._config.run.root,
+                    shard,
+                    name,
+                    older_than_s=older_than_s,
+                )
+        except (OSError, TimeoutError) as exc:
+            reason = str(exc) or "no answer in time"
+            log.warning("host.tasks_not_counted", host=name, shard=shard, reason=reason)
+        except Exception:  # task root: the verdict must not wait on a broken listing
+            log.exception("host.tasks_not_counted", host=name, shard=shard)
+        return None
 
     async def _probe(self, action: fleet.Probe) -> None:
         name = action.host

@@ -347,10 +347,12 @@ class Probe:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecheckStatus:
-    """Read ``host``'s status file again now, by content; answer with
+    """Read ``host``'s status file again now, by content (and count its shard's task files
+    this old, if ``tasks_older_than_s``); answer with
     ``HostObserved(host, health.StatusRechecked(...))``."""
 
     host: str
+    tasks_older_than_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -852,7 +854,7 @@ class Fleet:
             case health.Probe():
                 out.append(Probe(host=name, pid=action.pid))
             case health.RecheckStatus():
-                out.append(RecheckStatus(host=name))
+                out.append(RecheckStatus(host=name, tasks_older_than_s=action.tasks_older_than_s))
             case _:
                 assert_never(action)
 

@@ -129,6 +129,9 @@ class Cause(StrEnum):
     GONE = "gone"
     #: Tasks were in flight and none finished for ``progress_stale_s``.
     STUCK = "stuck"
+    #: Tasks waited in its inbox for ``progress_stale_s`` while it had slots free: it no
+    #: longer takes them (the AReaL worker drops the tasks a broken process pool held).
+    NOT_TAKING = "not_taking"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -325,6 +328,9 @@ class StatusRechecked:
     it could not be read in time)."""
 
     beat: HeartbeatSeen | StatusMissing | None
+    #: Task files in the shard's inbox at least ``RecheckStatus.tasks_older_than_s`` old,
+    #: when that was asked (None: not asked, or they could not be counted).
+    old_tasks: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -467,11 +473,14 @@ class StateChanged:
 class RecheckStatus:
     """Read the status file again now, by content; answer with StatusRechecked."""
 
+    #: Also count the shard's task files at least this old (a worker said to leave tasks
+    #: waiting: the old ones not in flight are the ones it does not take).
+    tasks_older_than_s: float | None = None
+
 
 #: A fresh read of one small file that has not answered in this long will not: the verdict
 #: it holds back is given without it (a mount that hangs is the freeze's business).
 RECHECK_TIMEOUT_S: Final = 2.0
-_RECHECK: Final = RecheckStatus()
 
 Action = Launch | Terminate | Probe | StateChanged | RecheckStatus
 
@@ -537,6 +546,8 @@ class Host:
     rate_base: tuple[float, int] | None = None
     #: The rest of what the current worker reports of its work, as its last heartbeat said.
     stats: WorkerStats | None = None
+    #: Since when its heartbeats say tasks wait in its inbox while slots are free.
+    backlog_since_at: float | None = None
     #: The last lines of the log the last exit record carried.
     last_log_tail: str | None = None
     #: The last evidence captured before a terminate, when, and the cause it was taken for.
@@ -739,7 +750,7 @@ def _step_in_full(
             StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
         )
     if host.recheck_at is not None and host.recheck_at != before_recheck_at:
-        changes.append(_RECHECK)
+        changes.append(_recheck(host, now, policy))
     state = host.state
     host, actions = _reconcile(host, now, policy)
     if host.state is not state:
@@ -1007,6 +1018,7 @@ def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
         "in_flight": beat.in_flight,
         "progress_at": at,
         "stats": beat.stats,
+        "backlog_since_at": _backlog_since(host, beat, now),
     }
     if beat.processed is not None and (
         host.rate_mark is None or now - host.rate_mark[0] >= RATE_MARK_S
@@ -1014,6 +1026,19 @@ def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
         out["rate_base"] = host.rate_mark
         out["rate_mark"] = (now, beat.processed)
     return out
+
+
+def _backlog_since(host: Host, beat: HeartbeatSeen, now: float) -> float | None:
+    """Since when tasks wait in the worker's inbox while it has slots free (None: they do
+    not, or it does not say). A worker takes a waiting task within one scan of its inbox,
+    so a backlog that outlives many heartbeats is tasks it will never take."""
+    stats = beat.stats
+    if stats is None or stats.queue_depth is None or stats.concurrency is None:
+        return None
+    in_flight = beat.in_flight or 0
+    if stats.queue_depth <= in_flight or in_flight >= stats.concurrency:
+        return None
+    return now if host.backlog_since_at is None else host.backlog_since_at
 
 
 #: A rate of tasks per minute is taken over at least this long.
@@ -1025,6 +1050,7 @@ _NO_PROGRESS: Final[Mapping[str, Any]] = {
     "rate_mark": None,
     "rate_base": None,
     "stats": None,
+    "backlog_since_at": None,
 }
 
 
@@ -1209,10 +1235,25 @@ def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Pol
     answered = isinstance(event, StatusRechecked) or (
         host.recheck_at is not None and now >= host.recheck_at + RECHECK_TIMEOUT_S
     )
+    if answered and verdict[0] is Cause.NOT_TAKING and not _not_taking_seen(host, event):
+        # Tasks just arrived at each heartbeat can look the same: the clock starts again.
+        return replace(host, recheck_at=None, backlog_since_at=now)
     if answered:
         return _fail(host, *verdict, now, policy)
     # Rule 10: what we saw of the file may be a cache's; read it afresh before the verdict.
     return host if host.recheck_at is not None else replace(host, recheck_at=now)
+
+
+def _recheck(host: Host, now: float, policy: Policy) -> RecheckStatus:
+    """The fresh read a pending verdict needs: the status file, and the shard's old task
+    files when the verdict is that the worker does not take them."""
+    verdict = _silence_verdict(host, now, policy)
+    if verdict is not None and verdict[0] is Cause.NOT_TAKING:
+        return RecheckStatus(tasks_older_than_s=policy.progress_stale_s)
+    return _RECHECK
+
+
+_RECHECK: Final = RecheckStatus()
 
 
 def _silence_verdict(host: Host, now: float, policy: Policy) -> tuple[Cause, str] | None:
@@ -1228,10 +1269,41 @@ def _silence_verdict(host: Host, now: float, policy: Policy) -> tuple[Cause, str
             Cause.STUCK,
             f"stuck: no task finished in {idle_s:.0f} s with {host.in_flight} in flight",
         )
+    backlog_at = _backlog_at(host, policy)
+    if backlog_at is not None and now >= backlog_at and not host.frozen:
+        return Cause.NOT_TAKING, _not_taking(host, now - backlog_at + policy.progress_stale_s)
     since = host.not_ready_since_at
     if since is not None and now >= since + policy.ready_timeout_s:
         return Cause.NOT_READY, f"not ready for {now - since:.1f}s"
     return None
+
+
+def _not_taking_seen(host: Host, event: Event) -> bool:
+    """The inbox confirms a backlog the worker does not take: more task files older than
+    the stuck limit than the worker has in flight (one with a slot free takes a task within
+    a scan of its inbox, so an old file not in flight is one it will never take)."""
+    if not isinstance(event, StatusRechecked) or event.old_tasks is None:
+        return False
+    return event.old_tasks > (host.in_flight or 0)
+
+
+def _not_taking(host: Host, waited_s: float) -> str:
+    stats = host.stats or WorkerStats()
+    queue, slots, busy = stats.queue_depth or 0, stats.concurrency or 0, host.in_flight or 0
+    return (
+        f"not taking tasks: {queue - busy} waited {waited_s:.0f} s in its inbox"
+        f" with {slots - busy} of {slots} slots free"
+    )
+
+
+def _backlog_at(host: Host, policy: Policy) -> float | None:
+    """When tasks waiting with slots free make a ready host unhealthy (None: never)."""
+    if policy.progress_stale_s <= 0 or host.backlog_since_at is None:
+        return None
+    base = host.backlog_since_at
+    if host.thawed_at is not None:
+        base = max(base, host.thawed_at)
+    return base + policy.progress_stale_s
 
 
 def _stuck_at(host: Host, policy: Policy) -> float | None:
@@ -1247,9 +1319,15 @@ def _stuck_at(host: Host, policy: Policy) -> float | None:
 def _judged_at(host: Host, policy: Policy) -> float:
     """When a ready host's silence or lack of progress makes it unhealthy, if nothing
     changes first."""
+    judged = _stale_at(host, policy)
     stuck_at = _stuck_at(host, policy)
-    stale_at = _stale_at(host, policy)
-    return stale_at if stuck_at is None else min(stale_at, stuck_at)
+    if stuck_at is not None and stuck_at < judged:
+        judged = stuck_at
+    if host.backlog_since_at is not None:
+        backlog_at = _backlog_at(host, policy)
+        if backlog_at is not None and backlog_at < judged:
+            judged = backlog_at
+    return judged
 
 
 def _stale_at(host: Host, policy: Policy) -> float:
@@ -1434,7 +1512,9 @@ def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
 
 
 #: Causes that leave the worker alive: what it is doing is worth capturing before it dies.
-_LIVE_BUT_UNHEALTHY: Final = frozenset({Cause.STUCK, Cause.HEARTBEAT_STALE, Cause.NOT_READY})
+_LIVE_BUT_UNHEALTHY: Final = frozenset(
+    {Cause.STUCK, Cause.HEARTBEAT_STALE, Cause.NOT_READY, Cause.NOT_TAKING}
+)
 
 
 def _deadline(host: Host, policy: Policy) -> float | None:

@@ -88,6 +88,21 @@ def quarantine_stuck(
         os.close(inbox)
 
 
+def count_older(
+    root: Path, shard: int, host: str, *, older_than_s: float, now_wall: float | None = None
+) -> int:
+    """How many task files of ``shard``'s inbox are at least ``older_than_s`` old, measured
+    as ``quarantine_stuck`` measures (a bounded listing, nothing followed)."""
+    inbox = runfiles.open_dir(root, ("inbox", str(shard)))
+    try:
+        reference = _status_mtime(root, host)
+        if reference is None:
+            reference = time.time() if now_wall is None else now_wall
+        return sum(1 for mtime, _ in _task_files(inbox) if mtime <= reference - older_than_s)
+    finally:
+        os.close(inbox)
+
+
 def _task_files(inbox: int) -> list[tuple[float, str]]:
     """``(mtime, name)`` of the regular task files in the inbox (a bounded listing)."""
     found: list[tuple[float, str]] = []

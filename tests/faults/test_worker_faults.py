@@ -113,9 +113,7 @@ async def test_worker_exit_is_reported_with_its_code_and_replaced(
     assert not pid_alive(first)
 
 
-@pytest.mark.parametrize(
-    ("restart_stop", "outcome"), [("kill", "killed"), ("drain", "terminated")]
-)
+@pytest.mark.parametrize(("restart_stop", "outcome"), [("kill", "killed"), ("drain", "terminated")])
 async def test_stopped_worker_is_terminated_then_replaced(
     fault_run: FaultRun, restart_stop: str, outcome: str
 ) -> None:

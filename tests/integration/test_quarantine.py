@@ -150,3 +150,13 @@ def test_an_inbox_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     (root / "inbox/0").symlink_to(elsewhere)
     with pytest.raises(OSError, match="inbox/0"):
         quarantine(root, 1)
+
+
+def test_old_task_files_are_counted_by_the_filesystem_s_clock(tmp_path: Path) -> None:
+    """count_older counts the task files at least that old, as the quarantine would pick."""
+    root = run_root(tmp_path)
+    beat(root)
+    for i, age in enumerate((40, 20, 11, 9, 1)):
+        task(root, f"t{i}", age)
+    assert tasks.count_older(root, 0, "w0", older_than_s=10.0) == 3
+    assert tasks.count_older(root, 0, "w0", older_than_s=100.0) == 0

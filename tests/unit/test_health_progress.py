@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from supervisor import health as h
 from supervisor.health import HostState as S
 from tests.unit.freshread import step_answering
@@ -330,3 +332,107 @@ def test_tasks_per_minute_need_a_minute_of_reports() -> None:
     host, _ = beats(host, 2.0, 130.0, lambda t: (int(t) * 2, 4))
     rate = h.tasks_per_minute(host)
     assert rate is not None and abs(rate - 120.0) < 1e-6
+
+
+def areal_beat(
+    stamp: float, done: int, in_flight: int, queue: int, slots: int = 4
+) -> h.HeartbeatSeen:
+    """A heartbeat of pid 7 with the AReaL worker's figures: queue depth and slots."""
+    stats = h.WorkerStats(queue_depth=queue, concurrency=slots, completed=done, errors=0)
+    return h.HeartbeatSeen(
+        pid=7,
+        ready=True,
+        remote_heartbeat_at=stamp,
+        processed=done,
+        in_flight=in_flight,
+        stats=stats,
+    )
+
+
+def _backlogged(old_tasks: int | None) -> tuple[h.Host, list[h.Action]]:
+    """A worker that keeps finishing new tasks but leaves two in its inbox with slots free,
+    until the core asks for a fresh read (and the shard's old tasks), answered with
+    ``old_tasks``."""
+    host, actions, t = ready(), [], 2.0
+    while t <= 320.0:
+        host, more = h.step(host, h.DeadlinePassed(), t, POLICY)
+        actions += more
+        if any(isinstance(a, h.RecheckStatus) for a in more):
+            [ask] = [a for a in more if isinstance(a, h.RecheckStatus)]
+            assert ask.tasks_older_than_s == POLICY.progress_stale_s
+            answer = h.StatusRechecked(beat=areal_beat(1000.0 + t - 1, int(t) - 1, 1, 3),
+                                       old_tasks=old_tasks)  # fmt: skip
+            host, more = h.step(host, answer, t, POLICY)
+            return host, actions + more
+        host, more = h.step(host, areal_beat(1000.0 + t, int(t), 1, 3), t, POLICY)
+        actions += more
+        t += 1.0
+    raise AssertionError("no recheck asked")
+
+
+def test_tasks_left_waiting_with_slots_free_make_a_worker_not_taking_and_replaced() -> None:
+    """A broken pool's tasks: the worker keeps finishing new tasks (progress) but leaves two
+    in its inbox with slots free; after progress_stale_s of that, and the inbox showing
+    three old task files for its one in flight, it is replaced, its stacks asked for first,
+    nothing quarantined (the tasks were never taken: the successor does them)."""
+    host, actions = _backlogged(old_tasks=3)
+    assert host.state is S.STALE and host.cause_code is h.Cause.NOT_TAKING
+    assert host.reason == "not taking tasks: 2 waited 300 s in its inbox with 3 of 4 slots free"
+    assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
+        h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)
+    ]
+
+
+@pytest.mark.parametrize("old_tasks", [None, 0, 1])
+def test_a_backlog_the_inbox_does_not_confirm_only_starts_the_clock_again(
+    old_tasks: int | None,
+) -> None:
+    """No old task file beyond those in flight (tasks that arrive at every heartbeat look
+    like a backlog), or no count at all: no verdict, and the backlog is timed anew."""
+    host, actions = _backlogged(old_tasks=old_tasks)
+    assert host.state is S.READY and not [a for a in actions if isinstance(a, h.Terminate)]
+    # Asked at 302 s (300 s of backlog from 2 s): timed again from there.
+    assert host.recheck_at is None and host.backlog_since_at == 302.0
+
+
+def test_a_backlog_that_clears_or_a_full_pool_is_never_not_taking() -> None:
+    """Tasks waiting while every slot is busy, or a backlog that clears now and then, are a
+    worker at work: never replaced for it."""
+    host = ready()
+    for t in range(2, 800):
+        full = areal_beat(1000.0 + t, t, 4, 9)  # every slot busy: waiting is normal
+        clears = areal_beat(1000.0 + t, t, 1, 1 if t % 50 == 0 else 3)
+        host, actions = step_answering(host, full if t < 400 else clears, float(t), POLICY)
+        assert host.state is S.READY and not remote(actions), t
+
+
+def test_a_backlog_check_that_never_answers_gives_no_verdict() -> None:
+    """The fresh read and count do not come back in time: no task count, no verdict, and
+    the backlog is timed anew from then."""
+    host, t = ready(), 2.0
+    while host.recheck_at is None:
+        host, _ = h.step(host, h.DeadlinePassed(), t, POLICY)
+        if host.recheck_at is None:
+            host, _ = h.step(host, areal_beat(1000.0 + t, int(t), 1, 3), t, POLICY)
+            t += 1.0
+    late = t + h.RECHECK_TIMEOUT_S
+    host, actions = h.step(host, h.DeadlinePassed(), late, POLICY)
+    assert host.state is S.READY and not actions and host.backlog_since_at == late
+
+
+def test_a_backlog_is_timed_anew_after_a_thaw() -> None:
+    """Like silence and stuck-ness, tasks left waiting during a freeze count only from the
+    thaw (the worker could not see or answer its inbox through a stalled filesystem)."""
+    host = ready()
+    host, _ = h.step(host, areal_beat(1002.0, 2, 1, 3), 2.0, POLICY)
+    assert host.backlog_since_at == 2.0
+    host, _ = h.step(host, h.FleetFrozen(reason="stall"), 3.0, POLICY)
+    host, _ = h.step(host, h.FleetThawed(), 250.0, POLICY)
+    for t in range(251, 560):
+        host, actions = h.step(host, h.DeadlinePassed(), float(t), POLICY)
+        if any(isinstance(a, h.RecheckStatus) for a in actions):
+            assert t == 550  # 300 s after the thaw, not after the backlog began
+            break
+        host, _ = h.step(host, areal_beat(1000.0 + t, t, 1, 3), float(t), POLICY)
+    else:
+        raise AssertionError("never judged")

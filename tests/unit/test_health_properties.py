@@ -20,7 +20,9 @@ from supervisor.health import HostState as S
 from tests.unit.freshread import fresh_read
 
 #: Causes that leave the worker alive: only its terminate captures evidence.
-LIVE_BUT_UNHEALTHY = frozenset({h.Cause.STUCK, h.Cause.HEARTBEAT_STALE, h.Cause.NOT_READY})
+LIVE_BUT_UNHEALTHY = frozenset(
+    {h.Cause.STUCK, h.Cause.HEARTBEAT_STALE, h.Cause.NOT_READY, h.Cause.NOT_TAKING}
+)
 
 policies = st.builds(
     h.Policy,

@@ -455,3 +455,12 @@ def test_a_beat_that_comes_while_the_read_is_pending_ends_the_silence() -> None:
     assert host.state is S.READY and not actions and host.recheck_at is None
     host, actions = h.step(host, h.StatusRechecked(beat=beat(1, 9.0)), 11.3, POLICY)
     assert host.state is S.READY and not actions
+
+
+def test_a_fresh_read_that_failed_gives_the_verdict_at_once() -> None:
+    """The read could not be made (StatusRechecked without a beat): nothing new was seen,
+    so the silence stands."""
+    host = ready_host()
+    host, _ = h.step(host, h.DeadlinePassed(), 11.0, POLICY)
+    host, actions = h.step(host, h.StatusRechecked(beat=None), 11.5, POLICY)
+    assert host.state is S.STALE and host.cause_code is h.Cause.HEARTBEAT_STALE
