@@ -1,5 +1,5 @@
-"""The cores stay pure: health.py and fleet.py import only a few stdlib modules, and fleet.py
-nothing of ours but health.py."""
+"""The cores stay pure: health.py, fleet.py and leadership.py import only a few stdlib
+modules, and fleet.py nothing of ours but health.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import supervisor.fleet
 import supervisor.health
+import supervisor.leadership
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
 #: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
@@ -37,6 +38,13 @@ def test_fleet_imports_only_allowed_stdlib_modules_and_the_host_core() -> None:
     """No I/O, clock or asyncio in the fleet core either; of ours, only health.py."""
     path = Path(supervisor.fleet.__file__)
     assert _imports(path) <= FLEET_ALLOWED, _imports(path) - FLEET_ALLOWED
+
+
+def test_leadership_imports_only_allowed_stdlib_modules() -> None:
+    """The leadership core has no clock, no I/O and nothing of ours: the shell takes the lock,
+    reads the epoch and sleeps until its deadline."""
+    path = Path(supervisor.leadership.__file__)
+    assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
 
 
 def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:
