@@ -568,7 +568,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_handover(args: argparse.Namespace) -> int:
     """``handover -c CONFIG``: the leader detaches and releases the run lock; waits until
     another daemon (a standby) holds it, and names it."""
-    from supervisor import layout, runfiles
+    from supervisor import layout, leadership, runfiles
 
     cfg = _load_config(args.config)
     socket = (
@@ -578,18 +578,23 @@ def cmd_handover(args: argparse.Namespace) -> int:
     old = str(reply.get("leader") or "")
     timeout = args.timeout or cfg.ha.confirm_timeout_s
     run = layout.layout_of(cfg)
-    deadline = time.monotonic() + timeout
+    # The old leader's hold-off rule (leadership.py), driven here with a sleep.
+    state, actions = leadership.watch_handover(old, time.monotonic(), timeout)
     new = ""
-    while time.monotonic() < deadline:
-        try:
-            held = runfiles.lock_is_held(run.lock_file, root=run.root)
-        except OSError:
-            held = False
-        holder = runfiles.lock_holder(run.lock_file, root=run.root) if held else ""
-        if held and holder and holder != old:
-            new = holder
+    while True:
+        for action in actions:
+            if isinstance(action, leadership.HandedOver):
+                new = action.leader
+        if state.finished or state.deadline_at is None:
             break
-        time.sleep(min(0.05, cfg.ha.poll_interval_s))
+        event: leadership.Event = leadership.DeadlinePassed()
+        if any(isinstance(a, leadership.LookAtLock) for a in actions):
+            event = leadership.LockLooked(
+                holder=runfiles.current_holder(run.lock_file, root=run.root)
+            )
+        else:
+            time.sleep(max(0.0, state.deadline_at - time.monotonic()))
+        state, actions = leadership.step(state, event, time.monotonic(), cfg.ha)
     epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
     result = {"handed_over": bool(new), "from": old, "to": new or None, "epoch": epoch}
     if args.json:

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal, TypeVar, cast
 from supervisor.errors import ConfigError, ConfigProblem
 from supervisor.fleet import FleetPolicy, Member
 from supervisor.health import Policy
+from supervisor.leadership import Policy as HaPolicy
 
 WatchMode = Literal["auto", "inotify", "poll"]
 OnExit = Literal["stop", "detach"]
@@ -183,22 +184,6 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HaConfig:
-    """``[ha]``: a standby daemon that takes over when the leader goes (docs/OPERATIONS.md)."""
-
-    #: Wait for the run lock instead of exiting when another daemon holds it.
-    standby: bool = False
-    #: How often a standby tries the run lock.
-    poll_interval_s: float = 0.5
-    #: How often the leader checks that it still holds the lock and the epoch is its own.
-    check_interval_s: float = 5.0
-    #: How long ``handover`` waits for a standby to take the lock.
-    confirm_timeout_s: float = 30.0
-    #: After a handover the old leader stays off the lock this long (a standby takes it).
-    handover_hold_s: float = 5.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class TrainerConfig:
     """``[trainer]``: what the trainer's reward client tolerates (``FSRewardClient``'s
     defaults). The client fails every call once any host's heartbeat is older than
@@ -236,7 +221,8 @@ class Config:
     fleet: FleetPolicy
     metrics: MetricsConfig
     hosts: tuple[HostConfig, ...]
-    ha: HaConfig = HaConfig()
+    #: ``[ha]``: the leadership core's own policy (docs/OPERATIONS.md §9).
+    ha: HaPolicy = field(default_factory=HaPolicy)
     trainer: TrainerConfig = TrainerConfig()
     #: The keys the file sets (``"health.heartbeat_stale_s"``...): a default derived from
     #: ``[trainer]`` is ours to answer for, a value set by hand the operator's.
@@ -1277,9 +1263,9 @@ class _Validator:
             self.problem("metrics.listen", f"must be HOST:PORT or PORT, not {listen!r}")
         return MetricsConfig(listen=listen)
 
-    def ha(self, t: Mapping[str, Any]) -> HaConfig:
+    def ha(self, t: Mapping[str, Any]) -> HaPolicy:
         w = "ha"
-        d = HaConfig()
+        d = HaPolicy()
         self.unknown_keys(t, KEYS[w], w)
         standby = self.get(t, w, "standby", bool, d.standby)
         poll = self.seconds(t, w, "poll_interval_s", d.poll_interval_s)
@@ -1288,7 +1274,7 @@ class _Validator:
             # The NFS lease (90 s) is the takeover's worst case; a leader must learn it was
             # deposed well within it.
             self.problem("ha.check_interval_s", f"must be at most {HA_CHECK_MAX_S:g}, not {check}")
-        return HaConfig(
+        return HaPolicy(
             standby=bool(standby),
             poll_interval_s=poll,
             check_interval_s=check,

@@ -6,6 +6,13 @@ task, the interpreter, takes what is queued as a batch, hands it to ``Fleet.step
 performs the actions in order; an adapter never calls the core, it queues its result. So
 the core is entered by one caller, one batch at a time, and decides everything: this module
 has no ``if`` about health or the fleet (docs/ARCHITECTURE.md).
+
+Leadership (the run lock, the epoch, a standby's wait, the handover) is the third core's,
+``leadership.py``: ``_lead`` feeds it one event at a time (an event that comes while its
+actions are performed waits its turn), its one timer wakes it at ``deadline_at``, and its
+I/O runs in tasks that answer with events. It outlives the fleet at both ends (a standby
+has no fleet yet; a handover holds off after the fleet is gone), so it is not fed through
+the fleet's queue; the fleet hears of it by events (``Booted``, ``LeadershipEnded``).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, logs, runfiles, tasks, view
+from supervisor import fleet, health, layout, leadership, logs, runfiles, tasks, view
 from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
@@ -82,22 +89,9 @@ SCAN_RETRY_S: Final = 1.0
 SHUTDOWN_IO_TIMEOUT_S: Final = 5.0
 #: The names of the threads ``asyncio.to_thread`` runs file operations in (``run_process``).
 IO_THREAD_PREFIX: Final = "rs-io"
-#: The exit code of a leader that was deposed or handed over: non-zero, so that systemd
-#: (Restart=on-failure) starts it again, as a standby.
-EXIT_DEPOSED: Final = 3
-#: A leader that cannot tell for this long whether it still holds the lock (the run root
-#: hangs) steps down: well within the NFS lease (90 s) after which a standby may take over.
-LEADERSHIP_CHECK_TIMEOUT_S: Final = 30.0
-#: A standby is healthy (the watchdog is pinged) while its wait for the lock turned within
-#: this long, or four poll intervals if longer.
-STANDBY_HEALTH_MIN_S: Final = 10.0
 #: A standby's warm-up probe that failed (the host's python broken, say) is tried again
 #: after this pause, while its connection is up.
 WARM_RETRY_S: Final = 5.0
-#: A standby re-reads the run directory for its ``status`` at most this often, and only
-#: while its status was asked for within STANDBY_VIEW_ASKED_S.
-STANDBY_VIEW_INTERVAL_S: Final = 2.0
-STANDBY_VIEW_ASKED_S: Final = 60.0
 #: The agent bounds an evidence capture itself; this covers the round trip around it, so a
 #: host that never answers holds the terminate back no longer than the capture could.
 EVIDENCE_SLACK_S: Final = 2.0
@@ -290,24 +284,19 @@ class Daemon:
         self._collector: asyncio.Task[None] | None = None
         self._metrics: Metrics | None = None
         self._pointer_written_wall: float | None = None
-        # High availability (docs/OPERATIONS.md): a standby waits for the run lock with its
-        # hosts' connections warm; a leader holds it under an epoch and checks it.
-        self._role = "leader"
-        self._leader = ""  # who holds the lock, as it wrote it
-        self._epoch = 0
-        self._epoch_on_disk: int | None = None
-        self._exit_code = 0
-        self._booted = False
+        # High availability (docs/OPERATIONS.md): the leadership core, what it is fed while
+        # its actions are performed, its timer, its I/O and its answers to commands.
+        self._leadership = leadership.new()
+        self._lead_queue: deque[leadership.Event] = deque()
+        self._lead_stepping = False
+        self._lead_timer: asyncio.TimerHandle | None = None
+        self._lead_ops: set[asyncio.Task[None]] = set()
+        self._lead_replies: dict[int, leadership.Reply] = {}
+        self._lead_over = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        # A standby's warm connections and its view of the run directory.
         self._warm: dict[str, _Warm] = {}
-        self._stop_wanted = asyncio.Event()
-        self._check_now = asyncio.Event()
-        self._handing_over = False
         self._standby_view: dict[str, Any] = {}
-        self._lock_taken_at: float | None = None
-        self._standby_tick_at = 0.0
-        self._view_at = 0.0
-        self._view_asked_at = float("-inf")
-        self._takeover_started_at: float | None = None
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -331,12 +320,13 @@ class Daemon:
             log.warning(event, **fields)
         self._warn_about_config(self._config)
         try:
-            await asyncio.to_thread(self._prepare_run_directory)
-        except (OSError, RunLocked) as exc:
+            tried = await asyncio.to_thread(self._prepare_run_directory)
+        except OSError as exc:
             log.error("daemon.cannot_start", reason=str(exc))
-            return 1
-        if self._role == "leader":
-            log.info("ha.leading", epoch=self._epoch, leader=self._leader)
+            return leadership.EXIT_CANNOT_START
+        self._lead(tried)  # the core: we lead, we stand by, or we may not start
+        if self._leadership.finished:
+            return self._leadership.exit_code
         control = ControlServer(self._config.control.socket, self)
         try:
             await control.start()
@@ -355,10 +345,15 @@ class Daemon:
             await control.aclose()
             self._events.close()
             await self._let_go_of_run_lock()
-            if self._handing_over:
-                await self._hold_off()
-            log.info("daemon.stopped", exit_code=self._exit_code, role=self._role)
-        return self._exit_code
+            self._lead(leadership.LockReleased())
+            await self._lead_over.wait()  # after a handover, the hold-off; else at once
+            self._end_leadership()
+            log.info(
+                "daemon.stopped",
+                exit_code=self._leadership.exit_code,
+                role=self._leadership.shown_role,
+            )
+        return self._leadership.exit_code
 
     def _warn_about_config(self, config: Config) -> None:
         for event, fields in config_mod.open_file_limit_warnings(config, self._open_file_limit):
@@ -370,24 +365,14 @@ class Daemon:
     async def _serve(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            background: list[asyncio.Task[None]] = [
-                tg.create_task(self._watchdog_loop(), name="watchdog"),
-            ]
+            self._background = [tg.create_task(self._watchdog_loop(), name="watchdog")]
             try:
-                if self._role == "leader" or await self._stand_by():
-                    histories = await asyncio.to_thread(self._load_history)
-                    self._booted = True
-                    self._inbox.put(fleet.Booted(histories=histories, epoch=self._epoch))
-                    background += [
-                        tg.create_task(self._watcher.run(self._on_observations), name="watcher"),
-                        tg.create_task(self._persist_loop(), name="persist"),
-                        tg.create_task(self._reload_loop(), name="reload"),
-                        tg.create_task(self._leadership_loop(), name="leadership"),
-                    ]
-                    await self._interpret()
+                self._lead(leadership.Serving())  # the core: boot the fleet, or stand by
+                await self._interpret()
             finally:
                 self._tearing_down = True  # from here on nothing new may start in the group
-                for task in (*background, self._diagnosis, self._collector):
+                self._lead(leadership.ServingEnded())
+                for task in (*self._background, self._diagnosis, self._collector):
                     if task is not None:
                         task.cancel()
                 if self._timer is not None:
@@ -401,11 +386,13 @@ class Daemon:
                         future.set_exception(ControlError("the daemon is stopping"))
         self._tg = None
         await self._close_remotes()
-        if not self._booted or self._fleet.deposed:
+        if not self._fleet.history_is_ours:
             return  # the history is the leader's: a standby or a deposed one leaves it alone
         try:
             async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
-                await asyncio.to_thread(self._write_history, self._history_file())
+                await asyncio.to_thread(
+                    self._write_history, self._history_file(), self._leadership.epoch
+                )
         except OSError as exc:
             log.error("history.not_saved", reason=str(exc))
         except TimeoutError:
@@ -426,65 +413,173 @@ class Daemon:
             self._arm_timer()
 
     # ------------------------------------------------------------------------------------
-    # High availability: standby, takeover, leadership checks, handover
+    # High availability: the leadership core's shell (leadership.py decides)
 
-    async def _stand_by(self) -> bool:
-        """Wait for the run lock with every host's connection warm; True once we lead,
-        False when asked to stop first."""
-        ha = self._config.ha
-        log.info("ha.standby", leader=self._leader, poll_interval_s=ha.poll_interval_s)
+    def _lead(self, event: leadership.Event) -> None:
+        """Feed the leadership core ``event`` and perform what it says. An event fed while
+        its actions are being performed (a handover's stop) waits its turn, so the core is
+        never entered twice at once."""
+        self._lead_queue.append(event)
+        if self._lead_stepping:
+            return
+        self._lead_stepping = True
+        try:
+            loop = asyncio.get_running_loop()
+            while self._lead_queue:
+                self._leadership, actions = leadership.step(
+                    self._leadership, self._lead_queue.popleft(), loop.time(), self._config.ha
+                )
+                for action in actions:
+                    self._perform_leadership(action)
+            if self._lead_timer is not None:
+                self._lead_timer.cancel()
+                self._lead_timer = None
+            when = self._leadership.deadline_at
+            if when is not None:
+                self._lead_timer = loop.call_at(when, self._lead, leadership.DeadlinePassed())
+            if self._leadership.finished:
+                self._lead_over.set()
+        finally:
+            self._lead_stepping = False
+
+    def _perform_leadership(self, action: leadership.Action) -> None:
+        match action:
+            case leadership.TryLock():
+                self._lead_op(self._try_lock_op(), "try-lock")
+            case leadership.CheckLock():
+                self._lead_op(self._check_lock_op(), "check-lock")
+            case leadership.ReadView():
+                self._lead_op(self._read_view_op(), "read-view")
+            case leadership.LookAtLock():
+                self._lead_op(self._look_at_lock_op(), "look-at-lock")
+            case leadership.StandBy():
+                self._stand_by(action)
+            case leadership.LeaderChanged():
+                log.info("ha.leader_changed", leader=action.leader)
+            case leadership.TakeoverFailed():
+                log.error("ha.takeover_failed", reason=action.reason, retry_in_s=action.retry_in_s)
+            case leadership.Leading():
+                self._leading(action)
+            case leadership.Lead():
+                self._background.append(self._spawn(self._boot(), "boot"))
+            case leadership.Announce():
+                self._notifier.status(action.text)
+            case leadership.InCharge():
+                log.info(
+                    "ha.in_charge",
+                    epoch=action.epoch,
+                    since_lock_s=action.since_lock_s,
+                    since_lock_free_s=action.since_lock_free_s,
+                    adopted=sum(1 for h in self._fleet.hosts.values() if h.pid is not None),
+                    hosts=len(self._fleet.hosts),
+                )
+            case leadership.StandDown():
+                self._notifier.stopping()
+                self._inbox.put(fleet.LeadershipEnded())
+            case leadership.Deposed():
+                self._deposed(action)
+            case leadership.HandOver():
+                log.info("ha.handover", epoch=action.epoch, hold_s=action.hold_s)
+                self.request_stop("handover", detach=True)
+            case leadership.HandedOver():
+                log.info("ha.handed_over", leader=action.leader)
+            case leadership.HandoverUnclaimed():
+                log.warning("ha.handover_unclaimed", waited_s=action.waited_s)
+            case leadership.Reply():
+                self._lead_replies[action.token] = action
+            case leadership.CannotStart():
+                log.error("daemon.cannot_start", reason=action.reason)
+            case leadership.PingWatchdog():
+                self._notifier.watchdog()
+            case leadership.WithholdWatchdog():
+                log.warning("daemon.watchdog_withheld", reason=action.reason)
+            case leadership.RoleChanged():
+                log.info(
+                    "ha.role",
+                    **{"from": action.from_.value, "to": action.to.value},
+                    reason=action.reason,
+                )
+            case _:
+                assert_never(action)
+
+    def _lead_op(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run one of the leadership core's I/O actions; it answers with an event. Not in the
+        task group: the first try comes before it and a handover's looks after it."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._lead_ops.add(task)
+        task.add_done_callback(self._lead_ops.discard)
+
+    def _end_leadership(self) -> None:
+        """Drop the leadership core's timer and abandon its I/O (the process exits)."""
+        if self._lead_timer is not None:
+            self._lead_timer.cancel()
+            self._lead_timer = None
+        for task in self._lead_ops:
+            task.cancel()
+
+    async def _try_lock_op(self) -> None:
+        try:
+            event = await asyncio.to_thread(self._try_lock)
+        except Exception as exc:  # task root: the core must hear an answer
+            log.exception("ha.takeover_failed")
+            event = leadership.LockFailed(reason=f"internal error: {exc!r}")
+        self._lead(event)
+
+    async def _check_lock_op(self) -> None:
+        """The lock and the epoch on disk; the core decides (and times the check out)."""
+        try:
+            reason, epoch = await asyncio.to_thread(self._check_leadership)
+        except Exception as exc:  # task root: the core must hear an answer
+            log.exception("ha.check_failed")
+            reason, epoch = f"internal error: {exc!r}", None
+        self._lead(
+            leadership.LockChecked(held=reason is None, epoch_on_disk=epoch, reason=reason or "")
+        )
+
+    async def _read_view_op(self) -> None:
+        epoch: int | None = None
+        try:
+            epoch, self._standby_view = await asyncio.to_thread(self._read_standby_view)
+        except Exception:  # task root: a standby's view is for people, its wait goes on
+            log.exception("ha.view_failed")
+        self._lead(leadership.ViewRead(epoch_on_disk=epoch))
+
+    async def _look_at_lock_op(self) -> None:
+        run = layout.layout_of(self._config)
+        try:
+            holder = await asyncio.to_thread(runfiles.current_holder, run.lock_file, root=run.root)
+        except Exception:  # task root: the core must hear an answer
+            log.exception("ha.look_failed")
+            holder = ""
+        self._lead(leadership.LockLooked(holder=holder))
+
+    def _stand_by(self, action: leadership.StandBy) -> None:
+        """Wait as a standby: every host's connection warm, READY for systemd."""
+        log.info("ha.standby", leader=action.leader, poll_interval_s=action.poll_interval_s)
         for cfg in self._config.hosts:
             self._warm_up(cfg)
-        self._standby_view = await asyncio.to_thread(self._read_standby_view)
-        self._notifier.status(f"standby, leader: {self._leader or 'unknown'}")
+        self._notifier.status(action.summary)
         self._notifier.ready()
-        loop = asyncio.get_running_loop()
-        view_at = self._view_at = loop.time()
-        leader = self._leader
-        while True:
-            self._standby_tick_at = loop.time()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(ha.poll_interval_s):
-                    await self._stop_wanted.wait()
-            if self._stop_wanted.is_set():
-                self._notifier.stopping()
-                return False
-            free_seen_at = time.monotonic()
-            try:
-                took = await asyncio.to_thread(self._take_lock)
-            except OSError as exc:
-                log.error("ha.takeover_failed", reason=str(exc), retry_in_s=ha.poll_interval_s)
-                continue
-            if took:
-                self._takeover_started_at = free_seen_at
-                break
-            changed = self._leader != leader
-            if changed:
-                leader = self._leader
-                log.info("ha.leader_changed", leader=leader)
-                self._notifier.status(f"standby, leader: {leader or 'unknown'}")
-            # The files are re-read only while someone asks (a thousand hosts' files every
-            # 2 s would be a load on the shared filesystem for nothing).
-            asked = loop.time() - self._view_asked_at <= STANDBY_VIEW_ASKED_S
-            if changed or (asked and loop.time() - view_at >= STANDBY_VIEW_INTERVAL_S):
-                self._standby_view = await asyncio.to_thread(self._read_standby_view)
-                view_at = self._view_at = loop.time()
-        self._role = "leader"
-        log.info(
-            "ha.leading",
-            epoch=self._epoch,
-            leader=self._leader,
-            warm=sum(1 for w in self._warm.values() if w.up),
-            probed=sum(1 for w in self._warm.values() if w.probed),
-            hosts=len(self._warm),
-        )
-        if self._stop_wanted.is_set():
-            # Asked to stop (as a standby) just as the lock came: lead nothing, release it
-            # for the next one. From here on a stop is a leader's stop.
-            self._notifier.stopping()
-            return False
-        self._notifier.status(f"taking over (epoch {self._epoch})")
-        return True
+
+    def _leading(self, action: leadership.Leading) -> None:
+        fields: dict[str, Any] = {"epoch": action.epoch, "leader": action.leader}
+        if action.took_over:
+            warm = self._warm.values()
+            fields["warm"] = sum(1 for w in warm if w.up)
+            fields["probed"] = sum(1 for w in warm if w.probed)
+            fields["hosts"] = len(self._warm)
+        log.info("ha.leading", **fields)
+
+    async def _boot(self) -> None:
+        """Lead: the restart history a previous daemon left, then the fleet and the tasks
+        that serve it."""
+        histories = await asyncio.to_thread(self._load_history)
+        self._inbox.put(fleet.Booted(histories=histories))
+        self._background += [
+            self._spawn(self._watcher.run(self._on_observations), "watcher"),
+            self._spawn(self._persist_loop(), "persist"),
+            self._spawn(self._reload_loop(), "reload"),
+        ]
 
     def _warm_up(self, cfg: HostConfig) -> None:
         """Connect to ``cfg``'s host and keep its agent started and its worker probed."""
@@ -519,40 +614,11 @@ class Daemon:
             warm.probed = probed_up = True
             log.debug("ha.warm", host=warm.cfg.name, found_pid=warm.found_pid)
 
-    def _read_standby_view(self) -> dict[str, Any]:
-        """The fleet as the run directory shows it, and the epoch there (in a thread)."""
+    def _read_standby_view(self) -> tuple[int | None, dict[str, Any]]:
+        """The epoch on disk and the fleet as the run directory shows it (in a thread)."""
         run = layout.layout_of(self._config)
-        self._epoch_on_disk = runfiles.read_epoch(run.epoch_file, root=run.root)
-        return view.offline_status(self._config)
-
-    async def _leadership_loop(self) -> None:
-        """Check the lock and the epoch every ``[ha] check_interval_s`` (and at once after an
-        I/O error on the run root); the core decides whether we are deposed."""
-        interval = self._config.ha.check_interval_s
-        while True:
-            try:
-                async with asyncio.timeout(interval):
-                    await self._check_now.wait()
-            except TimeoutError:
-                pass
-            self._check_now.clear()
-            reason: str | None
-            epoch: int | None
-            try:
-                async with asyncio.timeout(LEADERSHIP_CHECK_TIMEOUT_S):
-                    reason, epoch = await asyncio.to_thread(self._check_leadership)
-            except TimeoutError:
-                reason = (
-                    f"the run lock could not be checked within {LEADERSHIP_CHECK_TIMEOUT_S:g}s"
-                    " (the run root hangs)"
-                )
-                epoch = None
-            self._epoch_on_disk = epoch
-            self._inbox.put(
-                fleet.LeadershipChecked(
-                    held=reason is None, epoch_on_disk=epoch, reason=reason or ""
-                )
-            )
+        epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
+        return epoch, view.offline_status(self._config)
 
     def _check_leadership(self) -> tuple[str | None, int | None]:
         """Why we no longer hold the run lock (None: we do), and the epoch on disk."""
@@ -563,18 +629,18 @@ class Daemon:
             reason = runfiles.check_lock(fd, run.lock_file, root=run.root)
         return reason, runfiles.read_epoch(run.epoch_file, root=run.root)
 
-    def _deposed(self, action: fleet.Deposed) -> None:
+    def _deposed(self, action: leadership.Deposed) -> None:
         """Stop acting at once: abandon every operation, write nothing, exit non-zero."""
-        self._exit_code = EXIT_DEPOSED
         for link in self._links.values():
             for task in link.ops:
                 task.cancel()
+        self._inbox.put(fleet.LeadershipEnded())
         log.error(
             "ha.deposed",
             epoch=action.epoch,
             epoch_on_disk=action.epoch_on_disk,
             reason=action.reason,
-            exit_code=EXIT_DEPOSED,
+            exit_code=leadership.EXIT_DEPOSED,
         )
         self._publish_event("ha.deposed", action.reason)
         self._notifier.stopping()
@@ -582,42 +648,12 @@ class Daemon:
     async def handover(self) -> dict[str, Any]:
         """Request ``{"cmd": "handover"}``: leave every worker running, release the run lock
         and stay off it for ``[ha] handover_hold_s`` so that a standby takes it."""
-        if self._role == "standby":
-            raise ControlError(f"this daemon is a standby; the leader is {self._leader or '?'}")
-        if self._stop_requested:
-            raise ControlError("the daemon is already stopping")
-        self._handing_over = True
-        self._exit_code = EXIT_DEPOSED
-        log.info("ha.handover", epoch=self._epoch, hold_s=self._config.ha.handover_hold_s)
-        self.request_stop("handover", detach=True)
-        return {"handing_over": True, "leader": self._leader, "epoch": self._epoch}
-
-    async def _hold_off(self) -> None:
-        """After a handover (the lock released): wait up to ``handover_hold_s`` for another
-        daemon to take the lock, so that systemd's restart of this one finds it taken."""
-        run = layout.layout_of(self._config)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.ha.handover_hold_s
-        while loop.time() < deadline:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    held = await asyncio.to_thread(
-                        runfiles.lock_is_held, run.lock_file, root=run.root
-                    )
-                    holder = None
-                    if held:
-                        holder = await asyncio.to_thread(
-                            runfiles.lock_holder, run.lock_file, root=run.root
-                        )
-            except OSError:
-                held = False
-            except TimeoutError:
-                return  # the run root hangs: nobody can take the lock through it either
-            if held:
-                log.info("ha.handed_over", leader=holder)
-                return
-            await asyncio.sleep(min(0.05, self._config.ha.poll_interval_s))
-        log.warning("ha.handover_unclaimed", waited_s=self._config.ha.handover_hold_s)
+        token = next(self._tokens)
+        self._lead(leadership.HandoverAsked(token=token))
+        reply = self._lead_replies.pop(token)
+        if reply.refusal is not None:
+            raise ControlError(reply.message)
+        return dict(reply.result or {})
 
     def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
         listen = self._config.metrics.listen
@@ -633,39 +669,36 @@ class Daemon:
             return
         self._metrics = metrics
 
-    def _prepare_run_directory(self) -> None:
+    def _prepare_run_directory(
+        self,
+    ) -> leadership.LockTaken | leadership.LockBusy | leadership.LockFailed:
+        """Create the run directory, then try the run lock (in a thread)."""
         layout.ensure_run_dirs(self._config)
-        if not self._take_lock():
-            if not self._config.ha.standby:
-                raise RunLocked(
-                    f"another reward-supervisor already runs this run"
-                    f" ({layout.layout_of(self._config).lock_file} is locked by"
-                    f" {self._leader or 'unknown'}; [ha] standby = true or --standby waits)",
-                    holder=self._leader,
-                )
-            self._role = "standby"
+        return self._try_lock()
 
-    def _take_lock(self) -> bool:
-        """Take the run lock if it is free, and lead: the next epoch, then the run files.
-        False (``_leader`` says who holds it) when another daemon does. In a thread."""
+    def _try_lock(self) -> leadership.LockTaken | leadership.LockBusy | leadership.LockFailed:
+        """Take the run lock if it is free, then write the next epoch and the run files
+        under it (in a thread)."""
         run = layout.layout_of(self._config)
         try:
             fd = runfiles.lock_run(run.lock_file, root=run.root)
         except RunLocked as exc:
-            self._leader = exc.holder
-            return False
-        self._run_lock = fd
-        self._lock_taken_at = time.monotonic()
+            return leadership.LockBusy(holder=exc.holder, lock_file=str(run.lock_file))
+        except OSError as exc:
+            return leadership.LockFailed(reason=str(exc))
+        locked_at = time.monotonic()
         try:
             # Under the lock: the lock orders the bumps, so every leadership's epoch is new.
-            self._epoch = runfiles.bump_epoch(run.epoch_file, root=run.root)
+            epoch = runfiles.bump_epoch(run.epoch_file, root=run.root)
             layout.write_run_files(self._config)
+        except OSError as exc:
+            os.close(fd)
+            return leadership.LockFailed(reason=str(exc))
         except BaseException:
-            self._release_run_lock()
+            os.close(fd)
             raise
-        self._epoch_on_disk = self._epoch
-        self._leader = _identity()
-        return True
+        self._run_lock = fd
+        return leadership.LockTaken(epoch=epoch, leader=_identity(), locked_at=locked_at)
 
     async def _let_go_of_run_lock(self) -> None:
         """Close the run lock off the loop, waiting a bounded time: on NFS or FUSE a close asks
@@ -680,11 +713,6 @@ class Daemon:
         except TimeoutError:
             log.warning("run.lock_release_slow", waited_s=SHUTDOWN_IO_TIMEOUT_S)
 
-    def _release_run_lock(self) -> None:
-        if self._run_lock is not None:
-            os.close(self._run_lock)
-            self._run_lock = None
-
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
         loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
@@ -698,11 +726,11 @@ class Daemon:
         """Begin a graceful stop (SIGTERM, SIGINT, ``stop`` command); a standby just exits."""
         if not self._stop_requested:
             self._stop_requested = True
-            self._stop_wanted.set()
-            log.info("daemon.stop_requested", by=why, role=self._role)
+            log.info("daemon.stop_requested", by=why, role=self._leadership.shown_role)
             if detach is None:
                 detach = self._config.run.on_exit == "detach"
             self._inbox.put(fleet.ShutdownRequested(detach=detach))
+            self._lead(leadership.StopAsked())
 
     def request_reload(self) -> None:
         """Re-read the config soon (SIGHUP); repeated requests converge to the last file."""
@@ -773,8 +801,9 @@ class Daemon:
 
     async def _ask(self, make: Callable[[int], fleet.Event]) -> fleet.Reply:
         """Queue an operator command and wait for the core's answer to it."""
-        if self._role == "standby":
-            raise ControlError(f"this daemon is a standby; the leader is {self._leader or '?'}")
+        refused = leadership.refusal(self._leadership, "command")
+        if refused is not None:
+            raise ControlError(refused)
         if self._fleet.finished or self._tg is None:
             raise ControlError("the daemon is not serving commands (starting or stopping)")
         token = next(self._tokens)
@@ -876,8 +905,6 @@ class Daemon:
                 log.info("daemon.stopping", on_exit=self._config.run.on_exit)
             case fleet.ShutdownDone():
                 self._shutdown_done(action)
-            case fleet.Deposed():
-                self._deposed(action)
             case _:
                 assert_never(action)
 
@@ -1012,7 +1039,7 @@ class Daemon:
             result = await link.remote.launch(spec)
         except Fenced as exc:
             log.error("host.fenced", host=name, op="launch", reason=exc.reason)
-            self._inbox.put(fleet.Fenced(host=name, reason=exc.reason))
+            self._lead(leadership.Fenced(host=name, reason=exc.reason))
             return
         except ShardHeld as exc:
             log.warning(
@@ -1048,7 +1075,7 @@ class Daemon:
             )
         except Fenced as exc:
             log.error("host.fenced", host=name, op="terminate", pid=action.pid, reason=exc.reason)
-            self._inbox.put(fleet.Fenced(host=name, reason=exc.reason))
+            self._lead(leadership.Fenced(host=name, reason=exc.reason))
             return
         except RemoteError as exc:
             log.error("host.terminate_failed", host=name, pid=action.pid, reason=exc.reason)
@@ -1211,7 +1238,7 @@ class Daemon:
     def _spec(self, link: _Link) -> LaunchSpec:
         # Every launch and terminate carries this leadership's epoch: the agent refuses one
         # lower than the run directory's (fencing a deposed leader).
-        return replace(layout.launch_spec(self._config, link.cfg), epoch=self._fleet.epoch)
+        return replace(layout.launch_spec(self._config, link.cfg), epoch=self._leadership.epoch)
 
     async def _write_sentinel(self, action: fleet.WriteStopSentinel) -> None:
         run = layout.layout_of(self._config)
@@ -1281,16 +1308,7 @@ class Daemon:
         self._notifier.ready()
         self._publish_status()
         log.info("daemon.ready", summary=self._summary, watch_mode=self._watcher.mode)
-        if self._takeover_started_at is not None and self._lock_taken_at is not None:
-            now = time.monotonic()
-            log.info(
-                "ha.in_charge",
-                epoch=self._epoch,
-                since_lock_s=round(now - self._lock_taken_at, 3),
-                since_lock_free_s=round(now - self._takeover_started_at, 3),
-                adopted=sum(1 for h in self._fleet.hosts.values() if h.pid is not None),
-                hosts=len(self._fleet.hosts),
-            )
+        self._lead(leadership.FleetSettled())  # after a takeover: in charge
         self._collector = self._spawn(self._collect_loop(), "gc")
 
     def _shutdown_done(self, done: fleet.ShutdownDone) -> None:
@@ -1313,21 +1331,14 @@ class Daemon:
     # Background loops
 
     async def _watchdog_loop(self) -> None:
+        """Ping the watchdog when the leadership core says we are healthy."""
         interval = self._notifier.watchdog_interval_s()
         if interval is None:
             return
         loop = asyncio.get_running_loop()
         while True:
-            if self._role == "standby":
-                # A standby's one job is its wait for the lock: healthy while that loop turns.
-                window = max(STANDBY_HEALTH_MIN_S, 4 * self._config.ha.poll_interval_s)
-                healthy = loop.time() - self._standby_tick_at <= window
-            else:
-                healthy = self._watcher.healthy(loop.time())
-            if healthy:
-                self._notifier.watchdog()
-            else:
-                log.warning("daemon.watchdog_withheld", reason="file watcher not healthy")
+            healthy = self._watcher.healthy(loop.time())
+            self._lead(leadership.WatchdogDue(watcher_healthy=healthy))
             await asyncio.sleep(interval)
 
     async def _collect_loop(self) -> None:
@@ -1365,23 +1376,16 @@ class Daemon:
             await asyncio.sleep(PERSIST_INTERVAL_S)
             self._history_dirty.clear()
             try:
-                saved = await asyncio.to_thread(self._write_history, self._history_file())
+                saved = await asyncio.to_thread(
+                    self._write_history, self._history_file(), self._leadership.epoch
+                )
             except OSError as exc:
                 self._history_dirty.set()
-                self._check_now.set()  # an I/O error on the run root: do we still lead?
+                self._lead(leadership.CheckAsked())  # an I/O error on the run root: still ours?
                 log.error("history.not_saved", reason=str(exc))
             else:
                 if not saved:
-                    self._check_now.set()  # another epoch on disk: the check deposes us
-
-    def _not_ours(self) -> str | None:
-        """Why this daemon must not write the run's files (another leadership's epoch is on
-        disk), or None. In a thread."""
-        run = layout.layout_of(self._config)
-        on_disk = runfiles.read_epoch(run.epoch_file, root=run.root)
-        if on_disk is not None and on_disk != self._epoch:
-            return f"the run directory's epoch is {on_disk}, ours {self._epoch}"
-        return None
+                    self._lead(leadership.CheckAsked())  # another epoch on disk
 
     def _history_file(self) -> bytes:
         """Every host's restart history as the state file's bytes (``HistoryEncoder``)."""
@@ -1394,14 +1398,14 @@ class Daemon:
             version=layout.STATE_VERSION,
         )
 
-    def _write_history(self, data: bytes) -> bool:
-        """Save the restart history, unless another leader's epoch is on disk (then it owns
-        the file: False). In a thread."""
-        why = self._not_ours()
+    def _write_history(self, data: bytes, epoch: int) -> bool:
+        """Save the restart history, unless another leadership's epoch is on disk (then it
+        owns the file: False). In a thread."""
+        run = layout.layout_of(self._config)
+        why = leadership.not_ours(epoch, runfiles.read_epoch(run.epoch_file, root=run.root))
         if why is not None:
             log.error("history.not_saved", reason=f"{why}: another supervisor leads")
             return False
-        run = layout.layout_of(self._config)
         runfiles.write_atomic(run.state_file, data, root=run.root)
         return True
 
@@ -1435,7 +1439,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         """Request ``{"cmd": "status"}``; response ``{"daemon": {...}, "hosts": {...}}``."""
-        if self._role == "standby":
+        if self._leadership.standing_by:
             return self._standby_status()
         self._publish_status()  # the summary as of now, not as of the last coalesced update
         now = asyncio.get_running_loop().time()
@@ -1457,8 +1461,9 @@ class Daemon:
     def host_status(self, name: str) -> dict[str, Any]:
         """Request ``{"cmd": "status", "host": H}``; response ``{"daemon": {...}, "host": H,
         ...}``, the host's row with its progress, restarts, last exit and evidence in full."""
-        if self._role == "standby":
-            raise ControlError(f"this daemon is a standby; the leader is {self._leader or '?'}")
+        refused = leadership.refusal(self._leadership, "command")
+        if refused is not None:
+            raise ControlError(refused)
         self._publish_status()
         now = asyncio.get_running_loop().time()
         core = self._fleet
@@ -1501,9 +1506,9 @@ class Daemon:
         core = self._fleet
         return {
             **self._identity(now),
-            "role": self._role,
-            "leader": self._leader,
-            "epoch": self._epoch,
+            "role": self._leadership.shown_role,
+            "leader": self._leadership.leader,
+            "epoch": self._leadership.epoch,
             "ready": self._ready,
             "summary": self._summary,
             "watch_mode": self._watcher.mode,
@@ -1534,15 +1539,16 @@ class Daemon:
         """A standby's status: who leads, the epoch, its warm connections, and the hosts as
         the run directory shows them (re-read every STANDBY_VIEW_INTERVAL_S)."""
         now = asyncio.get_running_loop().time()
-        self._view_asked_at = now
+        self._lead(leadership.StatusAsked())
+        core = self._leadership
         hosts = dict(self._standby_view.get("hosts", {}))
-        leader = self._leader or "unknown"
+        leader = core.leader or "unknown"
         return {
             "daemon": {
                 **self._identity(now),
                 "role": "standby",
                 "leader": leader,
-                "epoch": self._epoch_on_disk,
+                "epoch": core.epoch_on_disk,
                 "ready": True,
                 "summary": f"standby, leader: {leader}",
                 "warm": {
@@ -1551,7 +1557,7 @@ class Daemon:
                     "probed": sum(1 for w in self._warm.values() if w.probed),
                 },
                 "note": "standby: hosts as the run directory shows them; the leader acts",
-                "view_age_s": round(now - self._view_at, 3),
+                "view_age_s": round(now - (core.view_at or self._started_at), 3),
             },
             "hosts": hosts,
         }
@@ -1613,10 +1619,9 @@ class Daemon:
         Request ``{"cmd": "reload"}``; response ``{"reloaded": bool, "errors": [...],
         "added": [...], "removed": [...], "restarted": [...], "updated": [...]}``.
         """
-        if self._role == "standby":
-            raise ControlError(
-                "this daemon is a standby: restart it to apply a new config before it leads"
-            )
+        refused = leadership.refusal(self._leadership, "reload")
+        if refused is not None:
+            raise ControlError(refused)
         async with self._reload_lock:
             self._notifier.reloading()
             try:

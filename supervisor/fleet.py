@@ -46,14 +46,11 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
    held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
    written before the host is stopped and start-host has it removed before the host starts,
    so the file, which outlives the daemon, always agrees with what was done.
-10. Leadership. The fleet acts under the leadership it booted with (``Booted.epoch``, the
-   number the shell wrote to ``ctl/supervisor.epoch`` under the run lock). It is deposed
-   when a check finds the lock lost, or an epoch on disk other than its own (a standby took
-   over and wrote a higher one), or when a host's agent fenced one of its requests (the
-   agent saw a higher epoch). Deposed means ``Deposed`` and nothing more, at once and in
-   every phase: no stop, no launch, no reply, no history write (the new leader owns it).
-   An epoch file that cannot be read deposes no one: the lock is the election, the epoch
-   only the fence.
+10. Leadership is not the fleet's to decide (``leadership.py`` decides it). The fleet boots
+   when the shell leads (``Booted``) and halts when told that this daemon does not, or no
+   longer, lead (``LeadershipEnded``: deposed, or a standby that stops): at once and in
+   every phase, nothing more is done, not even what the same batch asked for before the
+   news came: no stop, no launch, no reply, no history write (the new leader owns it).
 
 Theory of operation. ``Fleet`` is a sans-I/O state machine in the manner of h11's
 connection: the shell feeds batches of events with ``now`` (a monotonic reading) and
@@ -124,27 +121,12 @@ class Booted:
     daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
 
     histories: Mapping[str, health.History] = field(default_factory=dict)
-    #: This leadership's epoch (``ctl/supervisor.epoch``); 0 where nothing fences.
-    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeadershipChecked:
-    """The shell looked at the run lock and the epoch file: ``held`` is whether this daemon
-    still holds the lock, ``epoch_on_disk`` the epoch recorded there (None: unreadable)."""
-
-    held: bool
-    epoch_on_disk: int | None
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fenced:
-    """A host's agent refused a launch or terminate of ``host``: the run directory's epoch
-    is higher than this leadership's."""
-
-    host: str
-    reason: str
+class LeadershipEnded:
+    """This daemon does not lead (a standby that stops) or no longer does (deposed): the
+    fleet halts at once, whatever it was doing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +246,7 @@ FleetEvent = (
     | StopSentinelDeleted
     | PointerWritten
     | FilesystemDiagnosed
-    | LeadershipChecked
-    | Fenced
+    | LeadershipEnded
 )
 Event = HostObserved | FleetEvent
 
@@ -497,16 +478,6 @@ class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Deposed:
-    """Another daemon leads now: stop acting at once (touch no worker, write no file) and
-    exit, so the service manager restarts this one as a standby."""
-
-    epoch: int
-    epoch_on_disk: int | None
-    reason: str
-
-
 Action = (
     ScanFiles
     | Connect
@@ -533,7 +504,6 @@ Action = (
     | CrashSignatureFound
     | CrashSignatureCleared
     | HistoryChanged
-    | Deposed
 )
 
 _HISTORY_CHANGED: Final = HistoryChanged()
@@ -609,9 +579,8 @@ class Fleet:
         self.held: dict[str, str] = {}
         #: The names of joined and joining hosts; a new object whenever they change.
         self.names: frozenset[str] = frozenset()
-        #: This leadership's epoch (from ``Booted``) and whether it was deposed.
-        self.epoch = 0
-        self.deposed = False
+        #: Told that this daemon does not lead (``LeadershipEnded``): nothing more is done.
+        self._halted = False
 
     # --- queries -----------------------------------------------------------------------
 
@@ -658,6 +627,12 @@ class Fleet:
         """Shutdown is over: nothing more will happen."""
         return self._finished
 
+    @property
+    def history_is_ours(self) -> bool:
+        """The restart history is this fleet's to save: it booted (it holds the history a
+        previous daemon left) and was not halted (then the new leader owns the file)."""
+        return self._booted and not self._halted
+
     def is_retiring(self, name: str) -> bool:
         """``name`` was removed from the config and is being stopped."""
         return name in self._retiring
@@ -696,9 +671,8 @@ class Fleet:
                 self._observed(event.host, event.event, now, out)
             else:
                 self._fleet_event(event, now, out)
-        if self.deposed:
-            # Whatever this batch asked for before the news came is not done either.
-            return [a for a in out if type(a) is Deposed]
+        if self._halted:
+            return []  # whatever this batch asked for before the news came is not done either
         if self._finished:
             return out
         # A batch matters to the freeze only if the fleet is frozen (heartbeats thaw it) or
@@ -753,10 +727,8 @@ class Fleet:
                 if self.freeze.frozen:  # thawed meanwhile: old news
                     self.finding = event.finding
                     out.append(FreezeExplained(finding=event.finding, free_bytes=event.free_bytes))
-            case LeadershipChecked():
-                self._leadership_checked(event, out)
-            case Fenced():
-                self._depose(None, f"{event.host}: fenced: {event.reason}", out)
+            case LeadershipEnded():
+                self._halt()
             case _:
                 assert_never(event)
 
@@ -908,7 +880,6 @@ class Fleet:
         if self._booted:
             return
         self._booted = True
-        self.epoch = event.epoch
         self._histories = dict(event.histories)
         self._admit(now, out)
         self._at_boot = set(self._joining)
@@ -1159,19 +1130,11 @@ class Fleet:
 
     # --- leadership ------------------------------------------------------------------------------
 
-    def _leadership_checked(self, event: LeadershipChecked, out: list[Action]) -> None:
-        if not event.held:
-            self._depose(event.epoch_on_disk, event.reason or "the run lock is lost", out)
-        elif event.epoch_on_disk is not None and event.epoch_on_disk != self.epoch:
-            reason = f"the run directory's epoch is {event.epoch_on_disk}, ours {self.epoch}"
-            self._depose(event.epoch_on_disk, reason, out)
-
-    def _depose(self, epoch_on_disk: int | None, reason: str, out: list[Action]) -> None:
-        """Stop at once: ``Deposed`` is the last action, whatever was under way."""
-        self.deposed = True
+    def _halt(self) -> None:
+        """Stop at once: nothing more is asked for, whatever was under way."""
+        self._halted = True
         self._finished = True
         self._joining.clear()
-        out.append(Deposed(epoch=self.epoch, epoch_on_disk=epoch_on_disk, reason=reason))
 
     # --- crash signatures ------------------------------------------------------------------------
 

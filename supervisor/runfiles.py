@@ -497,6 +497,17 @@ def lock_is_held(path: Path, *, root: Path) -> bool:
     return False
 
 
+def current_holder(path: Path, *, root: Path) -> str:
+    """Who holds ``ctl/supervisor.lock`` now, as its holder wrote it: "" when nobody does,
+    or when it cannot be told (a lock file we may not read, a name not written yet). Never
+    call it in the process holding the lock (``lock_holder``)."""
+    try:
+        held = lock_is_held(path, root=root)
+    except OSError:
+        return ""
+    return lock_holder(path, root=root) if held else ""
+
+
 def _holder(fd: int) -> str:
     """Who holds the lock, as its holder wrote it: at most one short printable line."""
     try:

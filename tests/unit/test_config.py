@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import config
+from supervisor import config, leadership
 from supervisor.errors import ConfigError
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -483,7 +483,7 @@ def test_privilege_warnings_name_root_use_and_nothing_else() -> None:
 def test_ha_defaults_and_values() -> None:
     """``[ha]`` left out: no standby, the documented timings; given: taken as written."""
     default = config.parse(minimal(), Path("/etc/x.toml")).ha
-    assert default == config.HaConfig(
+    assert default == leadership.Policy(
         standby=False,
         poll_interval_s=0.5,
         check_interval_s=5.0,
@@ -502,7 +502,7 @@ def test_ha_defaults_and_values() -> None:
         ),
         Path("/etc/x.toml"),
     ).ha
-    assert given == config.HaConfig(
+    assert given == leadership.Policy(
         standby=True,
         poll_interval_s=1.0,
         check_interval_s=30.0,
