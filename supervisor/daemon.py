@@ -89,7 +89,7 @@ SCAN_RETRY_S: Final = 1.0
 SHUTDOWN_IO_TIMEOUT_S: Final = 5.0
 #: The names of the threads ``asyncio.to_thread`` runs file operations in (``run_process``).
 IO_THREAD_PREFIX: Final = "rs-io"
-#: A standby's warm-up probe that failed (the host's python broken, say) is tried again
+#: A standby's agent that failed to start (the host's python broken, say) is started again
 #: after this pause, while its connection is up.
 WARM_RETRY_S: Final = 5.0
 #: The agent bounds an evidence capture itself; this covers the round trip around it, so a
@@ -112,6 +112,8 @@ class RemoteLike(Protocol):
     async def terminate(
         self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool
     ) -> None: ...
+
+    async def start_agent(self) -> None: ...
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None: ...
 
@@ -216,8 +218,10 @@ class _Link:
 
 @dataclass
 class _Warm:
-    """A standby's connection to one host, kept ready for the takeover: connected, its agent
-    started and the host probed, so that taking over costs no SSH handshake."""
+    """A standby's connection to one host, kept ready for the takeover: connected and its
+    agent started, so that taking over costs no SSH handshake and no agent start. Nothing
+    is asked of the agent: a probe's answer would be stale by the takeover (whose own probe
+    is what counts), and the agent would watch the leader's worker and push its exit here."""
 
     cfg: HostConfig
     remote: RemoteLike
@@ -227,9 +231,8 @@ class _Warm:
     up: bool | None = None
     reason: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    #: The live worker the last probe found (None: none or not probed yet).
-    probed: bool = False
-    found_pid: int | None = None
+    #: Its agent has started (and said hello) on some connection.
+    agent_started: bool = False
 
     def cancel_tasks(self) -> None:
         """Stop everything that acts for this host."""
@@ -566,7 +569,7 @@ class Daemon:
         if action.took_over:
             warm = self._warm.values()
             fields["warm"] = sum(1 for w in warm if w.up)
-            fields["probed"] = sum(1 for w in warm if w.probed)
+            fields["probed"] = sum(1 for w in warm if w.agent_started)
             fields["hosts"] = len(self._warm)
         log.info("ha.leading", **fields)
 
@@ -582,28 +585,27 @@ class Daemon:
         ]
 
     def _warm_up(self, cfg: HostConfig) -> None:
-        """Connect to ``cfg``'s host and keep its agent started and its worker probed."""
+        """Connect to ``cfg``'s host and keep its agent started."""
         warm = _Warm(cfg=cfg, remote=self._new_remote(cfg))
         self._warm[cfg.name] = warm
         warm.maintain = self._spawn(self._maintain(cfg.name, warm.remote), f"ssh:{cfg.name}")
         warm.warmer = self._spawn(self._keep_warm(warm), f"warm:{cfg.name}")
 
     async def _keep_warm(self, warm: _Warm) -> None:
-        """Probe the host once per connection: the agent is started on the way, and the
-        probe says which worker the takeover will adopt."""
-        probed_up = False
+        """Have the agent started once per connection: the connection starts it too, but
+        says nothing of a failure, and a takeover's first request must find it running."""
+        started_up = False
         while True:
             await warm.changed.wait()
             warm.changed.clear()
             if not warm.up:
-                probed_up = False
+                started_up = False
                 continue
-            if probed_up:
+            if started_up:
                 continue
-            spec = layout.launch_spec(self._config, warm.cfg)
             try:
-                warm.found_pid = await warm.remote.probe(spec, None)
-            except Exception as exc:  # task root: a standby's probe is only a warm-up
+                await warm.remote.start_agent()
+            except Exception as exc:  # task root: a standby's warm-up is only a warm-up
                 if isinstance(exc, RemoteError):
                     log.info("ha.warm_probe_failed", host=warm.cfg.name, reason=exc.reason)
                 else:
@@ -611,8 +613,8 @@ class Daemon:
                 await asyncio.sleep(WARM_RETRY_S)
                 warm.changed.set()  # try again while the connection is up
                 continue
-            warm.probed = probed_up = True
-            log.debug("ha.warm", host=warm.cfg.name, found_pid=warm.found_pid)
+            warm.agent_started = started_up = True
+            log.debug("ha.warm", host=warm.cfg.name)
 
     def _read_standby_view(self) -> tuple[int | None, dict[str, Any]]:
         """The epoch on disk and the fleet as the run directory shows it (in a thread)."""
@@ -1554,7 +1556,7 @@ class Daemon:
                 "warm": {
                     "hosts": len(self._warm),
                     "connected": sum(1 for w in self._warm.values() if w.up),
-                    "probed": sum(1 for w in self._warm.values() if w.probed),
+                    "probed": sum(1 for w in self._warm.values() if w.agent_started),
                 },
                 "note": "standby: hosts as the run directory shows them; the leader acts",
                 "view_age_s": round(now - (core.view_at or self._started_at), 3),

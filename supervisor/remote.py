@@ -688,6 +688,13 @@ class RemoteHost:
         reply = await self._call(request, protocol.EvidenceReply, timeout_s + EVIDENCE_SLACK_S)
         return evidence_of(pid, reply)
 
+    async def start_agent(self) -> None:
+        """Have this connection's agent running (the connection starts it, and starts it
+        again here if that failed or it died): returns once it said hello, raises
+        RemoteError if it cannot start. Nothing is asked of it: it watches no worker."""
+        link = self._require_link("start the agent")
+        await link.agent(self._python)
+
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """The live worker of ``spec``'s shard on this host (``pid`` or the pidfile's), if
         any: alive, not a zombie, and ours by start time or command line."""

@@ -52,6 +52,9 @@ class StandIn:
         """Confirm at once."""
         self.terminated.append(pid)
 
+    async def start_agent(self) -> None:
+        """Not used here."""
+
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """Not used here."""
         return None

@@ -1091,6 +1091,47 @@ async def test_agent_that_cannot_start_is_reported(openssh: OpenSsh, run_root: P
         assert h.remote.connected
 
 
+async def test_start_agent_has_the_agent_running_and_asks_it_nothing(
+    openssh: OpenSsh, run_root: Path, reaper: Reaper
+) -> None:
+    """A standby's warm-up: ``start_agent`` returns once the connection's agent said hello,
+    and asks it nothing, so a worker already running on the host is not watched: its death
+    is pushed to nobody (a probe would have had the agent watch it)."""
+    config = make_config(openssh, run_root)
+    async with maintained(config) as h:
+        started = reaper.add(await h.remote.launch(h.spec))
+        await h.wait_ready(started.pid)
+    async with maintained(config) as warm:
+        await warm.remote.start_agent()
+        await warm.remote.start_agent()  # running already: at once, the same agent
+        os.kill(started.pid, signal.SIGKILL)
+        await warm.exit_record(started.pid, timeout_s=10)
+        # A round trip on the same channel: a pushed exit would have arrived before it.
+        assert await warm.remote.probe(warm.spec, None) is None
+        assert warm.exits == []
+
+
+async def test_start_agent_reports_an_agent_that_cannot_start(
+    openssh: OpenSsh, run_root: Path
+) -> None:
+    """No connection, or a ``worker.python`` that does not exist: RemoteError saying so."""
+    config = make_config(openssh, run_root, python="/nonexistent/python3")
+    remote = RemoteHost(
+        config.hosts[0],
+        config.ssh,
+        python=config.worker.python,
+        handshakes=asyncio.Semaphore(1),
+        on_connection=lambda up, reason: None,
+    )
+    with pytest.raises(RemoteError, match="not connected"):
+        await remote.start_agent()
+    await remote.aclose()
+    async with maintained(config) as h:
+        with pytest.raises(RemoteError, match="agent did not start"):
+            await h.remote.start_agent()
+        assert h.remote.connected
+
+
 # --- update ---------------------------------------------------------------------------
 
 
