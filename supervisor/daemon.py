@@ -448,13 +448,13 @@ class Daemon:
     def _perform_leadership(self, action: leadership.Action) -> None:
         match action:
             case leadership.TryLock():
-                self._lead_op(self._try_lock_op(), "try-lock")
+                self._lead_io(self._try_lock, lambda why: leadership.LockFailed(reason=why))
             case leadership.CheckLock():
-                self._lead_op(self._check_lock_op(), "check-lock")
+                self._lead_io(self._check_lock, _lock_unknown)
             case leadership.ReadView():
-                self._lead_op(self._read_view_op(), "read-view")
+                self._lead_io(self._read_view, lambda why: leadership.ViewRead(epoch_on_disk=None))
             case leadership.LookAtLock():
-                self._lead_op(self._look_at_lock_op(), "look-at-lock")
+                self._lead_io(self._look_at_lock, lambda why: leadership.LockLooked(holder=""))
             case leadership.StandBy():
                 self._stand_by(action)
             case leadership.LeaderChanged():
@@ -505,10 +505,24 @@ class Daemon:
             case _:
                 assert_never(action)
 
-    def _lead_op(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        """Run one of the leadership core's I/O actions; it answers with an event. Not in the
-        task group: the first try comes before it and a handover's looks after it."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+    def _lead_io(
+        self,
+        work: Callable[[], leadership.Event],
+        failed: Callable[[str], leadership.Event],
+    ) -> None:
+        """Run one of the leadership core's I/O actions in a thread and feed it the answer
+        (``failed(why)`` if ``work`` raised: a bug, logged). Not in the task group: the
+        first try comes before it, and a handover's looks after it."""
+
+        async def answer() -> None:
+            try:
+                event = await asyncio.to_thread(work)
+            except Exception as exc:  # task root: the core must hear an answer
+                log.exception("ha.io_failed", op=getattr(work, "__name__", "?"))
+                event = failed(f"internal error: {exc!r}")
+            self._lead(event)
+
+        task = asyncio.get_running_loop().create_task(answer())
         self._lead_ops.add(task)
         task.add_done_callback(self._lead_ops.discard)
 
@@ -516,45 +530,8 @@ class Daemon:
         """Drop the leadership core's timer and abandon its I/O (the process exits)."""
         if self._lead_timer is not None:
             self._lead_timer.cancel()
-            self._lead_timer = None
         for task in self._lead_ops:
             task.cancel()
-
-    async def _try_lock_op(self) -> None:
-        try:
-            event = await asyncio.to_thread(self._try_lock)
-        except Exception as exc:  # task root: the core must hear an answer
-            log.exception("ha.takeover_failed")
-            event = leadership.LockFailed(reason=f"internal error: {exc!r}")
-        self._lead(event)
-
-    async def _check_lock_op(self) -> None:
-        """The lock and the epoch on disk; the core decides (and times the check out)."""
-        try:
-            reason, epoch = await asyncio.to_thread(self._check_leadership)
-        except Exception as exc:  # task root: the core must hear an answer
-            log.exception("ha.check_failed")
-            reason, epoch = f"internal error: {exc!r}", None
-        self._lead(
-            leadership.LockChecked(held=reason is None, epoch_on_disk=epoch, reason=reason or "")
-        )
-
-    async def _read_view_op(self) -> None:
-        epoch: int | None = None
-        try:
-            epoch, self._standby_view = await asyncio.to_thread(self._read_standby_view)
-        except Exception:  # task root: a standby's view is for people, its wait goes on
-            log.exception("ha.view_failed")
-        self._lead(leadership.ViewRead(epoch_on_disk=epoch))
-
-    async def _look_at_lock_op(self) -> None:
-        run = layout.layout_of(self._config)
-        try:
-            holder = await asyncio.to_thread(runfiles.current_holder, run.lock_file, root=run.root)
-        except Exception:  # task root: the core must hear an answer
-            log.exception("ha.look_failed")
-            holder = ""
-        self._lead(leadership.LockLooked(holder=holder))
 
     def _stand_by(self, action: leadership.StandBy) -> None:
         """Wait as a standby: every host's connection warm, READY for systemd."""
@@ -616,20 +593,28 @@ class Daemon:
             warm.agent_started = started_up = True
             log.debug("ha.warm", host=warm.cfg.name)
 
-    def _read_standby_view(self) -> tuple[int | None, dict[str, Any]]:
-        """The epoch on disk and the fleet as the run directory shows it (in a thread)."""
+    def _read_view(self) -> leadership.ViewRead:
+        """The fleet as the run directory shows it, for a standby's status, and the epoch
+        there (in a thread)."""
         run = layout.layout_of(self._config)
         epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
-        return epoch, view.offline_status(self._config)
+        self._standby_view = view.offline_status(self._config)
+        return leadership.ViewRead(epoch_on_disk=epoch)
 
-    def _check_leadership(self) -> tuple[str | None, int | None]:
-        """Why we no longer hold the run lock (None: we do), and the epoch on disk."""
+    def _check_lock(self) -> leadership.LockChecked:
+        """Whether we still hold the run lock (why not), and the epoch on disk (in a thread)."""
         run = layout.layout_of(self._config)
         fd = self._run_lock
         reason = "the run lock was released" if fd is None else None
         if fd is not None:
             reason = runfiles.check_lock(fd, run.lock_file, root=run.root)
-        return reason, runfiles.read_epoch(run.epoch_file, root=run.root)
+        epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
+        return leadership.LockChecked(held=reason is None, epoch_on_disk=epoch, reason=reason or "")
+
+    def _look_at_lock(self) -> leadership.LockLooked:
+        """Who holds the run lock now (in a thread)."""
+        run = layout.layout_of(self._config)
+        return leadership.LockLooked(holder=runfiles.current_holder(run.lock_file, root=run.root))
 
     def _deposed(self, action: leadership.Deposed) -> None:
         """Stop acting at once: abandon every operation, write nothing, exit non-zero."""
@@ -1782,6 +1767,11 @@ def run_process(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 def _identity() -> str:
     """How this daemon names itself in the run lock (``runfiles.lock_run`` writes it)."""
     return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def _lock_unknown(why: str) -> leadership.LockChecked:
+    """A check that could not be made: the lock is not known to be ours."""
+    return leadership.LockChecked(held=False, epoch_on_disk=None, reason=why)
 
 
 def _since(started: float) -> float:
