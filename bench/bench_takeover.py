@@ -1,6 +1,6 @@
 """Takeover by a warm standby vs a plain restart of the daemon, 50 hosts on a real sshd.
 
-    .venv/bin/python -m bench.bench_takeover [--hosts 50] [--runs 3] [--rc-files]
+    .venv/bin/python -m bench.bench_takeover [--hosts 50] [--runs 3] [--rc-files] [--old DIR]
 
 One OpenSSH sshd on 127.0.0.1-3 serves every "host"; 50 reference workers run under a leading
 ``reward-supervisor run`` (``[ha] standby = true``, the defaults otherwise: the standby tries
@@ -16,6 +16,10 @@ the lock every 0.5 s). Runs alternate:
   the kill to its ``daemon.ready``. Its SSH connect time (``daemon.starting`` to the last
   ``ssh.up``) is the "SSH connect time of its hosts" of the target.
 
+With ``--old DIR`` (a checkout of older code, e.g. ``git archive``d), there is no plain
+restart: takeovers by a standby running DIR's ``supervisor`` (first on its ``PYTHONPATH``)
+alternate with takeovers by one running this checkout, and the report gives new / old.
+
 Both count the launches the new leader began and the workers whose pid changed (the goal is
 0). Every "host" is this machine: its sshd sessions and workers share the cores with both
 daemons. Measurements only: nothing here asserts a time. Appends to
@@ -26,10 +30,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,11 +110,12 @@ class Bench:
         self.daemons: list[DaemonProcess] = []
         self.slot = 0  # which config the leader runs
 
-    async def start(self, slot: int) -> DaemonProcess:
-        """A daemon on config ``slot``."""
+    async def start(self, slot: int, code: Path | None = None) -> DaemonProcess:
+        """A daemon on config ``slot``, running ``code``'s supervisor (None: this checkout)."""
         daemon = DaemonProcess(self.configs[slot], self.work)
         self.daemons.append(daemon)
-        await daemon.start()
+        with pythonpath(code):
+            await daemon.start()
         return daemon
 
     async def first_leader(self) -> DaemonProcess:
@@ -116,10 +124,13 @@ class Bench:
         await leader.wait_status(lambda s: all_ready(s, self.hosts), READY_S, "all ready")
         return leader
 
-    async def takeover(self, leader: DaemonProcess) -> tuple[DaemonProcess, Sample]:
-        """Start a standby, wait until it is warm, SIGKILL the leader; the new leader."""
+    async def takeover(
+        self, leader: DaemonProcess, code: Path | None = None
+    ) -> tuple[DaemonProcess, Sample]:
+        """Start a standby (running ``code``), wait until it is warm, SIGKILL the leader;
+        the new leader."""
         other = 1 - self.slot
-        standby = await self.start(other)
+        standby = await self.start(other, code)
         n = self.hosts
         await standby.wait_status(
             lambda s: s["daemon"].get("warm") == {"hosts": n, "connected": n, "probed": n},
@@ -175,6 +186,23 @@ class Bench:
             await daemon.aclose()
 
 
+@contextlib.contextmanager
+def pythonpath(code: Path | None) -> Iterator[None]:
+    """Processes started inside import ``code``'s ``supervisor`` first (None: unchanged)."""
+    if code is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), before]))
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
 def row(side: Side) -> str:
     """One markdown row."""
     s = side.samples
@@ -187,7 +215,7 @@ def row(side: Side) -> str:
     )
 
 
-async def main_async(hosts: int, runs: int, rc_files: bool) -> str:
+async def main_async(hosts: int, runs: int, rc_files: bool, old: Path | None = None) -> str:
     """Start the server and the first leader, alternate the sides; the markdown report."""
     raise_nofile()
     with tempfile.TemporaryDirectory(prefix="bench-takeover-", dir=SCRATCH) as tmp:
@@ -196,21 +224,32 @@ async def main_async(hosts: int, runs: int, rc_files: bool) -> str:
         bench = Bench(work, sshd, hosts)
         leader: DaemonProcess | None = None
         sides = (Side("takeover by a warm standby"), Side("plain restart (baseline)"))
+        if old is not None:
+            sides = (Side("takeover, this checkout"), Side(f"takeover, old code ({old})"))
         try:
             if not rc_files:
                 clean_home(sshd)
             load_before = load_average()
             leader = await bench.first_leader()
-            for _ in range(runs):
-                leader, sample = await bench.takeover(leader)
-                sides[0].samples.append(sample)
-                leader, sample = await bench.restart(leader)
-                sides[1].samples.append(sample)
+            for run in range(runs):
+                if old is None:
+                    leader, sample = await bench.takeover(leader)
+                    sides[0].samples.append(sample)
+                    leader, sample = await bench.restart(leader)
+                    sides[1].samples.append(sample)
+                    continue
+                # Old first in the first run, new first in the second, and so on: a machine
+                # that gets busier or quieter weighs on both alike.
+                for side, code in [(sides[0], None), (sides[1], old)][:: 1 if run % 2 else -1]:
+                    leader, sample = await bench.takeover(leader, code)
+                    side.samples.append(sample)
             load_after = load_average()
         finally:
             await bench.aclose(leader)
             sshd.stop()
     facts = machine_facts()
+    if old is not None:
+        return ab_report(sides, hosts, runs, facts, load_before, load_after)
     takeover = median([x.charge_s for x in sides[0].samples])
     baseline = median([x.charge_s for x in sides[1].samples])
     connect = median([x.connect_s for x in sides[1].samples])
@@ -236,14 +275,53 @@ async def main_async(hosts: int, runs: int, rc_files: bool) -> str:
     return "\n".join(lines)
 
 
+def ab_report(
+    sides: tuple[Side, Side],
+    hosts: int,
+    runs: int,
+    facts: dict[str, str],
+    load_before: str,
+    load_after: str,
+) -> str:
+    """The markdown report of ``--old``: both takeover sides and new / old."""
+    new, old = sides
+    lines = [
+        f"takeover A/B, {hosts} hosts on one OpenSSH sshd (127.0.0.1-3), {runs} runs per side,"
+        " alternating (old first in the first run)",
+        "",
+        f"machine: {facts['cpu']}, {facts['cores']} cores, Python {facts['python']};"
+        f" load average {load_before} before, {load_after} after",
+        "",
+        "| side | kill -> lock taken | kill -> in charge (every host adopted) | SSH connect of"
+        " the new daemon | launches (all runs) | pid changes (all runs) | load (1 min) per run |",
+        "|---|---|---|---|---|---|---|",
+        row(new),
+        row(old),
+        "",
+    ]
+    # Kill -> lock taken is mostly where the kill fell in the standby's poll interval
+    # (uniform over 0.5 s): lock taken -> in charge is the takeover's own work.
+    measures: dict[str, Callable[[Sample], float]] = {
+        "kill -> lock taken": lambda x: x.lock_s or 0.0,
+        "lock taken -> in charge": lambda x: x.charge_s - (x.lock_s or 0.0),
+        "kill -> in charge": lambda x: x.charge_s,
+    }
+    for what, measure in measures.items():
+        a = median([measure(x) for x in new.samples])
+        b = median([measure(x) for x in old.samples])
+        lines.append(f"{what}: new {a:.3f} s / old {b:.3f} s = {a / b:.2f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Parse arguments, measure, print and save the report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=50, help="hosts in the config")
     parser.add_argument("--runs", type=int, default=3, help="runs per side")
     parser.add_argument("--rc-files", action="store_true", help="sessions run root's rc files")
+    parser.add_argument("--old", type=Path, help="a checkout to compare takeovers with (A/B)")
     args = parser.parse_args()
-    text = asyncio.run(main_async(args.hosts, args.runs, args.rc_files))
+    text = asyncio.run(main_async(args.hosts, args.runs, args.rc_files, args.old))
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with RESULTS.open("a", encoding="utf-8") as f:
