@@ -87,6 +87,7 @@ class TwoDaemonsOneLock(RuleBasedStateMachine):
             self.perform(d, action)
 
     def perform(self, d: Daemon, action: ld.Action) -> None:
+        """Do what ``d``'s shell does with ``action`` (I/O waits for the world's answer)."""
         match action:
             case ld.TryLock() | ld.CheckLock() | ld.ReadView() | ld.LookAtLock():
                 d.pending = action
@@ -115,6 +116,7 @@ class TwoDaemonsOneLock(RuleBasedStateMachine):
         self.feed(d, ld.Serving())
 
     def try_lock(self, d: Daemon) -> ld.Event:
+        """``TryLock`` performed: the lock taken if free (and the epoch bumped under it)."""
         if self.holder is None:
             self.holder = d.slot
             d.locked_generation = self.generation
@@ -123,6 +125,7 @@ class TwoDaemonsOneLock(RuleBasedStateMachine):
         return ld.LockBusy(holder=self.daemons[self.holder].name)
 
     def release(self, d: Daemon) -> None:
+        """``d`` lets go of its lock (its process ends or closes the descriptor)."""
         if self.holder == d.slot and d.locked_generation == self.generation:
             self.holder = None
         d.locked_generation = None
