@@ -1,8 +1,9 @@
 """The script reward-supervisor replaces, run for real: found, copied, patched and driven.
 
-The seed (``reward_workers_ctl.py``) is kept verbatim in ``tests/fixtures/seed/`` with its
-``selfmatch-fix.patch``; ``$REWARD_SUPERVISOR_SEED`` (the script, or the directory holding it
-and its patch) points the tests at another copy.
+The seed (``reward_workers_ctl.py``) and its ``selfmatch-fix.patch`` are used from where the
+team keeps them, ``../shared/seed/`` beside the checkout (never copied into it);
+``$REWARD_SUPERVISOR_SEED`` (the script, or the directory holding it and its patch) points the
+tests at another place.
 
 ``SeedWorld.create(workdir, openssh, hosts=N)`` makes what the seed needs to run as it does in
 production, on the session's OpenSSH server:
@@ -41,6 +42,8 @@ SEED_ENV = "REWARD_SUPERVISOR_SEED"
 SCRIPT = "reward_workers_ctl.py"
 PATCH = "selfmatch-fix.patch"
 REPO = Path(__file__).resolve().parent.parent
+#: Where the team keeps the old script, beside the checkout.
+SHARED_SEED = REPO.parent / "shared" / "seed"
 #: The reference worker's reward fn, as the seed's ``--reward-fn`` (read from the manifest).
 REWARD_FN = "supervisor.demo.worker.exact_match"
 
@@ -82,7 +85,7 @@ def find_seed() -> Path | None:
         path = Path(given)
         path = path / SCRIPT if path.is_dir() else path
         return path if path.is_file() else None
-    candidate = REPO / "tests" / "fixtures" / "seed" / SCRIPT
+    candidate = SHARED_SEED / SCRIPT
     if candidate.is_file() and (candidate.parent / PATCH).is_file():
         return candidate
     return None
@@ -92,7 +95,7 @@ def seed_missing_reason() -> str:
     """Why a seed test cannot run here, for its skip (a failure under strict skips)."""
     return (
         f"the old script {SCRIPT} was not found: set ${SEED_ENV} to it (or its directory);"
-        f" the repository keeps a copy in {REPO / 'tests' / 'fixtures' / 'seed'}"
+        f" it is looked for in {SHARED_SEED}"
     )
 
 
