@@ -407,37 +407,6 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ReloadPlan:
-    """What a reload changes, host by host."""
-
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    #: In both configs: their settings are refreshed in place.
-    updated: tuple[str, ...]
-    #: Of ``updated``, those whose worker must be replaced (launch parameters changed).
-    restarted: tuple[str, ...]
-
-
-def plan_reload(old: Config, new: Config) -> ReloadPlan:
-    """Compare two configs: add new hosts, stop removed ones, restart only changed ones."""
-    old_names = [h.name for h in old.hosts]
-    new_names = [h.name for h in new.hosts]
-    both = [n for n in new_names if n in old_names]
-    restarted = []
-    old_hosts = {h.name: h for h in old.hosts}
-    new_hosts = {h.name: h for h in new.hosts}
-    for name in both:
-        if launch_key(old, old_hosts[name]) != launch_key(new, new_hosts[name]):
-            restarted.append(name)
-    return ReloadPlan(
-        added=tuple(n for n in new_names if n not in old_names),
-        removed=tuple(n for n in old_names if n not in new_names),
-        updated=tuple(both),
-        restarted=tuple(restarted),
-    )
-
-
 def socket_from_raw_file(path: Path) -> Path | None:
     """``control.socket`` of a config file that may not validate (or its default)."""
     try:
