@@ -136,7 +136,7 @@ class SshConfig:
     max_channels_per_host: int = 9
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
-    # Algorithm lists, in order of preference; None: the modern defaults (remote.DEFAULT_ALGS,
+    # Algorithm lists, in order of preference; None: the modern defaults (sshalgs.DEFAULT_ALGS,
     # no SHA-1). A list given replaces the default whole, as OpenSSH's options do.
     kex_algs: tuple[str, ...] | None = None
     encryption_algs: tuple[str, ...] | None = None
@@ -1170,9 +1170,9 @@ class _Validator:
         if not names:
             self.problem(f"ssh.{key}", "must name at least one algorithm (omit it for defaults)")
             return None
-        # Imported here, and only for a config that sets a list: remote.py is the only importer
-        # of asyncssh, which knows what it supports, and other commands need not load it.
-        from supervisor.remote import SUPPORTED_ALGS
+        # Imported here, and only for a config that sets a list: asyncssh knows what it
+        # supports, and a command that reads a config without one need not load it.
+        from supervisor.sshalgs import SUPPORTED_ALGS
 
         supported = SUPPORTED_ALGS[key]
         for i, name in enumerate(names):
