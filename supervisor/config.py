@@ -75,8 +75,13 @@ RESTART_STOPS: Final = ("kill", "drain")
 # Start-up waits one connect timeout plus this for probes and launches to answer before
 # READY=1 goes out anyway (a host that cannot be reached must not block the others).
 STARTUP_SLACK_S: Final = 10.0
-# Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
+#: What the daemon's shutdown allows past ``stop_grace_s`` (``shutdown_timeout_s``): the kill
+#: of a worker that outlived its grace and the confirmation of its exit over SSH. Past it
+#: the daemon gives up on the hosts still stopping (the next daemon adopts them).
 SHUTDOWN_SLACK_S: Final = 15.0
+#: What a client waiting for a stopping daemon allows past its shutdown bound
+#: (``exit_wait_s``): closing connections and exiting.
+EXIT_SLACK_S: Final = 15.0
 #: Where ``metrics.listen`` binds when it names only a port: the endpoint has no
 #: authentication, so serving it beyond this machine must be asked for by address.
 METRICS_DEFAULT_HOST: Final = "127.0.0.1"
@@ -294,6 +299,18 @@ def trainer_defaults(trainer: TrainerConfig, watch: WatchConfig) -> Policy:
         progress_stale_s=max(stale_floor, trainer.task_timeout_s / 3),
         stop_grace_s=trainer.task_timeout_s,
     )
+
+
+def shutdown_timeout_s(stop_grace_s: float) -> float:
+    """How long the daemon's shutdown may take with ``stop_grace_s``; systemd's
+    ``TimeoutStopSec`` must be longer."""
+    return stop_grace_s + SHUTDOWN_SLACK_S
+
+
+def exit_wait_s(stop_grace_s: float) -> float:
+    """How long ``stop`` waits for a daemon with ``stop_grace_s`` to exit: its shutdown
+    bound, and its exit after that."""
+    return shutdown_timeout_s(stop_grace_s) + EXIT_SLACK_S
 
 
 def trainer_warnings(config: Config) -> list[tuple[str, str]]:
@@ -1222,7 +1239,7 @@ class _Validator:
         return FleetPolicy(
             pointer_file=None if pointer_file is None else str(pointer_file),
             startup_timeout_s=connect_timeout_s + STARTUP_SLACK_S,
-            shutdown_timeout_s=health.stop_grace_s + SHUTDOWN_SLACK_S,
+            shutdown_timeout_s=shutdown_timeout_s(health.stop_grace_s),
             freeze_fraction=fraction if fraction is not None else d.freeze_fraction,
             freeze_window_s=self.seconds(t, w, "freeze_window_s", d.freeze_window_s),
             max_concurrent_launches=self.positive_int(

@@ -551,3 +551,11 @@ def test_open_file_limit_warning_names_what_the_fleet_needs() -> None:
     assert event == "daemon.open_file_limit_low"
     assert (fields["limit"], fields["needed"], fields["hosts"]) == (needed - 1, needed, 10)
     assert "LimitNOFILE" in fields["advice"]
+
+
+def test_the_daemon_shutdown_bound_and_the_stop_wait_come_from_stop_grace() -> None:
+    """The fleet gives up on stopping hosts 15 s past stop_grace_s, and ``stop`` waits for
+    the daemon's exit 15 s past that."""
+    c = config.parse(minimal(health={"stop_grace_s": 40}), Path("/etc/x.toml"))
+    assert c.fleet.shutdown_timeout_s == config.shutdown_timeout_s(40) == 55
+    assert config.exit_wait_s(40) == 70
