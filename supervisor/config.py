@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import itertools
 import os
 import re
 import stat
@@ -1400,7 +1401,9 @@ class _Validator:
         # A shard named by an entry that is invalid for another reason is not "unserved":
         # that entry's own problem is the one to fix.
         served = {h.shard for h in hosts} | self.claimed_shards
-        missing = [s for s in range(shard_count) if s not in served]
+        # The first 11 unserved shards lie below len(served) + 11: a typo of a billion shards
+        # costs a few steps here, not a list of a billion numbers.
+        missing = list(itertools.islice((s for s in range(shard_count) if s not in served), 11))
         if missing and hosts:
             shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
             self.problem(

@@ -663,3 +663,13 @@ def test_a_bad_value_is_one_problem_under_its_own_key() -> None:
         ("trainer.heartbeat_stale_s", "must be a positive number of seconds, not 0.0"),
         ("worker.python", "must be a string, not an integer"),
     ]
+
+
+def test_a_huge_shard_count_is_reported_without_listing_every_shard() -> None:
+    """A shard count of a billion (a typo) names the first ten unserved shards, quickly and
+    in little memory."""
+    doc = minimal(run={"root": "/shared/reward/run-1", "shard_count": 10**9})
+    with pytest.raises(ConfigError) as caught:
+        config.parse(doc, Path("/etc/x.toml"))
+    [problem] = caught.value.problems
+    assert problem.reason.startswith("no host serves shard(s) 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 ...")
