@@ -76,9 +76,9 @@ RESTART_STOPS: Final = ("kill", "drain")
 # Start-up waits one connect timeout plus this for probes and launches to answer before
 # READY=1 goes out anyway (a host that cannot be reached must not block the others).
 STARTUP_SLACK_S: Final = 10.0
-#: What the daemon's shutdown allows past ``stop_grace_s`` (``shutdown_timeout_s``): the kill
-#: of a worker that outlived its grace and the confirmation of its exit over SSH. Past it
-#: the daemon gives up on the hosts still stopping (the next daemon adopts them).
+#: What the daemon's shutdown allows past ``stop_grace_s`` (``shutdown_timeout_s``): the
+#: stop requests' round trips over SSH and, for a worker killed after its grace, the kill's.
+#: Past it the daemon gives up on the hosts still stopping and exits.
 SHUTDOWN_SLACK_S: Final = 15.0
 #: What a client waiting for a stopping daemon allows past its shutdown bound
 #: (``exit_wait_s``): closing connections and exiting.
