@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=None,
         metavar="S",
-        help="seconds to wait for the exit (default: the daemon's stop_grace_s + 30)",
+        help="seconds to wait for the exit (default: the daemon's stop_grace_s"
+        f" + {config_mod.exit_wait_s(0):g})",
     )
 
     p = command(
@@ -557,7 +558,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     reply = _request(socket, "stop")
     if not args.no_wait:
         grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
-        _wait_for_exit(socket, args.timeout or grace + 30)
+        _wait_for_exit(socket, args.timeout or config_mod.exit_wait_s(grace))
     if args.json:
         print(json.dumps({**reply, "stopped": not args.no_wait}, sort_keys=True))
     else:
@@ -744,7 +745,7 @@ def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: b
     """``--stop-on-timeout``: stop every worker and the daemon, as the seed's start did."""
     _request(socket, "stop")
     grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
-    _wait_for_exit(socket, grace + 30)
+    _wait_for_exit(socket, config_mod.exit_wait_s(grace))
     if as_json:
         _print_phase(
             {"ok": False, "phase": "stopped", "root": status.get("daemon", {}).get("root")}
