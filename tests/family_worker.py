@@ -1,17 +1,18 @@
 """A worker stand-in with a family, for the tests of sweeping a dead worker's session.
 
-    python family_worker.py RECORD [--ignore-term | --term-file PATH] [-m MODULE ARGS...]
+    python family_worker.py RECORD [--ignore-term | --term-file PATH] [--then MODULE ARGS...]
 
 Before anything else it forks two children (``sleep``, in its own process group) and, through
 the second, a grandchild in a process group of its own, in the same session: the shapes a
 process pool, its resource tracker and a verifier leave behind. Then it appends one JSON line
 to RECORD: its pid, its family as ``[pid, start_time]`` pairs, and which members of the
 families RECORD named before were still alive when it started (a replacement must find none).
-Then it runs ``-m MODULE`` (the reference worker) with the rest of its arguments, or sleeps.
-Its command line keeps ``-m MODULE --root R --shard N`` so the fault monitor counts it.
+Then it becomes ``python -m MODULE ARGS`` (the reference worker; exec keeps its pid), or
+sleeps. Only then does its command line name the module (``-m MODULE --root R --shard N``):
+the fault monitor counts it as a worker, and not the children it forked before.
 
-``--ignore-term``: SIGTERM is ignored. ``--term-file PATH``: SIGTERM writes ``TERM`` to PATH
-and exits 0.
+``--ignore-term``: SIGTERM is ignored (across the exec too). ``--term-file PATH``: SIGTERM
+writes ``TERM`` to PATH and exits 0 (without ``--then`` only).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import runpy
 import signal
 import sys
 import time
@@ -109,10 +109,9 @@ def main(argv: list[str]) -> int:
     elif rest[:1] == ["--term-file"]:
         _on_term(rest[1])
         rest = rest[2:]
-    if rest[:1] == ["-m"]:
-        sys.argv = [rest[1], *rest[2:]]
-        runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
-        return 0
+    if rest[:1] == ["--then"]:
+        python = [sys.executable, "-m", *rest[1:]]
+        os.execv(python[0], python)  # noqa: S606 - the test's own argv: no shell involved
     while True:
         time.sleep(3600)  # wait-ok: a stand-in worker idles until it is killed
 
