@@ -26,6 +26,7 @@ from supervisor import agent as agent_module
 from tests.family_worker import alive, families
 from tests.integration.test_launcher import (
     DEADLINE_S,
+    INTERPRETERS,
     Agent,
     Cleanup,
     exit_record_of,
@@ -105,14 +106,16 @@ def pushed_exit(agent: Agent, pid: int) -> dict[str, Any]:
             return dict(message["exit"])
 
 
+@pytest.mark.parametrize("python", INTERPRETERS)
 def test_kill9_reaps_the_session_before_the_push_and_before_the_record(
-    tmp_path: Path, cleanup: Families
+    python: str, tmp_path: Path, cleanup: Families
 ) -> None:
     """A worker killed with SIGKILL leaves two children and a grandchild in another group:
     when its exit is pushed, and when its exit record appears, none of them lives; the
-    push and the record say how many their sweeps killed, the larger being all three."""
+    push and the record say how many their sweeps killed, the larger being all three. On
+    every host Python (no pidfds before 3.9: /proc is polled, kill() signals)."""
     spec, record = family_spec(tmp_path, cleanup)
-    agent = cleanup.agent()
+    agent = cleanup.agent(python)
     launched = cleanup.launch(agent, spec)
     family = family_of(record, launched.pid)
     assert len(family) == FAMILY
@@ -155,13 +158,15 @@ def test_with_no_agent_the_shepherd_alone_reaps_the_session_before_the_record(
     assert f"killed {FAMILY} left in its session" in log
 
 
+@pytest.mark.parametrize("python", INTERPRETERS)
 def test_terminate_of_a_worker_ignoring_sigterm_kills_and_reaps_its_session(
-    tmp_path: Path, cleanup: Families
+    python: str, tmp_path: Path, cleanup: Families
 ) -> None:
     """A worker that ignores SIGTERM is SIGKILLed after the grace, with its group, and the
-    grandchild outside its group is swept: the reply counts all three and none lives."""
+    grandchild outside its group is swept: the reply counts all three and none lives (on
+    every host Python)."""
     spec, record = family_spec(tmp_path, cleanup, "--ignore-term")
-    agent = cleanup.agent()
+    agent = cleanup.agent(python)
     launched = cleanup.launch(agent, spec)
     family = family_of(record, launched.pid)
     reply = agent.call("terminate", spec=spec, pid=launched.pid, grace_s=0.3, kill=True)
