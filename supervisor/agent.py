@@ -32,10 +32,10 @@ argument of the worker host's python. So it is stdlib-only and runs on Python >=
     (new session, double fork) and becomes the shepherd, as a launcher-forked one does.
 
 The shepherd (``rs-shepherd`` in ``ps -o comm``) takes the shard lock, starts the worker in its
-own process group, writes the pidfile and launch record, reports ``{pid, start_time}`` on the
-report pipe and closes it, then waits for the worker and writes the exit record. It ignores
-SIGTERM/SIGINT/SIGHUP (by a handler, so the worker gets default dispositions) so the exit is
-always recorded.
+own session, writes the pidfile and launch record, reports ``{pid, start_time}`` on the report
+pipe and closes it, then waits for the worker, kills what it left in its session (``sweep``)
+and writes the exit record. It ignores SIGTERM/SIGINT/SIGHUP (by a handler, so the worker gets
+default dispositions) so the exit is always recorded.
 
 Processes are identified by pid *and* start time (field 22 of ``/proc/PID/stat``, clock ticks
 since boot); a process in state ``Z`` (zombie) or ``X`` is dead.
@@ -280,9 +280,11 @@ class LaunchReply:
 
 @dataclass(frozen=True)
 class TerminateReply:
-    """How the pid ended: terminated, killed, dead, gone or reused (it was not ours)."""
+    """How the pid ended: terminated, killed, dead, gone or reused (it was not ours); and how
+    many processes of its session it left that were killed (None: its session not swept)."""
 
     outcome: str
+    reaped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,8 @@ class WorkerExit:
     #: The end of the worker's log as the shepherd's exit record will carry it: the crash
     #: signature of a pushed exit must be the one its record would give.
     log_tail: str | None = None
+    #: Processes of its session this agent killed after it (``sweep``); None: not swept.
+    reaped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -448,6 +452,7 @@ _CHECKS: dict[str, tuple[Any, ...]] = {
     "exit_code": (int, 0, 255),
     "signal": (int, 1, 127),
     "exited_at": (float, 0.0, 1e12),
+    "reaped": (int, 0, PID_MAX),
     "watching": (bool,),
     "protocol": (int, 0, 1 << 31),
     "grace_s": (float, 0.0, 1e9),
@@ -507,22 +512,31 @@ def _checked(name: str, value: Any, optional: bool) -> Any:
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """``(state, pgid, start_time)`` of ``pid``, or None if there is no such process."""
+    ids = proc_ids(pid)
+    return None if ids is None else (ids[0], ids[1], ids[3])
+
+
+def proc_ids(pid: int) -> tuple[str, int, int, int] | None:
+    """``(state, pgid, sid, start_time)`` of ``pid``, or None if there is no such process."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
+        # os.read, not open(): half the cost, and a sweep reads every process's.
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError as exc:
         if exc.errno in (errno.ESRCH, errno.ENOENT):
             return None
         raise
     # The command name (field 2) is in parentheses and may itself contain ") ".
     fields = data[data.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 (state), fields[2] field 5 (pgrp), fields[19] field 22 (starttime).
-    return fields[0].decode("ascii"), int(fields[2]), int(fields[19])
+    # fields[0] is field 3 (state), [2] field 5 (pgrp), [3] field 6 (session), [19] field 22
+    # (starttime).
+    return fields[0].decode("ascii"), int(fields[2]), int(fields[3]), int(fields[19])
 
 
-def is_dead(stat: tuple[str, int, int] | None) -> bool:
+def is_dead(stat: tuple[Any, ...] | None) -> bool:
     """Gone, or a zombie that only waits to be reaped (its code can no longer run)."""
     return stat is None or stat[0] in ("Z", "X", "x")
 
@@ -813,38 +827,55 @@ def op_probe(request: ProbeRequest) -> ProbeReply:
 
 
 def op_terminate(request: TerminateRequest) -> TerminateReply:
-    """SIGTERM (+SIGCONT) the worker's group, wait ``grace_s``, SIGKILL if ``kill``; returns
-    only once the pid is confirmed dead, raises OpError otherwise."""
+    """SIGTERM the worker alone (the AReaL worker drains what its pool holds), SIGCONT its
+    group, wait ``grace_s``, SIGKILL the group if ``kill`` (at once when ``grace_s`` is 0);
+    once it is confirmed dead (else OpError), sweep its session."""
     spec, pid, grace_s, kill = request.spec, request.pid, request.grace_s, request.kill
     fence(spec)
     verdict = identify(spec, pid)
-    if verdict != "ours":
+    ids = proc_ids(pid)
+    if verdict != "ours" or ids is None or is_dead(ids):
         # Gone, a zombie, or a pid now used by an unrelated process: ours is dead either way.
-        return TerminateReply(outcome=verdict)
-    stat = proc_stat(pid)
-    if stat is None or is_dead(stat):
-        return TerminateReply(outcome="dead")
-    start_time = stat[2]
-    # Our workers lead their own group (their verifier subprocesses are in it); a worker that
-    # does not (the old script's nohup) is signalled alone so we never hit its parent's group.
-    group = stat[1] == pid
-    _signal(pid, group, signal.SIGTERM)
-    # A stopped process keeps SIGTERM pending until it is continued.
-    _signal(pid, group, signal.SIGCONT)
-    if _wait_dead(pid, start_time, grace_s):
-        if kill and group:
-            _signal(pid, True, signal.SIGKILL)  # stragglers left in the group
-        return TerminateReply(outcome="terminated")
-    if not kill:
-        raise OpError(f"pid {pid} still alive after {grace_s:g}s; kill_after_grace=false")
-    _signal(pid, group, signal.SIGKILL)
-    if _wait_dead(pid, start_time, KILL_CONFIRM_S):
-        return TerminateReply(outcome="killed")
-    state = proc_stat(pid)
-    raise OpError(
-        f"pid {pid} still alive {KILL_CONFIRM_S:g}s after SIGKILL"
-        f" (state {state[0] if state else '?'})"
-    )
+        return TerminateReply("dead" if verdict == "ours" else verdict, _reap_late(spec, pid))
+    start_time = ids[3]
+    # A worker not leading its group (the old script's nohup) is signalled alone, never its
+    # parent's group; one not leading a session has none of its own to sweep.
+    group, leader = ids[1] == pid, ids[2] == pid
+    outcome = ""
+    if grace_s > 0 or not kill:
+        _signal(pid, False, signal.SIGTERM)
+        _signal(pid, group, signal.SIGCONT)  # a stopped process acts on no SIGTERM
+        if _wait_dead(pid, start_time, grace_s):
+            outcome = "terminated"
+        elif not kill:
+            raise OpError(f"pid {pid} still alive after {grace_s:g}s; kill_after_grace=false")
+    # What its session holds when it is killed counts as reaped, whoever's SIGKILL ends it.
+    members = session_members(pid) if leader and not outcome else {}
+    if not outcome:
+        _signal(pid, group, signal.SIGKILL)
+        if not _wait_dead(pid, start_time, KILL_CONFIRM_S):
+            state = proc_stat(pid)
+            raise OpError(
+                f"pid {pid} still alive {KILL_CONFIRM_S:g}s after SIGKILL"
+                f" (state {state[0] if state else '?'})"
+            )
+        outcome = "killed"
+    swept = sweep(pid, start_time) if leader else None
+    if swept is not None:
+        members.update(swept[0])
+    return TerminateReply(outcome, None if swept is None else len(members))
+
+
+def _reap_late(spec: dict[str, Any], pid: int) -> int | None:
+    """Sweep for a worker of ours found dead whose shepherd wrote no exit record (it was
+    killed first, so did not sweep); how many were killed."""
+    launched = read_json(spec["launch_record"], spec.get("root")) or {}
+    ended = read_json(spec["exit_record"], spec.get("root")) or {}
+    start = launched.get("start_time")
+    if (launched.get("pid"), launched.get("boot_id")) != (pid, boot_id()) or type(start) is not int:
+        return None  # not started by a shepherd here: no session of its own
+    swept = sweep(pid, start) if ended.get("pid") != pid else None
+    return None if swept is None else len(swept[0])
 
 
 def _signal(pid: int, group: bool, sig: int) -> None:
@@ -901,6 +932,80 @@ def _open_pidfd(pid: int) -> int | None:
         return int(pidfd_open(pid))
     except OSError:
         return None
+
+
+# --- sweeping a dead worker's session ---------------------------------------------------
+# A worker leads a session of its own, and what it starts (a process pool and its resource
+# tracker, in its group or not) stays in it unless it calls setsid(); they outlive it as
+# children of init, until a sweep kills them. No pid is reused while a process has it as its
+# session or group id, so the members found are the dead worker's while its pid is no live
+# process (gone, or its own zombie): a live one is a reuse, made once the session was empty.
+
+#: A sweep ends within this; a process still alive then (a hung NFS read) is reported.
+SWEEP_S = 2.0
+
+
+def sweep_safe(ids: tuple[str, int, int, int] | None, start_time: int | None) -> bool:
+    """Whether a dead worker's session may be swept, given ``proc_ids`` of its pid now."""
+    return ids is None or (is_dead(ids) and ids[3] == start_time)
+
+
+def session_members(pid: int) -> dict[int, int]:
+    """``{pid: start_time}`` of live processes of session or group ``pid``, but ``pid``."""
+    found = {}
+    for other in _live_pids():
+        try:
+            ids = None if other == pid else proc_ids(other)
+        except OSError:  # another user's, under hidepid: not ours to kill anyway
+            continue
+        if ids is not None and pid in (ids[1], ids[2]) and not is_dead(ids):
+            found[other] = ids[3]
+    return found
+
+
+def sweep(pid: int, start_time: int | None) -> tuple[dict[int, int], list[int]] | None:
+    """SIGKILL what dead worker ``pid`` left in its session, look again until none is new,
+    wait for them, within SWEEP_S: ``({pid: start} killed, pids still alive)``; None if
+    unsafe (``sweep_safe``). It looks in full before it kills, so of sweeps racing (the
+    shepherd's, the agent's), the first to finish looking saw all: the largest count is right.
+    """
+    deadline = time.monotonic() + SWEEP_S
+    seen: dict[int, int] = {}
+    killed: dict[int, int] = {}
+    try:
+        while sweep_safe(proc_ids(pid), start_time):
+            fresh = {p: t for p, t in session_members(pid).items() if seen.get(p) != t}
+            if not fresh or time.monotonic() > deadline:
+                break
+            seen.update(fresh)
+            killed.update((p, t) for p, t in fresh.items() if _kill_exact(p, t))
+        else:
+            if not seen:
+                return None
+        alive = [p for p, t in seen.items() if not _wait_dead(p, t, deadline - time.monotonic())]
+    except OSError:
+        return None
+    return killed, sorted(alive)
+
+
+def _kill_exact(pid: int, start_time: int) -> bool:
+    """SIGKILL ``pid`` if it started at ``start_time``, by pidfd where there are pidfds (a
+    number reused meanwhile is never hit)."""
+    pidfd = _open_pidfd(pid)
+    ids = proc_ids(pid)
+    try:
+        if ids is None or ids[3] != start_time:
+            return False
+        if pidfd is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return True
 
 
 def op_watch(request: WatchRequest) -> WatchReply:
@@ -972,6 +1077,8 @@ class _Watched:
         self.start_time = start_time
         self.send = send
         self.pidfd: int | None = None
+        #: It leads its own session: sweep it when it ends.
+        self.leader = False
 
 
 class ExitWatch:
@@ -1010,16 +1117,21 @@ class ExitWatch:
         """Push ``pid``'s exit through ``send`` when it ends; False (and the exit pushed now)
         if it has ended already."""
         pidfd = _open_pidfd(pid)  # before the look: a pid reused after it is no longer ours
-        stat = proc_stat(pid)
-        ended = is_dead(stat) or (
-            start_time is not None and stat is not None and stat[2] != start_time
+        ids = proc_ids(pid)
+        ended = is_dead(ids) or (
+            start_time is not None and ids is not None and ids[3] != start_time
         )
-        if ended or stat is None:
+        if ended or ids is None:
             if pidfd is not None:
                 os.close(pidfd)
-            self._push(_Watched(spec, pid, start_time or 0, send), start_time)
+            # Its zombie (known by its start time) still holds its session: swept. Gone, its
+            # session is its shepherd's to sweep: after a while its number may be another's.
+            entry = _Watched(spec, pid, start_time or 0, send)
+            entry.leader = ids is not None and is_dead(ids) and ids[2] == pid
+            self._push(entry, start_time)
             return False
-        entry = _Watched(spec, pid, stat[2], send)
+        entry = _Watched(spec, pid, ids[3], send)
+        entry.leader = ids[2] == pid
         entry.pidfd = pidfd
         with self._lock:
             old = self._watched.pop(pid, None)
@@ -1085,14 +1197,18 @@ class ExitWatch:
 
     @staticmethod
     def _push(entry: _Watched, start_time: int | None) -> None:
+        exited_at = time.time()
+        # First: the daemon launches the replacement the moment it hears of the exit.
+        swept = sweep(entry.pid, entry.start_time) if entry.leader else None
         code, sig = exit_status(entry.spec, entry.pid, start_time)
         news = WorkerExit(
             pid=entry.pid,
             start_time=start_time or None,
             exit_code=code,
             signal=sig,
-            exited_at=time.time(),
+            exited_at=exited_at,
             log_tail=exit_log_tail(entry.spec),
+            reaped=None if swept is None else len(swept[0]),
         )
         with contextlib.suppress(Exception):  # a channel gone is the daemon's loss, not ours
             entry.send(push_line(news))
@@ -1894,17 +2010,24 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     # sees the worker end (its pidfd) reads the status from the zombie, or, once it is
     # reaped, from the record, never from neither.
     exit_code, signum = _await_exit(worker)
+    exited_at = time.time()
     status = exit_code if exit_code is not None else -(signum or 0)
+    # Before the record (on which the daemon launches a replacement) and while its zombie
+    # keeps the worker's number from being another session's: kill what it left behind.
+    swept = sweep(worker.pid, start_time)
     record = {
         "pid": worker.pid,
         "start_time": start_time,
         "exit_code": exit_code,
         "signal": signum,
-        "exited_at": time.time(),
+        "exited_at": exited_at,
         "host": spec["host"],
         "shard": spec["shard"],
         "log_tail": _log_tail(log_fd),
+        "reaped": None if swept is None else len(swept[0]),
     }
+    if swept and swept[1]:
+        record["survivors"] = swept[1]
     try:
         write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n", spec["root"])
     finally:
@@ -1912,7 +2035,9 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         _log(
             log_fd,
             f"worker pid {worker.pid} exited"
-            f" ({f'code {status}' if status >= 0 else f'signal {-status}'})",
+            f" ({f'code {status}' if status >= 0 else f'signal {-status}'})"
+            + (f"; killed {record['reaped']} left in its session" if record["reaped"] else "")
+            + (f"; alive after SIGKILL: {swept[1]}" if swept and swept[1] else ""),
         )
         os.close(lock_fd)  # releases the shard lock (the process exit would too)
     return 0
@@ -2047,8 +2172,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             stdout=log_fd,
             stderr=log_fd,
             close_fds=True,
-            # Its own session and process group: terminate signals the group, which holds
-            # the worker's verifier subprocesses too.
+            # Its own session and group: whatever it starts is killed with it (``sweep``).
             start_new_session=True,
         )
     except OSError as exc:

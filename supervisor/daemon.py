@@ -117,7 +117,7 @@ class RemoteLike(Protocol):
 
     async def terminate(
         self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool
-    ) -> None: ...
+    ) -> int | None: ...
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None: ...
 
@@ -723,6 +723,7 @@ class Daemon:
                     pid=record.pid,
                     exit_code=record.exit_code,
                     signal=record.signal,
+                    reaped=record.reaped,
                     via="record",
                 )
         self._inbox.put_all(_events_of(observations))
@@ -747,10 +748,15 @@ class Daemon:
             pid=news.pid,
             exit_code=news.exit_code,
             signal=news.signal,
+            reaped=news.reaped,
             via="agent",
         )
         event = health.WorkerExited(
-            pid=news.pid, exit_code=news.exit_code, signal=news.signal, log_tail=news.log_tail
+            pid=news.pid,
+            exit_code=news.exit_code,
+            signal=news.signal,
+            log_tail=news.log_tail,
+            reaped=news.reaped,
         )
         self._inbox.put(fleet.HostObserved(name, event))
 
@@ -1043,7 +1049,7 @@ class Daemon:
         started = time.monotonic()
         event: health.Event
         try:
-            await link.remote.terminate(
+            reaped = await link.remote.terminate(
                 self._spec(link), action.pid, grace_s=action.grace_s, kill=action.kill
             )
         except Fenced as exc:
@@ -1063,10 +1069,16 @@ class Daemon:
             if self._metrics is not None:
                 self._metrics.terminate_seconds.observe(elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
-            log.info("host.terminated", host=name, pid=action.pid, elapsed_ms=elapsed_ms)
+            log.info(
+                "host.terminated",
+                host=name,
+                pid=action.pid,
+                elapsed_ms=elapsed_ms,
+                reaped=reaped,
+            )
             # Before the core hears it is dead, so before its successor can start.
             await self._quarantine(action, link.cfg)
-            event = health.TerminateConfirmed(pid=action.pid, evidence=evidence)
+            event = health.TerminateConfirmed(pid=action.pid, evidence=evidence, reaped=reaped)
         self._inbox.put(fleet.HostObserved(name, event))
 
     async def _quarantine(self, action: fleet.Terminate, cfg: HostConfig) -> None:
@@ -1689,7 +1701,11 @@ def _event_of(obs: Observation) -> health.Event | None:
             )
         case ExitObserved(record=ExitRecord() as r):
             return health.WorkerExited(
-                pid=r.pid, exit_code=r.exit_code, signal=r.signal, log_tail=r.log_tail
+                pid=r.pid,
+                exit_code=r.exit_code,
+                signal=r.signal,
+                log_tail=r.log_tail,
+                reaped=r.reaped,
             )
         case ExitObserved():
             return None  # the record went away: nothing died

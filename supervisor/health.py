@@ -248,6 +248,8 @@ class WorkerExited:
     signal: int | None = None
     #: The last lines of the worker's log, as its shepherd saw them at the exit (bounded).
     log_tail: str | None = None
+    #: Processes of its session the reporter killed after it (None: it did not sweep).
+    reaped: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,6 +282,8 @@ class TerminateConfirmed:
     pid: int
     #: Captured before the terminate, when it was asked for (``Terminate.collect_evidence``).
     evidence: Evidence | None = None
+    #: Processes of its session killed with or after it (None: its session was not swept).
+    reaped: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -512,6 +516,8 @@ class Host:
     last_exit_pid: int | None = None
     last_exit_code: int | None = None
     last_exit_signal: int | None = None
+    #: How many processes of its session were killed after it, the most any report said.
+    last_exit_reaped: int | None = None
     #: The remote operation in flight, if any.
     op: Op | None = None
     #: After a failed terminate or probe, the next attempt waits until then.
@@ -781,7 +787,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return replace(host, status_problem=event.reason, status_seen=True), True
         case WorkerExited():
             if event.pid != host.pid:
-                return host, False  # an older worker's record; that pid was settled already
+                # An older worker's record; that pid was settled already.
+                return _more_reaped(host, event.pid, event.reaped), False
             tail = event.log_tail if event.log_tail is not None else host.last_log_tail
             return replace(
                 host,
@@ -791,6 +798,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 last_exit_pid=event.pid,
                 last_exit_code=event.exit_code,
                 last_exit_signal=event.signal,
+                last_exit_reaped=event.reaped,
                 last_log_tail=tail,
             ), True
         # The shell answers each remote action with exactly one result, so a result for an
@@ -816,7 +824,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if host.op == "terminate":
                 host = replace(host, op=None, last_error=None)
             if event.pid != host.pid:
-                return host, False
+                return _more_reaped(host, event.pid, event.reaped), False
             return replace(
                 host,
                 pid=None,
@@ -825,6 +833,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 last_exit_pid=event.pid,
                 last_exit_code=None,
                 last_exit_signal=None,
+                last_exit_reaped=event.reaped,
             ), True
         case TerminateFailed():
             host = _keep_evidence(host, event.evidence, now)
@@ -875,6 +884,17 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return host, True
         case _:
             assert_never(event)
+
+
+def _more_reaped(host: Host, pid: int, reaped: int | None) -> Host:
+    """A later report of the last exit (the shepherd, the agent and a terminate may each tell
+    it): its count of processes reaped is kept when it is larger. Each reports the ones it
+    killed itself; they sweep at once, and the first to finish its look saw them all."""
+    if pid != host.last_exit_pid or reaped is None:
+        return host
+    if host.last_exit_reaped is not None and host.last_exit_reaped >= reaped:
+        return host
+    return replace(host, last_exit_reaped=reaped)
 
 
 def _keep_evidence(host: Host, evidence: Evidence | None, now: float) -> Host:

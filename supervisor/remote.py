@@ -596,15 +596,20 @@ class RemoteHost:
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
-    async def terminate(self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool) -> None:
-        """Stop ``pid`` (SIGTERM to its group, SIGKILL after ``grace_s`` if ``kill``); returns
-        only once it is confirmed dead (or was not ours), raises RemoteError otherwise."""
+    async def terminate(
+        self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool
+    ) -> int | None:
+        """Stop ``pid`` (``agent.op_terminate``: SIGTERM to it, SIGKILL to its group after
+        ``grace_s`` if ``kill``) and sweep its session; returns only once it is confirmed dead
+        (or was not ours), with how many processes of its session were killed (None: not
+        swept, or an agent that does not sweep); raises RemoteError otherwise."""
         request = protocol.TerminateRequest(
             spec=_spec_json(spec), pid=pid, grace_s=float(grace_s), kill=kill
         )
         reply = await self._call(request, protocol.TerminateReply, grace_s + TERMINATE_SLACK_S)
         outcome = host_text(reply.outcome)
-        log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
+        log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome, reaped=reply.reaped)
+        return reply.reaped
 
     async def evidence(
         self, spec: LaunchSpec, pid: int, *, timeout_s: float, stacks: str

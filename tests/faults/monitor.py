@@ -42,6 +42,8 @@ class WorkerProcess:
     host: str | None
     state: str
     start_ticks: int
+    #: Its parent's pid: a worker's fork that has not exec'd yet looks like a second worker.
+    parent: int = 0
 
 
 @dataclass(slots=True)
@@ -107,8 +109,8 @@ def parse_worker_argv(args: list[str]) -> tuple[str, int, str | None] | None:
     return values["--root"], shard, values.get("--host")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start time in ticks)`` of ``pid``, or None when it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, start time in ticks, parent pid)`` of ``pid``, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -116,7 +118,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
     try:
         fields = data[data.rindex(b")") + 2 :].split()
-        return fields[0].decode("ascii"), int(fields[19])
+        return fields[0].decode("ascii"), int(fields[19]), int(fields[1])
     except (ValueError, IndexError):  # read as the process vanished: nothing usable
         return None
 
@@ -188,7 +190,11 @@ class Scanner:
                     self._skip[pid] = inode
         for pid in [p for p in self._skip if p not in present]:
             del self._skip[pid]
-        return found, cmdlines
+        # A child of a worker with the worker's command line is a fork on its way to exec
+        # (the AReaL worker spawns its pool and its resource tracker so), not a second worker.
+        workers = {(w.pid, w.root, w.shard) for w in found}
+        found = [w for w in found if (w.parent, w.root, w.shard) not in workers]
+        return found, {w.pid: cmdlines[w.pid] for w in found}
 
     def _look_at(self, pid: int) -> tuple[WorkerProcess | None, list[str]]:
         """``pid`` as a live worker of a watched run (or None), and its argv."""
@@ -211,7 +217,7 @@ class Scanner:
         stat = _stat(pid)
         if stat is None or is_dead_state(stat[0]):
             return None, args
-        return WorkerProcess(pid, real, shard, host, stat[0], stat[1]), args
+        return WorkerProcess(pid, real, shard, host, stat[0], stat[1], stat[2]), args
 
 
 #: Shells that exec a worker after forking (the old script's respawn loop does).

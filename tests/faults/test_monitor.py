@@ -14,7 +14,7 @@ from tests.faults.harness import (
     Workload,
 )
 from tests.faults.monitor import InvariantMonitor, parse_worker_argv
-from tests.system.daemonproc import pid_alive, poll_until
+from tests.system.daemonproc import kill_quietly, pid_alive, poll_until
 
 pytestmark = [pytest.mark.faults]
 
@@ -66,6 +66,49 @@ async def test_monitor_catches_two_workers_on_one_shard(elsewhere: Path) -> None
             proc.kill()
             proc.wait()
     assert watcher.finish(5.0) != []
+
+
+async def test_a_worker_s_own_fork_is_not_a_second_worker(elsewhere: Path) -> None:
+    """A worker's child that has not exec'd yet (the AReaL worker's pool and resource tracker
+    are spawned so) carries the worker's command line, and is not taken for a second worker;
+    an unrelated second worker still is."""
+    watcher = InvariantMonitor(elsewhere.parent)
+    watcher.start()
+    parent = start_forking_worker(elsewhere)
+    try:
+        await poll_until(
+            lambda: len(_children(parent.pid)) == 1 and watcher.live_on(0) == [parent.pid],
+            30,
+            "the worker and its fork, the fork not counted",
+        )
+        assert watcher.violations == []
+        second = start_worker(elsewhere, 0, "b")
+        try:
+            await poll_until(lambda: bool(watcher.violations), 30, "the second worker caught")
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        for child in _children(parent.pid):
+            kill_quietly(child)
+        parent.kill()
+        parent.wait()
+    assert watcher.finish(5.0) != []
+
+
+def start_forking_worker(root: Path) -> subprocess.Popen[bytes]:
+    """A "worker" of shard 0 whose child keeps its command line: it forks, and neither execs."""
+    forking = "import os, time; os.fork(); time.sleep(60)"  # wait-ok: run by the processes
+    argv = [sys.executable, "-c", forking, "-m", "supervisor.demo.worker", "--root", str(root)]
+    return subprocess.Popen([*argv, "--shard", "0"])
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 async def test_monitor_reports_and_kills_a_leftover_worker(elsewhere: Path) -> None:

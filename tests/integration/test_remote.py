@@ -39,6 +39,7 @@ from supervisor.remote import (
     Started,
 )
 from tests import ports, pythons
+from tests.family_worker import alive, families
 from tests.sshd import OpenSsh
 
 pytestmark = pytest.mark.openssh
@@ -48,6 +49,8 @@ POLL_S = 0.02
 #: Generous: a loaded 2-core CI box starts a python worker in well under this.
 DEADLINE_S = 30.0
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+#: A worker stand-in with two children and a grandchild in a group of its own.
+FAMILY_WORKER = Path(__file__).parents[1] / "family_worker.py"
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -619,6 +622,36 @@ async def test_sigterm_ignoring_worker_survives_without_kill_and_dies_with_it(
         assert not is_alive(started.pid)
         record = await h.exit_record(started.pid)
         assert record["signal"] == signal.SIGKILL
+
+
+async def test_terminate_with_no_grace_kills_and_counts_the_worker_s_whole_session(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path, reaper: Reaper
+) -> None:
+    """Over SSH, terminate with grace 0 and kill: no SIGTERM, the worker's group SIGKILLed
+    and the grandchild in a group of its own swept; it returns the three killed, once none
+    lives, and the agent's push of the exit counts what its own sweep killed."""
+    record = tmp_path / "families.jsonl"
+    argv = ["{python}", str(FAMILY_WORKER), str(record), "--term-file", str(tmp_path / "term")]
+    config = make_config(openssh, run_root, worker={"argv": argv})
+    family: list[list[int]] = []
+    try:
+        async with maintained(config) as h:
+            started = reaper.add(await h.remote.launch(h.spec))
+            await wait_until(lambda: families(record), "the family recorded")
+            [line] = families(record)
+            family = line["family"]
+            assert line["worker"] == started.pid and len(family) == 3
+            reaped = await h.remote.terminate(h.spec, started.pid, grace_s=0, kill=True)
+            assert reaped == 3
+            assert [m for m in family if alive(m)] == []
+            assert not (tmp_path / "term").exists(), "the worker got a SIGTERM"
+            await wait_until(lambda: h.exits, "the pushed exit")
+            [news] = h.exits
+            assert news.pid == started.pid and news.reaped is not None and news.reaped <= 3
+    finally:
+        for member in family:
+            if alive(member):
+                os.kill(member[0], signal.SIGKILL)
 
 
 async def test_log_is_rotated_before_launch(
