@@ -143,6 +143,14 @@ EXIT_ABORT: Final = 3
 #: A pool process whose coordinator is gone exits with this (nobody reads it: it is an orphan).
 EXIT_ORPHANED: Final = 70
 
+#: Answered with every thread's stack on stderr (the supervisor's agent sends it).
+STACKS_SIGNAL: Final = signal.SIGUSR1
+# Blocked while pool processes are spawned, so each starts with them blocked (the mask passes
+# through fork and exec) and a SIGTERM to the group, or a SIGUSR1, that comes while it boots
+# waits until its initializer has set them up instead of killing it (the resource tracker
+# is started the same way).
+_SPAWN_BLOCKED: Final = frozenset({signal.SIGTERM, signal.SIGINT, STACKS_SIGNAL})
+
 #: The protocol version of task and result records (``areal.reward.fs_protocol``).
 SCHEMA_VERSION: Final = 1
 #: The built-in reward fn, by the import path a task names it with.
@@ -657,8 +665,9 @@ def _pool_process_init(coordinator: int) -> None:
     """Run in each pool process before its first task: leave stopping to the coordinator,
     answer the stacks signal, and exit once the coordinator is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a pending one is discarded here
     _register_stacks_signal()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SPAWN_BLOCKED)
     watch = threading.Thread(
         target=_exit_when_orphaned, args=(coordinator,), name="coordinator-watch", daemon=True
     )
@@ -746,7 +755,11 @@ class _Pool:
 
     def submit(self, job: Job) -> Future[Outcome]:
         """Hand ``job`` to a pool process (started now if none is idle)."""
-        future = self.executor.submit(run_job, job)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SPAWN_BLOCKED)
+        try:
+            future = self.executor.submit(run_job, job)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         manager = getattr(self.executor, "_executor_manager_thread", None)
         if isinstance(manager, threading.Thread):
             self.manager = manager
@@ -1310,10 +1323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for signum, handler in previous.items():
             # None: the old handler was not installed from Python; the default is closest.
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-
-
-#: Answered with every thread's stack on stderr (the supervisor's agent sends it).
-STACKS_SIGNAL: Final = signal.SIGUSR1
 
 
 def _register_stacks_signal(forward: Callable[[], None] | None = None) -> bool:
