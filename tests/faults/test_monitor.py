@@ -14,7 +14,12 @@ from tests.faults.harness import (
     REWARD_FN,
     Workload,
 )
-from tests.faults.monitor import InvariantMonitor, parse_worker_argv
+from tests.faults.monitor import (
+    InvariantMonitor,
+    WorkerProcess,
+    _without_unexeced_children,
+    parse_worker_argv,
+)
 from tests.system.daemonproc import pid_alive, poll_until
 
 pytestmark = [pytest.mark.faults]
@@ -84,6 +89,17 @@ async def test_monitor_reports_and_kills_a_leftover_worker(elsewhere: Path) -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_worker_s_child_before_its_exec_is_not_a_second_worker() -> None:
+    """A process with a worker's command line whose parent is a worker of the same shard (a
+    pool process between vfork and exec) is dropped; two unrelated ones are both kept."""
+    parent = WorkerProcess(10, "/r", 0, "h", "D", 100, ppid=1)
+    child = WorkerProcess(11, "/r", 0, "h", "R", 101, ppid=10)
+    other_run = WorkerProcess(12, "/s", 0, "h", "R", 102, ppid=10)
+    second = WorkerProcess(13, "/r", 0, "h", "S", 103, ppid=1)
+    assert _without_unexeced_children([parent, child, other_run]) == [parent, other_run]
+    assert _without_unexeced_children([parent, second]) == [parent, second]
 
 
 def test_data_check_finds_lost_wrong_stray_and_stuck_tasks(tmp_path: Path) -> None:
