@@ -828,6 +828,11 @@ class _Worker:
         self.retired: list[_Pool] = []  # broken pools, until they are joined at exit
         self.in_flight: dict[Future[Outcome], _InFlight] = {}
         self.claimed: set[str] = set()  # inbox names in flight
+        # The last listing's waiting names, oldest first, taken from until it runs out or is
+        # IDLE_POLL_S old: a big inbox is listed (and each file stat'ed) 20 times a second at
+        # most, not again at every finished call.
+        self.backlog: deque[str] = deque()
+        self.listed_at = -math.inf
         self.malformed_since: dict[str, float] = {}
         self.retry_at: dict[str, float] = {}
         self.breaks: dict[str, int] = {}  # inbox name -> pool breaks it was in flight at
@@ -969,18 +974,26 @@ class _Worker:
             return
         if any(job.suspect for job in self.in_flight.values()):
             return
-        names = self._waiting()
-        if names is None:
-            return
-        suspects = [name for name in names if name in self.breaks]
-        if suspects:
-            if not self.in_flight:
-                self._take(suspects[0], suspect=True)
-            return  # the ones in flight finish first, then the suspect runs alone
-        for name in names:
-            if len(self.in_flight) >= self.args.concurrency or self.stop_signal is not None:
+        now = time.monotonic()
+        if not self.backlog or now - self.listed_at >= IDLE_POLL_S:
+            names = self._waiting()
+            if names is None:
                 return
-            self._take(name, suspect=False)
+            self.backlog = deque(names)
+            self.listed_at = now
+        if self.breaks:
+            suspects = [name for name in self.backlog if name in self.breaks]
+            if suspects:
+                if not self.in_flight:
+                    self.backlog.remove(suspects[0])
+                    self._take(suspects[0], suspect=True)
+                return  # the ones in flight finish first, then the suspect runs alone
+        while self.backlog and len(self.in_flight) < self.args.concurrency:
+            if self.stop_signal is not None:
+                return
+            name = self.backlog.popleft()
+            if name not in self.claimed:
+                self._take(name, suspect=False)
 
     def _take(self, name: str, *, suspect: bool) -> None:
         """Read the task file ``name`` and hand it to the pool, or answer it at once."""
@@ -1116,6 +1129,8 @@ class _Worker:
         for future in done:
             job = self.in_flight.pop(future)
             self.claimed.discard(job.name)
+            if future.cancelled():  # its pool was shut down before the call began
+                continue  # its file stays in the inbox: taken again at a later listing
             exc = future.exception()
             if isinstance(exc, BrokenProcessPool):
                 self._broken(job, exc)
@@ -1143,6 +1158,7 @@ class _Worker:
             self._answer(job.name, job.task_id, Outcome("error", None, reason), None)
         elif self.stop_signal is None:
             self.breaks[job.name] = breaks  # its inbox file stays: it runs again, alone
+            self.backlog.clear()  # listed again at once, suspects and all
 
     def _retire(self, pool: _Pool) -> None:
         """Kill what is left of a broken pool; the next task starts a new one."""
