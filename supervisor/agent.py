@@ -1405,14 +1405,16 @@ def find_py_spy(spec: dict[str, Any]) -> str | None:
 def py_spy_dump(
     spy: str, pid: int, deadline: float, nonblocking: bool = False
 ) -> tuple[str | None, str]:
-    """``py-spy dump --pid PID``'s output, or None and why (it failed, or was killed at
-    ``deadline``); at most STACKS_MAX bytes are read."""
+    """``py-spy dump --pid PID --subprocesses``'s output (a pool's reward calls run in the
+    worker's children), or None and why (it failed, or was killed at ``deadline``); at most
+    STACKS_MAX bytes are read."""
     timeout_s = deadline - time.monotonic()
     if timeout_s <= 0:
         return None, "no time left"
     try:
         dump = subprocess.Popen(
-            [spy, "dump", "--pid", str(pid), *(["--nonblocking"] if nonblocking else [])],
+            [spy, "dump", "--pid", str(pid), "--subprocesses"]
+            + (["--nonblocking"] if nonblocking else []),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

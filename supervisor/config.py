@@ -420,7 +420,9 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
         host.username or config.ssh.username,
         config.worker.python,
         host.shard,
-        # The worker reads it at start: a running one never sees a new one.
+        # The manifest's reward fn, written at launch. Workers (the AReaL one and the
+        # reference one) score each task with the reward fn the task names; a reload
+        # that changes this one still relaunches them, as a new deploy of the run.
         config.run.reward_fn,
     )
 
