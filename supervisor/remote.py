@@ -1,8 +1,8 @@
 """Persistent SSH to each worker host: one connection, one long-lived agent channel and
 bounded one-shot commands. The only importer of asyncssh; nothing read from ``$HOME``.
 
-Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent as the
-``-c`` argument of the host's python), so an operation costs one round trip on an open
+Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent
+compressed as the ``-c`` argument of the host's python, ``packed_program``), so an operation costs one round trip on an open
 channel instead of a handshake or a new channel (and the remote user's rc files) each time.
 
 One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
@@ -27,6 +27,7 @@ whole life; a second launch finds it held and is refused with ``ShardHeld``. Why
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import itertools
@@ -36,6 +37,7 @@ import random
 import re
 import shlex
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, fields
@@ -155,8 +157,27 @@ def agent_source() -> str:
 
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
-    program = remote_program(agent_source(), AGENT_PATH)  # the source, but in ./dev test
-    return _python_command(python, program)
+    source = agent_source()
+    program = remote_program(source, AGENT_PATH)  # the source, but in ./dev test
+    return _python_command(python, packed_program(source) if program is source else program)
+
+
+#: Linux's limit on one argv string (``MAX_ARG_STRLEN``, 32 pages): the agent's program is
+#: one, as ``python -c PROGRAM``, and so is the one it hands its launcher and shepherds.
+MAX_ARG_STRLEN: Final = 128 * 1024
+
+
+@cache
+def packed_program(source: str) -> str:
+    """``source`` as a ``python -c`` program that decompresses and runs it: a third of its
+    size, so the agent can grow for years below ``MAX_ARG_STRLEN``. The agent finds this
+    program again in its own command line (``agent.own_source``) for its launcher and
+    shepherds, which run it the same way."""
+    packed = base64.b85encode(zlib.compress(source.encode("utf-8"), 9)).decode("ascii")
+    return (
+        "import base64,zlib;exec(compile(zlib.decompress(base64.b85decode("
+        f"{packed!r})),'<reward-supervisor agent>','exec'))"
+    )
 
 
 # One string per interpreter, shared by every host: each channel keeps its command for its
