@@ -187,18 +187,21 @@ MAX_ARG_STRLEN: Final = 128 * 1024
 def packed_program(source: str, modules: tuple[tuple[str, str], ...] = ()) -> str:
     """``source`` as a ``python -c`` program that decompresses and runs it, once it has run
     each of ``modules`` (``(name, text)``) as a module registered under its name in
-    ``sys.modules``: a third of their size, so the agent can grow for years below
+    ``sys.modules``: under half their size, so the agent can grow for years below
     ``MAX_ARG_STRLEN``. The agent finds this program again in its own command line
     (``agent.own_source``) for its launcher and shepherds, which run it the same way."""
     texts = [text for _, text in modules] + [source]
     if any("\0" in text for text in texts):
         raise ValueError("Python source holds no NUL byte, which separates the texts here")
-    packed = base64.b85encode(zlib.compress("\0".join(texts).encode("utf-8"), 9))
-    # One blob compresses better than one per text. The agent runs in the globals the
-    # packing's names (_t, _n, _m, base64, types, zlib) are in, and defines none of them.
+    packed = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"), 9))
+    # One blob compresses better than one per text. Base64, not the slightly smaller
+    # base85: b64decode is C, b85decode pure Python, and it ran in every start of the agent,
+    # its launcher and fresh shepherds (docs/BENCHMARKS.md, bench/bench_agent_start.py).
+    # The agent runs in the globals the packing's names (_t, _n, _m, base64, types, zlib)
+    # are in, and defines none of them.
     return (
         "import base64,sys,types,zlib\n"
-        f"_t=zlib.decompress(base64.b85decode({packed.decode('ascii')!r})).split(b'\\0')\n"
+        f"_t=zlib.decompress(base64.b64decode({packed.decode('ascii')!r})).split(b'\\0')\n"
         f"for _n in {tuple(name for name, _ in modules)!r}:\n"
         " _m=sys.modules[_n]=types.ModuleType(_n)\n"
         " exec(compile(_t.pop(0),'<reward-supervisor '+_n+'>','exec'),_m.__dict__)\n"
