@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +36,7 @@ from tests.integration.test_hostile_files import (
     plant_symlink,
     swap_for_symlink,
 )
+from tests.integration.test_launcher import make_spec
 from tests.integration.test_remote import Reaper, maintained, make_config, read_json, wait_until
 from tests.sshd import OpenSsh
 
@@ -255,6 +257,29 @@ async def test_a_ctl_swapped_for_a_symlink_is_refused_and_nothing_lands_outside(
     swap_for_symlink(ctl, outside)
     error = await refused_launch(config)
     assert f"{ctl}: not a directory (a symbolic link)" in error
+    assert list(outside.iterdir()) == []
+
+
+def test_a_record_directory_swapped_for_a_symlink_kills_the_unrecorded_worker(
+    tmp_path: Path,
+) -> None:
+    """The pidfile's directory is a symlink when the shepherd records the worker it started:
+    the write is refused, the worker is killed rather than left running unrecorded beside
+    the next launch, and nothing lands where the symlink points."""
+    root = tmp_path / "run"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    spec = make_spec(root)
+    (root / "records").symlink_to(outside)
+    spec["pidfile"] = str(root / "records" / "worker-0.pid")
+    with pytest.raises(agent_module.OpError, match="cannot record the worker's pid"):
+        agent_module._start(spec, "test")
+    said = re.search(
+        r"cannot record worker pid (\d+): (.*); killed it", Path(spec["log"]).read_text()
+    )
+    assert said is not None
+    assert said.group(2) == f"{root / 'records'}: not a directory (a symbolic link)"
+    assert agent_module.is_dead(agent_module.proc_stat(int(said.group(1))))
     assert list(outside.iterdir()) == []
 
 
