@@ -116,28 +116,22 @@ class Fenced(OpError):
     kind = "fenced"
 
 
-#: The epoch file holds one number and a newline.
-EPOCH_MAX = 64
-
-
 def fence(spec: dict[str, Any]) -> None:
     """Raise Fenced when the spec's epoch is lower than the run directory's.
 
     A spec without an epoch file or epoch (an in-process caller, an old daemon) is not
-    fenced; nor is one when the file is missing or not a number (the lock is the election,
-    the epoch only the fence: a garbled file must not stop every launch of the run).
+    fenced; nor is one when the file is missing or unreadable, as the daemon reads it (the
+    lock is the election, the epoch only the fence: a garbled file must not stop every
+    launch of the run).
     """
     path = spec.get("epoch_file")
     epoch = spec.get("epoch")
     if not isinstance(path, str) or not path or type(epoch) is not int:
         return
-    data = read_small(path, EPOCH_MAX, spec.get("root"))
-    text = (data or b"").strip()
-    if not text.isdigit() or len(text) > 16:
-        return
-    if int(text) > epoch:
+    current = safefiles.read_epoch(path, spec.get("root"))
+    if current is not None and current > epoch:
         raise Fenced(
-            f"fenced: the run directory's epoch is {int(text)}, this request's {epoch}:"
+            f"fenced: the run directory's epoch is {current}, this request's {epoch}:"
             " another reward-supervisor leads this run"
         )
 
@@ -581,16 +575,6 @@ def boot_id() -> str:
 
 #: A launch record or exit record is a few hundred bytes.
 RECORD_MAX = 1 << 20
-
-
-def read_small(path: str, limit: int, root: str | None) -> bytes | None:
-    """At most ``limit`` bytes of a regular file; None when missing, unsafe, unreadable or
-    larger."""
-    try:
-        data = safefiles.read_capped(path, limit, root)
-    except OSError:
-        return None
-    return data if len(data) <= limit else None
 
 
 def read_json(path: str, root: str | None = None) -> dict[str, Any] | None:

@@ -219,27 +219,11 @@ def lock_run(path: Path, *, root: Path) -> int:
     return fd
 
 
-#: ``ctl/supervisor.epoch`` holds one number and a newline.
-EPOCH_MAX_BYTES: Final = 64
-#: Far beyond any count of takeovers; bounded so that a planted number stays a small int.
-EPOCH_MAX: Final = 2**53
-
-
 def read_epoch(path: Path, *, root: Path) -> int | None:
     """The leadership epoch in ``ctl/supervisor.epoch``: 0 when there is none yet, None when
     the file is there but unreadable or not a number (never followed, never more than a
     few bytes read)."""
-    try:
-        data = read_capped(path, EPOCH_MAX_BYTES, root=root)
-    except FileNotFoundError:
-        return 0
-    except OSError:
-        return None
-    text = data.strip()
-    if len(data) > EPOCH_MAX_BYTES or not text.isdigit() or len(text) > 16:
-        return None
-    epoch = int(text)
-    return epoch if epoch <= EPOCH_MAX else None
+    return safefiles.read_epoch(path, root)
 
 
 def bump_epoch(path: Path, *, root: Path) -> int:

@@ -32,10 +32,13 @@ FILE_FLAGS: Final = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | FILE_FLAGS
 #: The root itself (or a trusted directory) may be reached through a symlink.
 _TRUSTED_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-#: A pidfile holds one number and a newline.
-PIDFILE_MAX_BYTES: Final = 64
+#: A pidfile or the epoch file holds one number and a newline.
+NUMBER_MAX_BYTES: Final = 64
 #: pid_t is a signed 32-bit number; nothing above it (nor 0: ``kill(0)`` is our own group).
 _PID_LIMIT: Final = 1 << 31
+#: The leadership epoch (``ctl/supervisor.epoch``): far beyond any count of takeovers, and
+#: bounded so that a planted number stays a small int.
+EPOCH_MAX: Final = 2**53
 # Temp names: a random part too long to guess, and the name clipped so the whole fits NAME_MAX.
 _TEMP_NAME_MAX: Final = 200
 _TEMP_ATTEMPTS: Final = 10
@@ -248,19 +251,38 @@ def parse_json(data: bytes, max_bytes: int, path: StrPath) -> Any:
         raise ValueError(f"{os.fspath(path)}: {exc}") from None
 
 
+def read_number(path: StrPath, max_digits: int, root: StrPath | None = None) -> int | None:
+    """The number a small file holds (a pidfile, the epoch): at most ``max_digits`` decimal
+    digits and whitespace around them; None when it holds anything else or is larger than
+    NUMBER_MAX_BYTES. Raises OSError (FileNotFoundError when it is missing, UnsafeFile)."""
+    data = read_capped(path, NUMBER_MAX_BYTES, root)
+    text = data.strip()
+    # bytes.isdigit is ASCII only: no "²", no other script's digits, no sign, no spaces.
+    if len(data) > NUMBER_MAX_BYTES or not text.isdigit() or len(text) > max_digits:
+        return None
+    return int(text)
+
+
 def read_pid(path: StrPath, root: StrPath | None = None) -> int | None:
     """The pid in a pidfile; None when it is missing, unsafe, unreadable, too big or not a
     number from 1 to 2**31 - 1."""
     try:
-        data = read_capped(path, PIDFILE_MAX_BYTES, root)
+        pid = read_number(path, 10, root)
     except OSError:
         return None
-    text = data.strip()
-    # bytes.isdigit is ASCII only: no "²", no other script's digits, no sign, no spaces.
-    if len(data) > PIDFILE_MAX_BYTES or not text.isdigit() or len(text) > 10:
+    return pid if pid is not None and 0 < pid < _PID_LIMIT else None
+
+
+def read_epoch(path: StrPath, root: StrPath | None = None) -> int | None:
+    """The leadership epoch in ``ctl/supervisor.epoch``: 0 when there is none yet, None when
+    the file is there but unsafe, unreadable, or not a number up to EPOCH_MAX."""
+    try:
+        epoch = read_number(path, len(str(EPOCH_MAX)), root)
+    except FileNotFoundError:
+        return 0
+    except OSError:
         return None
-    pid = int(text)
-    return pid if 0 < pid < _PID_LIMIT else None
+    return epoch if epoch is not None and epoch <= EPOCH_MAX else None
 
 
 def write_atomic(
