@@ -24,22 +24,32 @@ def test_every_host_with_the_same_python_shares_one_command_string() -> None:
     assert words[5:] == ["-c", remote.agent_program(), "agent"]
 
 
-def test_the_packed_agent_runs_the_agent_and_leaves_room_to_grow(tmp_path: Path) -> None:
-    """The program sent is at most half of Linux's limit on one argv string, and running it
-    where no ``supervisor`` package can be imported (no site-packages, no working directory
-    on the path) runs agent.py itself, with the safefiles it carries (the usage line, for
-    an unknown mode)."""
+#: What agent.py prints for an unknown mode: it ran, and so did every import it makes.
+USAGE = (2, "usage: agent | launcher | shepherd\n")
+
+
+def run_packed(flags: list[str], cwd: Path) -> tuple[int, str]:
+    """Exit status and stderr of the packed agent program run in ``cwd`` by this python
+    with ``flags``, for an unknown mode."""
     program = remote.packed_program(remote.agent_source(), remote.agent_modules())
-    assert len(program.encode()) <= remote.MAX_ARG_STRLEN // 2
     ran = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", program, "no-such-mode"],
+        [sys.executable, *flags, "-c", program, "no-such-mode"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        cwd=tmp_path,
+        cwd=cwd,
     )
-    assert (ran.returncode, ran.stderr) == (2, "usage: agent | launcher | shepherd\n")
+    return ran.returncode, ran.stderr
+
+
+def test_the_packed_agent_runs_the_agent_and_leaves_room_to_grow(tmp_path: Path) -> None:
+    """The program sent is at most half of Linux's limit on one argv string, and running it
+    where no ``supervisor`` package can be imported (no site-packages, no working directory
+    on the path) runs agent.py itself, with the safefiles it carries."""
+    program = remote.packed_program(remote.agent_source(), remote.agent_modules())
+    assert len(program.encode()) <= remote.MAX_ARG_STRLEN // 2
+    assert run_packed(["-I", "-S"], tmp_path) == USAGE
 
 
 def test_the_packed_agent_never_imports_a_host_supervisor_package(tmp_path: Path) -> None:
@@ -49,14 +59,5 @@ def test_the_packed_agent_never_imports_a_host_supervisor_package(tmp_path: Path
     planted.mkdir()
     (planted / "__init__.py").write_text("")
     (planted / "safefiles.py").write_text("raise SystemExit('the host copy was imported')\n")
-    program = remote.packed_program(remote.agent_source(), remote.agent_modules())
-    ran = subprocess.run(
-        # -c puts the working directory first on sys.path: the planted package is found.
-        [sys.executable, "-S", "-c", program, "no-such-mode"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert (ran.returncode, ran.stderr) == (2, "usage: agent | launcher | shepherd\n")
+    # -c puts the working directory first on sys.path: the planted package is found there.
+    assert run_packed(["-S"], tmp_path) == USAGE
