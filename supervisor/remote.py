@@ -2,8 +2,9 @@
 bounded one-shot commands. The only importer of asyncssh; nothing read from ``$HOME``.
 
 Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent
-compressed as the ``-c`` argument of the host's python, ``packed_program``), so an operation costs one round trip on an open
-channel instead of a handshake or a new channel (and the remote user's rc files) each time.
+compressed as the ``-c`` argument of the host's python, ``packed_program``), so an operation
+costs one round trip on an open channel instead of a handshake or a new channel (and the
+remote user's rc files) each time.
 
 One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
 ``fcntl.lockf(LOCK_EX | LOCK_NB)`` on ``ctl/shard-N.lock`` and holds it for the worker's
