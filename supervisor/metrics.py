@@ -517,6 +517,12 @@ class _SnapshotCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self._snapshot = snapshot
 
+    def describe(self) -> Iterator[Metric]:
+        """Nothing: without it the registry would collect, so take a snapshot, when the
+        collector is registered, which the daemon does on its loop's own thread, where
+        waiting for the loop to build the snapshot blocks it for SNAPSHOT_TIMEOUT_S."""
+        return iter(())
+
     def collect(self) -> Iterator[Metric]:
         try:
             status = self._snapshot()

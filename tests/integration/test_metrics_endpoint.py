@@ -219,3 +219,24 @@ def test_role_and_epoch_gauges_and_a_standby_exports_no_host_series() -> None:
     assert "reward_supervisor_epoch 7.0" in standby
     assert "reward_supervisor_up 1.0" in standby
     assert "worker-0" not in standby
+
+
+async def test_making_the_metrics_on_the_loop_takes_no_snapshot() -> None:
+    """The daemon makes its Metrics on its loop's thread: registering the snapshot collector
+    must not ask that loop for a snapshot (it would wait for itself until the deadline and
+    log a failed snapshot); the first scrape, from the endpoint's thread, builds it."""
+    loop = asyncio.get_running_loop()
+    builds: list[int] = []
+
+    def build() -> dict[str, Any]:
+        """Count the build."""
+        builds.append(1)
+        return {"hosts": {}, "daemon": {}}
+
+    with capture_logs() as logs:
+        metrics = Metrics(snapshot_on_loop(loop, build))
+    assert builds == []
+    assert [e for e in logs if e["event"] == "metrics.snapshot_failed"] == []
+    body, _ = await asyncio.to_thread(metrics.render, "text/plain", "")
+    assert b"reward_supervisor_up 1.0" in body
+    assert builds == [1]
