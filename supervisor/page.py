@@ -228,10 +228,11 @@ def _rank(row: Mapping[str, Any]) -> int:
 
 
 def _flags(row: Mapping[str, Any]) -> list[str]:
-    """What is wrong besides the state: SSH down, a worker found stuck, a held restart."""
+    """What is wrong besides the state: no SSH connection (lost, or not made yet: remote
+    actions wait), a worker found stuck, a held restart, a status file that does not read."""
     flags = []
     if row.get("ssh") == "unreachable":
-        flags.append("ssh down")
+        flags.append("no ssh")
     if row.get("last_cause") == health.Cause.STUCK.value and row.get("state") != "ready":
         flags.append("stuck")
     if row.get("restart_held"):
@@ -399,6 +400,8 @@ def _tile(name: str, row: Mapping[str, Any]) -> str:
     if reason:
         lines.append(str(reason)[:TILE_REASON_CHARS])
     lines += flags
+    if row.get("ssh") == "unreachable" and row.get("ssh_reason"):
+        lines.append(f"ssh: {row['ssh_reason']}")
     work = work_text(_mapping(row.get("work")) or None, row.get("in_flight"))
     if _number(row.get("tasks_per_min")):
         work = f"{row['tasks_per_min']:g} tasks/min" + (f", {work}" if work else "")
@@ -464,7 +467,7 @@ def _host_facts(detail: Mapping[str, Any]) -> str:
         (
             "ssh",
             f"{detail.get('ssh')} ({detail.get('address')})"
-            + (f": {detail['ssh_reason']}" if detail.get("ssh_reason") else ""),
+            + (f": {detail['ssh_reason']}" if detail.get("ssh") == "unreachable" else ""),
         ),
     ]
     age = detail.get("heartbeat_age_s")

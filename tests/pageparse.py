@@ -52,6 +52,8 @@ class Page:
 
 
 class _Reader(HTMLParser):
+    """Collects a Page while the parser walks the document."""
+
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.page = Page()
@@ -62,6 +64,8 @@ class _Reader(HTMLParser):
         self._text: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        """Note the element; start collecting the text of a tile's lines, a banner, a count,
+        a script, a style, a ``pre`` or the title."""
         a = dict(attrs)
         self.page.elements.append(Element(tag, a))
         classes = (a.get("class") or "").split()
@@ -85,10 +89,12 @@ class _Reader(HTMLParser):
             self._stack.append((tag, a))
 
     def _start(self, part: str) -> None:
+        """Collect text for ``part`` (unless something is being collected already)."""
         if not self._part:
             self._part, self._buffer = part, []
 
     def handle_endtag(self, tag: str) -> None:
+        """File the text collected for the part this tag ends."""
         if self._stack and self._stack[-1][0] == tag:
             self._stack.pop()
         part, done = self._part, "".join(self._buffer)
@@ -117,12 +123,14 @@ class _Reader(HTMLParser):
             self._tile = None
 
     def handle_data(self, data: str) -> None:
+        """Text: to the part being collected, and to the page's text (not scripts, styles)."""
         if self._part:
             self._buffer.append(data)
         if self._part not in ("script", "style"):
             self._text.append(data)
 
     def close(self) -> None:
+        """Finish; the page's text is complete."""
         super().close()
         self.page.text = "".join(self._text)
 

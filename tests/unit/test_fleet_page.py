@@ -161,8 +161,10 @@ def test_tiles_put_problems_first_then_ready_by_name() -> None:
     ]
     assert read.states["j-draining"] == "other"  # a state added later: shown, coloured apart
     assert read.states["e-ready-ssh-down"] == "ready"
-    outlined = [t.name for t in read.tiles if t.outlined]
-    assert outlined == ["e-ready-ssh-down"]
+    outlined = [t for t in read.tiles if t.outlined]
+    assert [t.name for t in outlined] == ["e-ready-ssh-down"]
+    assert outlined[0].second == "ready, no ssh"
+    assert "ssh: not connected yet" in outlined[0].title.splitlines()
     assert read.counts["ready"] == 3
     assert read.counts["draining"] == 1
     assert read.counts["hosts"] == len(rows)
