@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import tomllib
 from collections.abc import Callable, Mapping
@@ -206,14 +207,19 @@ def states(status: Mapping[str, Any]) -> dict[str, str]:
     return {name: str(row["state"]) for name, row in status["hosts"].items()}
 
 
+@pytest.mark.scale
+@pytest.mark.timeout(300)  # 30 s alone; over a minute on a machine busy with other tests
 async def test_a_thousand_simulated_hosts_in_chromium_after_kills(
     tmp_path: Path, chromium: str
 ) -> None:
-    """1000 simulated hosts (bench/fleetsim.py: real SSH and agent protocol, sleep workers):
+    """1000 simulated hosts (bench/fleetsim.py: real SSH and agent protocol, sleep workers,
+    heartbeats with the workers' figures):
     after three workers are killed with SIGKILL twice in a row, Chromium shows 1000 tiles
     whose states are the daemon's: the three first, cooling down with the exit as the
     reason, the others as the daemon has them; the screenshot shows them in their colours."""
-    sim = SimProcess(tmp_path / "sim", 1000, agents="inproc", watch="inotify", stale_s=SIM_STALE_S)
+    sim = SimProcess(
+        tmp_path / "sim", 1000, agents="inproc", watch="inotify", stale_s=SIM_STALE_S, work=True
+    )
     daemon: DaemonProcess | None = None
     try:
         ready = await sim.start()
@@ -260,6 +266,14 @@ async def test_a_thousand_simulated_hosts_in_chromium_after_kills(
         wrong = {h: s for h, s in read.states.items() if s not in (before[h], after[h])}
         assert wrong == {}
         assert read.counts["cooling_down"] == 3
+        # The workers' own figures: every shard's queue on the page and on its tile.
+        assert "backlog" in read.text
+        assert "tasks in 1000 shards" in read.text
+        assert all(
+            re.search(r"\bq\d+\b", t.second)
+            for t in read.tiles
+            if t.state == "ready" and not t.outlined
+        )
 
         path = artefact(tmp_path / "fleet-1000-top.png")
         top = read_png(await screenshot(chromium, url, path, 1280, 400))
