@@ -374,7 +374,10 @@ def _flow(hosts: Mapping[str, Mapping[str, Any]]) -> str:
     errors = [w["errors"] for w in works if _number(w.get("errors"))]
     if not rates and not works:
         return '<p class="flow mute">rewards: no worker reports its progress</p>'
-    parts = [f"<b>{sum(rates):,.0f}</b> tasks/min from {len(rates)} of {len(hosts)} workers"]
+    if rates:
+        parts = [f"<b>{sum(rates):,.0f}</b> tasks/min from {len(rates)} of {len(hosts)} workers"]
+    else:  # a rate is taken over a minute of a worker's progress
+        parts = ["no rate of tasks yet (a minute of progress needed)"]
     if backlog:
         parts.append(f"backlog <b>{sum(backlog):,}</b> tasks in {len(backlog)} shards")
     if errors:

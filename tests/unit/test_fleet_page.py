@@ -191,6 +191,10 @@ def test_a_tile_shows_the_flow_and_its_hover_the_reason_and_figures() -> None:
     assert "stuck: 7 tasks in flight" in tiles["stuck-0"].title.splitlines()
     assert "rewards: 37 tasks/min from 1 of 2 workers" in read.text
     assert "backlog 31 tasks in 1 shards" in read.text
+    young = fleet(working(2))  # their figures, but no minute of progress yet
+    assert "rewards: no rate of tasks yet" in young.text
+    assert "backlog 62 tasks in 2 shards" in young.text
+    assert [t.second for t in young.tiles] == ["q31 45e", "q31 45e"]
 
 
 def test_banners_show_a_freeze_crash_and_probe_signatures_and_failovers() -> None:
