@@ -160,7 +160,8 @@ async def test_a_standby_or_a_removed_host_shows_its_row_with_the_daemons_word()
 
 
 async def test_a_loop_that_does_not_answer_is_a_503_not_a_hang() -> None:
-    """A snapshot that times out (the daemon's loop blocked) answers 503 on both pages."""
+    """A snapshot that times out (the daemon's loop blocked) answers 503 on both pages; a
+    host's detail that times out, 503 on that host's page alone."""
 
     def blocked() -> dict[str, Any]:
         """As ``snapshot_on_loop`` raises when the loop does not answer in time."""
@@ -169,6 +170,14 @@ async def test_a_loop_that_does_not_answer_is_a_503_not_a_hang() -> None:
     with serving(Metrics(blocked)) as port:
         for path in ("/", "/host/w-0"):
             assert (await get(port, path))[0] == "HTTP/1.1 503 Service Unavailable"
+
+    def blocked_detail(name: str) -> dict[str, Any]:
+        """As ``detail_on_loop`` raises when the loop does not answer in time."""
+        raise TimeoutError
+
+    with serving(Metrics(lambda: STATUS, host_detail=blocked_detail)) as port:
+        assert (await get(port, "/host/w-0"))[0] == "HTTP/1.1 503 Service Unavailable"
+        assert (await get(port, "/"))[0] == "HTTP/1.1 200 OK"
 
 
 async def test_a_hung_log_read_holds_one_thread_and_the_page_says_so() -> None:

@@ -392,3 +392,63 @@ def test_any_status_shape_renders_a_page_with_only_our_script(
     ):
         html.encode("utf-8")
         assert len(parse_page(html).scripts) == 1
+
+
+def test_the_daemon_line_and_the_other_banners_say_what_the_status_says() -> None:
+    """The daemon's line has its epoch, watch mode, version and the snapshot's time; a stop
+    in progress, a pointer file not written and a failed reload each get a banner; a ready
+    host with a held restart or a bad status file is outlined and says so."""
+    rows = working(2)
+    rows["worker-0001"].update(restart_held=True, status_problem="not JSON")
+    read = fleet(
+        rows,
+        epoch=4,
+        watch_mode="poll",
+        version="9.9",
+        started_at=0.0,
+        uptime_s=3723.0,
+        stopping=True,
+        pointer={"path": "/ws/current.json", "error": "Permission denied"},
+        last_reload_errors=["hosts[2].shard: must be an integer"],
+    )
+    assert "daemon pid 7, up 1h02m, leader, epoch 4, watch poll, version 9.9" in read.text
+    assert "status as of 01:02:03 UTC" in read.text
+    assert read.banners == [
+        "STOPPINGthe daemon is shutting down",
+        "POINTER FILE/ws/current.json not written: Permission denied",
+        "RELOAD FAILEDhosts[2].shard: must be an integer",
+    ]
+    [tile] = [t for t in read.tiles if t.outlined]
+    assert tile.second == "ready, restart held, status file: not JSON"
+
+
+def test_a_host_page_of_a_host_in_trouble_has_every_row_it_needs() -> None:
+    """An unreachable host's page gives the SSH reason, its last error, the status file's
+    problem, the operation in flight, a stop file, and a multi-line text cut at its start
+    (its end matters most); a row with only a restart count shows it."""
+    detail = {
+        "host": "w",
+        "state": "stopped",
+        "ssh": "unreachable",
+        "ssh_reason": "connection refused",
+        "address": "10.0.0.9:22",
+        "last_error": "launch refused: shard lock held",
+        "status_problem": "too big",
+        "operation": "terminate",
+        "stop_sentinel": True,
+        "restarts": 6,
+        "evidence": {"pid": 3, "stacks": "x" * (page.TEXT_CHARS + 10) + "\nlast frame"},
+    }
+    read = parse_page(page.host_page(detail, None))
+    for shown in (
+        "unreachable (10.0.0.9:22): connection refused",
+        "launch refused: shard lock held",
+        "too big",
+        "terminate",
+        "present: kept stopped",
+        "restarts6",
+    ):
+        assert shown in read.text, shown
+    [stacks] = read.pres
+    assert stacks.startswith("…x")
+    assert stacks.endswith("last frame")
