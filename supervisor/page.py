@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -260,8 +261,9 @@ def _daemon_line(daemon: Mapping[str, Any]) -> str:
 
 
 def _snapshot_wall(daemon: Mapping[str, Any]) -> float | None:
+    """The snapshot's Unix time, from the daemon's start and uptime (None: not a date)."""
     started, uptime = daemon.get("started_at"), daemon.get("uptime_s")
-    if isinstance(started, int | float) and isinstance(uptime, int | float):
+    if _number(started) and _number(uptime) and 0 <= started + uptime < 2**33:
         return float(started) + float(uptime)
     return None
 
@@ -609,7 +611,8 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 
 def _number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite number (not a bool, NaN or an infinity)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _dash(value: object) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import math
 import re
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from supervisor import health, page, view
@@ -360,6 +361,14 @@ json_values = st.recursive(
 
 
 @settings(max_examples=200)
+@example(
+    hosts={"h": {"state": "ready", "tasks_per_min": math.inf, "heartbeat_age_s": math.nan}},
+    daemon={
+        "uptime_s": math.inf,
+        "started_at": 1e300,
+        "crash_signatures": [{"since_s": -math.inf}],
+    },
+)
 @given(
     hosts=st.dictionaries(st.text(min_size=1, max_size=12), json_values, max_size=5),
     daemon=st.dictionaries(
