@@ -9,8 +9,11 @@ import gzip
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor import page
 from supervisor.errors import ControlError
@@ -252,3 +255,18 @@ async def test_host_details_within_a_second_share_one_build_on_the_loop() -> Non
     await asyncio.gather(*(asyncio.to_thread(take, "a") for _ in range(10)))
     await asyncio.to_thread(take, "b")
     assert builds == [("a", threading.get_ident()), ("b", threading.get_ident())]
+
+
+@settings(max_examples=300)
+@given(
+    path=st.text(max_size=60).map(lambda s: "/" + s)
+    | st.sampled_from(["/host/", "/host/%", "/host/%ff%00", "/host/w-0%2F..", "/host/w-0?x"])
+)
+def test_any_path_is_a_page_or_a_404_never_a_failure(path: str) -> None:
+    """Whatever the path (percent signs, bytes that are not UTF-8, slashes, dots), the
+    routes answer 200 for a page and 404 for anything else, and never raise."""
+    metrics = Metrics(lambda: STATUS, host_detail=lambda name: {**ROW, "host": name})
+    status, _, _ = metrics.handle(path, {})
+    host = unquote(path.removeprefix("/host/")) if path.startswith("/host/") else None
+    page_ = path in ("/", "/metrics") or host in STATUS["hosts"]
+    assert status == ("200 OK" if page_ else "404 Not Found")
