@@ -25,7 +25,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from tests.sshd import OpenSsh
 
 #: Names another areal-fs directory (the one holding ``areal/``) than ``../shared/areal-fs``.
 AREAL_ENV: Final = "REWARD_SUPERVISOR_AREAL"
@@ -91,6 +94,47 @@ def worker_env(areal: Path, **extra: str) -> dict[str, str]:
     ``tests.rewardfns``) on ``PYTHONPATH``; areal-fs first, so its ``areal`` package is the
     one imported whatever the rest of the path holds."""
     return {"PYTHONPATH": f"{areal}{os.pathsep}{REPO}", **extra}
+
+
+def shipped_config(
+    openssh: OpenSsh,
+    root: Path,
+    names: Sequence[str],
+    *,
+    areal: Path,
+    socket: Path,
+    concurrency: int = 4,
+    env: Mapping[str, str] | None = None,
+    trainer_table: bool = False,
+) -> dict[str, Any]:
+    """A raw config (as TOML would parse it) for real workers on the OpenSSH fixture, with
+    the shipped defaults: only the run root, ssh, hosts (``names[i]`` on shard i),
+    ``worker.python``/``worker.env`` and the control socket; no ``[health]``, no metrics, and
+    the default ``worker.argv`` (``python -m areal.reward.fs_worker``). ``trainer_table`` adds
+    ``[trainer]`` with the client's own tolerances, for a daemon that knows that table."""
+    raw: dict[str, Any] = {
+        "run": {"root": str(root), "reward_fn": HANG_IF_MARKER},
+        "worker": {"python": sys.executable, "env": worker_env(areal, **dict(env or {}))},
+        "ssh": {
+            "username": openssh.username,
+            "known_hosts": str(openssh.known_hosts),
+            "client_keys": [str(openssh.client_key)],
+        },
+        "control": {"socket": str(socket)},
+        "hosts": [
+            {
+                "name": name,
+                "address": openssh.addresses[i % len(openssh.addresses)],
+                "port": openssh.port,
+                "shard": i,
+                "concurrency": concurrency,
+            }
+            for i, name in enumerate(names)
+        ],
+    }
+    if trainer_table:
+        raw["trainer"] = {"heartbeat_stale_s": 15, "task_timeout_s": 30}
+    return raw
 
 
 def client_module(areal: Path) -> ModuleType:
@@ -245,6 +289,8 @@ class TrainerLoad:
         self.started_at: float | None = None
         self.stopped_at: float | None = None
         self.unfinished = 0
+        #: Loop index -> when its call in progress started.
+        self._in_progress: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._log_level: int | None = None
@@ -263,7 +309,7 @@ class TrainerLoad:
         logger.setLevel(logging.CRITICAL)
         self.started_at = time.monotonic()
         self._tasks = [
-            asyncio.create_task(self._loop(), name=f"rollout-{i}") for i in range(self.loops)
+            asyncio.create_task(self._loop(i), name=f"rollout-{i}") for i in range(self.loops)
         ]
 
     async def stop(self) -> None:
@@ -280,21 +326,24 @@ class TrainerLoad:
             logging.getLogger("FSRewardClient").setLevel(self._log_level)
             self._log_level = None
 
-    async def _loop(self) -> None:
+    async def _loop(self, index: int) -> None:
         """One rollout loop: call, record, pause after a failure, repeat until cancelled."""
         while True:
             _TASK_ID.set(None)
-            start = time.monotonic()
+            start = self._in_progress[index] = time.monotonic()
             try:
                 await self.client(PROMPT, COMPLETIONS, answer=ANSWER, **self.call_kwargs)
             except asyncio.CancelledError:
+                self._in_progress.pop(index, None)
                 self.unfinished += 1
                 raise
             except self._error as exc:
+                del self._in_progress[index]
                 message = str(exc)
                 self._record(start, ok=False, kind=classify(message), message=message)
                 await asyncio.sleep(FAILURE_PAUSE_S)  # wait-ok: the trainer's pause, see above
             else:
+                del self._in_progress[index]
                 self._record(start, ok=True)
 
     def _record(
@@ -330,6 +379,20 @@ class TrainerLoad:
             raise AssertionError(
                 f"timed out after {timeout_s:g}s waiting for {what}; load so far: {summary}"
             ) from None
+
+    def oldest_in_progress(self) -> float | None:
+        """When the oldest call still in progress started (None: none is)."""
+        return min(self._in_progress.values(), default=None)
+
+    async def wait_settled(self, since: float, timeout_s: float) -> None:
+        """Wait until every call that was in progress at ``since`` has ended (OK or failed)."""
+
+        def settled() -> bool:
+            """No call started before ``since`` is still in progress."""
+            oldest = self.oldest_in_progress()
+            return oldest is None or oldest >= since
+
+        await self.wait_until(settled, timeout_s, "the calls in progress to end")
 
     async def wait_ok(
         self,
@@ -536,9 +599,17 @@ class FleetProcesses:
     def _sample(self) -> dict[int, Proc]:
         """``sample`` under the lock."""
         procs = all_procs()
-        for proc in procs.values():
-            if self._is_coordinator(proc) and proc.alive:
+        found = {p.pid: p for p in procs.values() if self._is_coordinator(p) and p.alive}
+        known = {key[0] for key in self.coordinators}
+        for proc in found.values():
+            # A coordinator's child between fork and exec (a pool process being spawned)
+            # still shows the coordinator's command line; its parent is the coordinator.
+            if proc.ppid not in found and proc.ppid not in known:
                 self.coordinators.setdefault(proc.key, proc)
+        for key in list(self.coordinators):
+            now = procs.get(key[0])
+            if now is not None and now.start_ticks == key[1] and not self._is_coordinator(now):
+                del self.coordinators[key]  # such a child, seen before its parent was known
         by_pid = {key[0]: key for key in self.coordinators}
         for proc in procs.values():
             parent = by_pid.get(proc.ppid)
