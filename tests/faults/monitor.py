@@ -42,6 +42,8 @@ class WorkerProcess:
     host: str | None
     state: str
     start_ticks: int
+    #: Its parent: a worker's child between fork and exec still shows the worker's argv.
+    ppid: int = 0
 
 
 @dataclass(slots=True)
@@ -107,8 +109,8 @@ def parse_worker_argv(args: list[str]) -> tuple[str, int, str | None] | None:
     return values["--root"], shard, values.get("--host")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start time in ticks)`` of ``pid``, or None when it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, start time in ticks, parent pid)`` of ``pid``, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -116,7 +118,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
     try:
         fields = data[data.rindex(b")") + 2 :].split()
-        return fields[0].decode("ascii"), int(fields[19])
+        return fields[0].decode("ascii"), int(fields[19]), int(fields[1])
     except (ValueError, IndexError):  # read as the process vanished: nothing usable
         return None
 
@@ -211,7 +213,7 @@ class Scanner:
         stat = _stat(pid)
         if stat is None or is_dead_state(stat[0]):
             return None, args
-        return WorkerProcess(pid, real, shard, host, stat[0], stat[1]), args
+        return WorkerProcess(pid, real, shard, host, stat[0], stat[1], stat[2]), args
 
 
 #: Shells that exec a worker after forking (the old script's respawn loop does).
@@ -274,6 +276,11 @@ class InvariantMonitor:
         """One look at /proc, recorded."""
         began = time.monotonic()
         workers, cmdlines = self._scanner.scan()
+        # A worker that spawns processes (the AReaL worker's pool and resource tracker: fork,
+        # then exec) has, for a moment, a child with its own command line. That child is
+        # part of the worker, not a second one on the shard.
+        pids = {(w.root, w.shard, w.pid) for w in workers}
+        workers = [w for w in workers if (w.root, w.shard, w.ppid) not in pids]
         now = time.monotonic()
         by_shard: dict[Shard, list[WorkerProcess]] = {}
         for w in workers:

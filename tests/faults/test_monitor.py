@@ -4,6 +4,8 @@ check sees lost, wrong and stray results."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +68,44 @@ async def test_monitor_catches_two_workers_on_one_shard(elsewhere: Path) -> None
             proc.kill()
             proc.wait()
     assert watcher.finish(5.0) != []
+
+
+#: A "worker" that forks a child and both sleep: the child keeps the parent's command line, as a
+#: real worker's child does between fork and exec (the AReaL worker spawns its pool so).
+_FORKING = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"
+
+
+def start_forking_worker(root: Path) -> subprocess.Popen[bytes]:
+    """A worker command line that forks a child with the same command line, in its own group."""
+    argv = [sys.executable, "-c", _FORKING, "-m", "supervisor.demo.worker"]
+    argv += ["--root", str(root), "--shard", "0", "--host", "a"]
+    return subprocess.Popen(argv, start_new_session=True)
+
+
+async def test_a_worker_s_child_before_exec_is_not_a_second_worker(elsewhere: Path) -> None:
+    """A worker's own child that still shows the worker's command line (fork, not yet exec)
+    is not a second worker on the shard; the parent is the one worker seen."""
+    watcher = InvariantMonitor(elsewhere.parent)
+    watcher.start()
+    proc = start_forking_worker(elsewhere)
+    try:
+        child: list[int] = []
+
+        def forked() -> bool:
+            """The child exists (listed by the kernel under the parent)."""
+            text = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+            child.extend(int(pid) for pid in text.split())
+            return bool(child)
+
+        await poll_until(forked, 30, "the child forked")
+        seen_after = watcher.samples
+        await poll_until(lambda: watcher.samples >= seen_after + 3, 30, "three more samples")
+        assert watcher.live_on(0) == [proc.pid]
+        assert watcher.violations == []
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    watcher.finish(5.0)
 
 
 async def test_monitor_reports_and_kills_a_leftover_worker(elsewhere: Path) -> None:
