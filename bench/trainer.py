@@ -420,10 +420,22 @@ class StatusLog:
     root: Path
     hosts: list[str]
     seen: dict[str, list[tuple[float, int | None, bool]]] = field(default_factory=dict)
+    #: The longest time between two samples (monotonic, since ``mark``): a sampler asleep for
+    #: 100 ms that wakes seconds later means the whole machine stalled (swap, an OOM kill,
+    #: a stolen CPU), which no supervisor causes or cures.
+    longest_pause_s: float = 0.0
+    _last_at: float | None = None
+
+    def mark(self) -> None:
+        """Start counting ``longest_pause_s`` afresh."""
+        self.longest_pause_s, self._last_at = 0.0, None
 
     def sample(self) -> None:
         """Read every status file once; record the changes."""
         now = time.monotonic()
+        if self._last_at is not None:
+            self.longest_pause_s = max(self.longest_pause_s, now - self._last_at)
+        self._last_at = now
         for host in self.hosts:
             status = A.read_status(self.root, host) or {}
             pid = status.get("pid") if isinstance(status.get("pid"), int) else None
@@ -503,6 +515,10 @@ class Outcome:
     actions: list[str] = field(default_factory=list)
     setup_s: float = math.nan
     total_s: float = math.nan
+    #: The bench's own longest pause in the window (see ``StatusLog.longest_pause_s``).
+    pause_s: float = math.nan
+    #: The 1-minute load average at the end of the window.
+    load_1m: float = math.nan
     error: str | None = None
 
 
@@ -597,6 +613,7 @@ async def run_one(
         for shard in range(settings.hosts):
             await load.wait_ok(WARM_CALLS_PER_SHARD, READY_S, shards=[shard])
         t0 = time.monotonic()
+        status.mark()
         await asyncio.sleep(settings.fault_at_s)  # wait-ok: the window's lead before the fault
         status.sample()
         faulted = list(fleet.hosts) if fault == "reload_worker" else [target]
@@ -606,6 +623,7 @@ async def run_one(
         action = asyncio.create_task(inject(fault, fleet, processes, status, marker))
         await asyncio.sleep(max(0.0, t0 + settings.window_s - time.monotonic()))  # wait-ok
         t1 = time.monotonic()
+        outcome.pause_s, outcome.load_1m = status.longest_pause_s, os.getloadavg()[0]
         outcome.lingering = await asyncio.to_thread(processes.lingering)
         outcome.summary = load.summary(t0, t1)
         shards = None if fault == "reload_worker" else [TARGET]
@@ -614,7 +632,7 @@ async def run_one(
         if not action.done():
             outcome.how = "(still running at the end of the window) "
         outcome.how += await action
-        outcome.actions = fleet.actions_since(fault_wall, faulted)
+        outcome.actions = fleet.actions_since(fault_wall, fleet.hosts)
     except Exception as exc:  # noqa: BLE001 (one run failing must not lose the others)
         outcome.error = f"{type(exc).__name__}: {exc}"
         log(f"{supervisor} {fault}: {outcome.error}")
@@ -719,15 +737,21 @@ def report(outcomes: Sequence[Outcome], settings: Settings, started: str, took_s
         " alive at the end of the window that no current worker accounts for: superseded"
         " coordinators still alive and the pool processes and resource tracker of dead or"
         " superseded coordinators (tracked from /proc while they were children, and by session"
-        " and process group).",
+        " and process group). *Bench's longest pause*: the longest gap between two of the"
+        " bench's own 100 ms status samples in the window; seconds there mean the whole"
+        " machine stalled (another process swapping, an OOM kill), which no supervisor causes.",
         "",
         "## What was done and what the supervisor did",
+        "",
+        "Ours: the daemon's `host.state` changes of every host after the fault (its log);"
+        " old: `watch`'s log lines after the fault.",
         "",
     ]
     for o in outcomes:
         lines.append(
             f"- **{o.fault} / {o.supervisor}** ({o.total_s:.0f} s, fleet ready after"
-            f" {o.setup_s:.0f} s): {o.how or '-'}"
+            f" {o.setup_s:.0f} s; bench's longest pause {fmt_s(o.pause_s)}, load"
+            f" {o.load_1m:.1f}): {o.how or '-'}"
         )
         if o.error:
             lines.append(f"  - error: {o.error}")
@@ -737,10 +761,10 @@ def report(outcomes: Sequence[Outcome], settings: Settings, started: str, took_s
             if o.summary.failed_by_shard:
                 by = ", ".join(f"{s}: {n}" for s, n in o.summary.failed_by_shard.items())
                 lines.append(f"  - failed calls by shard (those that chose one): {by}")
-        for text in o.actions[:8]:
+        for text in o.actions[:12]:
             lines.append(f"  - {text}")
-        if len(o.actions) > 8:
-            lines.append(f"  - ... {len(o.actions) - 8} more")
+        if len(o.actions) > 12:
+            lines.append(f"  - ... {len(o.actions) - 12} more")
         for item in o.lingering[:3]:
             lines.append(f"  - lingering: {item}")
     return "\n".join(lines) + "\n"
