@@ -738,6 +738,13 @@ def busy_pool_process(children: Iterable[Proc]) -> Proc | None:
     """A pool process that is inside a reward call right now: one sleeping in the kernel's
     nanosleep (``slowish``'s sleep), where an idle one waits on its call queue (a pipe read or
     a futex). None when none is busy at this instant."""
+    busy = busy_pool_processes(children)
+    return busy[0] if busy else None
+
+
+def busy_pool_processes(children: Iterable[Proc]) -> list[Proc]:
+    """Every pool process inside a reward call at this instant (``busy_pool_process``)."""
+    found = []
     for proc in children:
         if proc.role != "pool":
             continue
@@ -747,5 +754,5 @@ def busy_pool_process(children: Iterable[Proc]) -> Proc | None:
             continue
         # Python >= 3.11 sleeps in clock_nanosleep, older ones in select.
         if "nanosleep" in wchan or "select" in wchan:
-            return proc
-    return None
+            found.append(proc)
+    return found
