@@ -3,7 +3,8 @@ reward-supervisor and under the old script, through the same faults, side by sid
 
     .venv/bin/python -m bench.trainer [--faults kill9,sigstop,...] [--window 60] [--fault-at 5]
                                       [--only ours|old] [--hosts 4] [--concurrency 4]
-                                      [--loops 16] [--quick] [--trainer-table] [--out FILE]
+                                      [--loops 16] [--quick] [--trainer-table]
+                                      [--restart-stop kill|drain] [--out FILE]
 
 One OpenSSH sshd on loopback serves every "host". Each host runs the real worker
 (``python -m areal.reward.fs_worker``, from ``../shared/areal-fs`` or
@@ -13,7 +14,8 @@ One OpenSSH sshd on loopback serves every "host". Each host runs the real worker
 - **ours**: ``reward-supervisor run`` with its shipped defaults: the config names only the run
   root, ssh, hosts, ``worker.python``/``worker.env`` and the control socket (no ``[health]``;
   metrics off). ``--trainer-table`` adds ``[trainer] heartbeat_stale_s = 15, task_timeout_s =
-  30`` (the client's tolerances) for a daemon that knows that table.
+  30`` (the client's tolerances) for a daemon that knows that table; ``--restart-stop drain``
+  sets ``[health] restart_stop = "drain"`` (the other side of the planned-restart trade).
 - **old**: ``reward_workers_ctl.py`` (``../shared/seed`` or ``$REWARD_SUPERVISOR_SEED``) with
   ``selfmatch-fix.patch``, in a workspace whose ``repo/AReaL`` is the real areal package: ``start``
   then ``watch`` with its defaults (heartbeat-stale 60 s, interval 10 s, restart-cooldown 30 s),
@@ -31,6 +33,8 @@ the fleet is stopped and everything it left is killed. Faults:
   stays): only tasks routed to shard 1 hang, the heartbeat goes on;
 - ``pool_death``: SIGKILL of one pool process of host 1 that is inside a reward call;
 - ``restart_host``: ours ``reward-supervisor restart-host -c CFG HOST``; old ``restart-host``;
+- ``stop_start``: ours ``stop-host`` then, once the host is stopped, ``start-host`` (a host
+  taken out for maintenance and given back); the old script has no per-host stop (n/a);
 - ``reload_worker``: every host gets a new worker: ours changes ``worker.env`` in the config
   and runs ``reward-supervisor reload``; the old script has no reload, so its way is ``stop``
   then ``start`` (and ``watch`` again, which ``stop`` ended).
@@ -63,7 +67,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -75,7 +79,17 @@ from tests import areal as A  # noqa: E402
 from tests.seed import SeedWorld, find_seed, seed_missing_reason  # noqa: E402
 from tests.sshd import OpenSsh  # noqa: E402
 
-FAULTS = ("kill9", "sigstop", "stuck", "pool_death", "restart_host", "reload_worker")
+FAULTS = (
+    "kill9",
+    "sigstop",
+    "stuck",
+    "pool_death",
+    "restart_host",
+    "stop_start",
+    "reload_worker",
+)
+#: Faults the old script has no way to do (it has no per-host stop).
+OLD_CANNOT: Final = frozenset({"stop_start"})
 SUPERVISORS = ("ours", "old")
 RESULTS = ROOT / "bench" / "results"
 #: The fleet is started and ready well within this on 2 cores (4 workers, 16 interpreters).
@@ -159,6 +173,9 @@ class Fleet(Protocol):
     async def reload_worker(self) -> str:
         """Give every host a new worker (a deploy); what was done."""
 
+    async def stop_start(self, host: str) -> str:
+        """Stop one host, then start it again; what was done."""
+
     async def stop(self) -> None:
         """Stop the workers and the supervisor (or leave them to the caller's kill)."""
 
@@ -179,6 +196,7 @@ class Ours:
     hosts: list[str]
     concurrency: int
     trainer_table: bool
+    restart_stop: str | None = None
     name: str = "ours"
     process: asyncio.subprocess.Process | None = None
     generation: int = 1
@@ -210,6 +228,7 @@ class Ours:
             concurrency=self.concurrency,
             env={"TRAINER_BENCH_GENERATION": str(self.generation)},
             trainer_table=self.trainer_table,
+            health=None if self.restart_stop is None else {"restart_stop": self.restart_stop},
         )
 
     def write_config(self) -> None:
@@ -234,6 +253,19 @@ class Ours:
         """``reward-supervisor restart-host -c CFG HOST``."""
         code, out = await run_cmd([*cli_argv(), "restart-host", "-c", str(self.config_path), host])
         return f"`restart-host` exit {code}" + (f": {out.strip()[-200:]}" if code else "")
+
+    async def stop_start(self, host: str) -> str:
+        """``stop-host``, wait until the host is stopped, then ``start-host``."""
+        cfg = str(self.config_path)
+        t0 = time.monotonic()
+        code, out = await run_cmd([*cli_argv(), "stop-host", "-c", cfg, host])
+        if code:
+            return f"`stop-host` exit {code}: {out.strip()[-200:]}"
+        stopped = time.monotonic() - t0
+        code, out = await run_cmd([*cli_argv(), "start-host", "-c", cfg, host])
+        return f"`stop-host` ({stopped:.1f} s), then `start-host` exit {code}" + (
+            f": {out.strip()[-200:]}" if code else ""
+        )
 
     async def reload_worker(self) -> str:
         """A new ``worker.env`` in the config, then ``reward-supervisor reload``."""
@@ -352,6 +384,10 @@ class Old:
             env=self.world.env,
         )
         return f"`restart-host` exit {code}" + (f": {out.strip()[-200:]}" if code else "")
+
+    async def stop_start(self, host: str) -> str:
+        """The old script has no per-host stop."""
+        raise NotImplementedError(f"the old script cannot stop one host ({host})")
 
     async def reload_worker(self) -> str:
         """No reload: ``stop``, ``start`` again, and ``watch`` again (``stop`` ended it)."""
@@ -532,6 +568,7 @@ class Settings:
     window_s: float
     fault_at_s: float
     trainer_table: bool
+    restart_stop: str | None = None
 
 
 async def inject(
@@ -562,6 +599,8 @@ async def inject(
         return "no busy pool process found: nothing done"
     if fault == "restart_host":
         return await fleet.restart_host(host)
+    if fault == "stop_start":
+        return await fleet.stop_start(host)
     if fault == "reload_worker":
         return await fleet.reload_worker()
     raise ValueError(f"unknown fault {fault!r}")
@@ -583,7 +622,15 @@ async def run_one(
     fleet: Fleet
     if supervisor == "ours":
         names = [f"tb{tag}-{i}" for i in range(settings.hosts)]
-        fleet = Ours(tmp, openssh, areal, names, settings.concurrency, settings.trainer_table)
+        fleet = Ours(
+            tmp,
+            openssh,
+            areal,
+            names,
+            settings.concurrency,
+            settings.trainer_table,
+            settings.restart_stop,
+        )
     else:
         assert seed is not None
         fleet = Old(tmp, openssh, areal, seed, settings.hosts, settings.concurrency)
@@ -702,7 +749,8 @@ def report(outcomes: Sequence[Outcome], settings: Settings, started: str, took_s
         f"`python -m bench.trainer` on `{commit}`; {settings.hosts} hosts, worker concurrency"
         f" {settings.concurrency}, {settings.loops} rollout loops, window {settings.window_s:g} s"
         f" with the fault at {settings.fault_at_s:g} s, on host {TARGET} (shard {TARGET});"
-        f" `[trainer]` table: {'yes' if settings.trainer_table else 'no'}. Whole run"
+        f" `[trainer]` table: {'yes' if settings.trainer_table else 'no'};"
+        f" ours' `restart_stop`: {settings.restart_stop or 'the default (kill)'}. Whole run"
         f" {took_s / 60:.1f} min; load average at the end {load_average()}.",
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
@@ -789,6 +837,7 @@ async def main_async(args: argparse.Namespace) -> str:
         window_s=args.window,
         fault_at_s=args.fault_at,
         trainer_table=args.trainer_table,
+        restart_stop=args.restart_stop,
     )
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.monotonic()
@@ -798,6 +847,8 @@ async def main_async(args: argparse.Namespace) -> str:
         try:
             for fault in args.faults:
                 for supervisor in supervisors:
+                    if supervisor == "old" and fault in OLD_CANNOT:
+                        continue
                     log(f"{supervisor} {fault}: start")
                     outcome = await run_one(supervisor, fault, settings, openssh, areal, seed)
                     outcomes.append(outcome)
@@ -823,6 +874,9 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=16, help="concurrent rollout loops")
     parser.add_argument("--quick", action="store_true", help="window 20 s, fault at 3 s")
     parser.add_argument("--trainer-table", action="store_true", help="add a [trainer] table")
+    parser.add_argument(
+        "--restart-stop", choices=("kill", "drain"), help="ours: [health] restart_stop"
+    )
     parser.add_argument("--out", type=Path, help="the report file (default bench/results/...)")
     args = parser.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]

@@ -106,12 +106,14 @@ def shipped_config(
     concurrency: int = 4,
     env: Mapping[str, str] | None = None,
     trainer_table: bool = False,
+    health: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A raw config (as TOML would parse it) for real workers on the OpenSSH fixture, with
     the shipped defaults: only the run root, ssh, hosts (``names[i]`` on shard i),
     ``worker.python``/``worker.env`` and the control socket; no ``[health]``, no metrics, and
     the default ``worker.argv`` (``python -m areal.reward.fs_worker``). ``trainer_table`` adds
-    ``[trainer]`` with the client's own tolerances, for a daemon that knows that table."""
+    ``[trainer]`` with the client's own tolerances, for a daemon that knows that table;
+    ``health`` a ``[health]`` table (for a bench of a setting, not the defaults)."""
     raw: dict[str, Any] = {
         "run": {"root": str(root), "reward_fn": HANG_IF_MARKER},
         "worker": {"python": sys.executable, "env": worker_env(areal, **dict(env or {}))},
@@ -134,6 +136,8 @@ def shipped_config(
     }
     if trainer_table:
         raw["trainer"] = {"heartbeat_stale_s": 15, "task_timeout_s": 30}
+    if health:
+        raw["health"] = dict(health)
     return raw
 
 
