@@ -1962,7 +1962,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     # It is rewritten in place below, so it must be a file of its own (single_link).
     lock_fd = safefiles.open_file(spec["lock"], os.O_RDWR | os.O_CREAT, root, single_link=True)
     try:
-        fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _take_shard_lock(lock_fd)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EAGAIN):
             raise
@@ -2050,6 +2050,28 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
 def _json_line(record: dict[str, Any]) -> bytes:
     """A record as written to disk: sorted JSON and a newline."""
     return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+
+
+#: A shepherd whose worker is dead holds the shard a little longer: it sweeps the worker's
+#: session and writes the exit record first. A launch that comes meanwhile (the agent pushed
+#: the exit at once) waits for it that long, instead of being refused and probed.
+LOCK_HANDOVER_S = SWEEP_S + 2.0
+
+
+def _take_shard_lock(lock_fd: int) -> None:
+    """Take the shard lock, waiting while its holder is a shepherd on this host whose worker
+    has died (it is finishing up); raises the lock's OSError otherwise, or once that is over."""
+    deadline = time.monotonic() + LOCK_HANDOVER_S
+    while True:
+        try:
+            fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _lock_holder(lock_fd) if exc.errno in (errno.EACCES, errno.EAGAIN) else {}
+            if not holder.get("here") or holder.get("alive") or time.monotonic() > deadline:
+                raise
+        else:
+            return
+        time.sleep(POLL_S / 4)
 
 
 def _lock_holder(lock_fd: int) -> dict[str, Any]:

@@ -42,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    # run, demo and worker configure their own logs; alert-rules prints a file and logs nothing.
-    if args.command not in ("run", "demo", "worker", "alert-rules"):
+    # run, demo and worker configure their own logs; alert-rules and dashboard print a file
+    # and log nothing.
+    if args.command not in ("run", "demo", "worker", "alert-rules", "dashboard"):
         # Stdout is the command's answer (often JSON for a script): library log lines, such
         # as cleanup's SSH probe connecting, go to stderr, and only when they matter.
         from supervisor import logs
@@ -303,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
         "alert-rules",
         cmd_alert_rules,
         "print the Prometheus alert rules shipped with the package (docs/OPERATIONS.md)",
+    )
+    command(
+        "dashboard",
+        cmd_dashboard,
+        "print the Grafana dashboard shipped with the package (docs/OPERATIONS.md)",
     )
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
@@ -898,15 +904,34 @@ ALERT_RULES: Final = "alerts.yml"
 
 def alert_rules_text() -> str:
     """The Prometheus alert rules shipped with the package, as installed."""
-    from importlib import resources
-
-    return resources.files("supervisor").joinpath(ALERT_RULES).read_text(encoding="utf-8")
+    return _package_text(ALERT_RULES)
 
 
 def cmd_alert_rules(args: argparse.Namespace) -> int:
     """``alert-rules``: the shipped Prometheus rules on stdout, for a rules directory."""
     sys.stdout.write(alert_rules_text())
     return EXIT_OK
+
+
+#: The Grafana dashboard's file inside the package (package data).
+DASHBOARD: Final = "dashboard.json"
+
+
+def dashboard_text() -> str:
+    """The Grafana dashboard shipped with the package, as installed."""
+    return _package_text(DASHBOARD)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """``dashboard``: the shipped Grafana dashboard (JSON) on stdout, to import."""
+    sys.stdout.write(dashboard_text())
+    return EXIT_OK
+
+
+def _package_text(name: str) -> str:
+    from importlib import resources
+
+    return resources.files("supervisor").joinpath(name).read_text(encoding="utf-8")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

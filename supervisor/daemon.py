@@ -31,7 +31,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, logs, runfiles, tasks, view
+from supervisor import fleet, health, layout, logs, page, runfiles, tasks, view
 from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
@@ -44,7 +44,7 @@ from supervisor.errors import (
     ShardHeld,
 )
 from supervisor.layout import LaunchSpec
-from supervisor.metrics import Metrics, snapshot_on_loop
+from supervisor.metrics import Metrics, detail_on_loop, snapshot_on_loop
 from supervisor.mounts import check_filesystem
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.statusfiles import (
@@ -624,7 +624,13 @@ class Daemon:
         if listen is None:
             return
         host, port = config_mod.split_host_port(listen)
-        metrics = Metrics(snapshot_on_loop(loop, self.status))
+        metrics = Metrics(
+            snapshot_on_loop(loop, self.status),
+            host_detail=detail_on_loop(loop, self.host_status),
+            # Read in the endpoint's own reader thread, never on the loop: the log is a file
+            # under the run root (bounded, never through a symlink: view.log_lines).
+            log_tail=lambda host: view.log_lines(self._config, host, page.LOG_LINES),
+        )
         try:
             metrics.start(host, port)
         except OSError as exc:

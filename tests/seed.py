@@ -13,6 +13,8 @@ production, on the session's OpenSSH server:
 - a workspace ``$SAO_WS`` with a stand-in ``areal`` package under ``repo/AReaL``:
   ``areal.reward.fs_protocol`` (the two functions the seed imports) and
   ``areal.reward.fs_worker``, which is the reference worker (``supervisor.demo.worker``);
+  or, with ``areal=`` (an areal-fs directory, ``tests/areal.py``), the real ``areal`` package
+  there and this repository's ``tests`` package (for ``tests.rewardfns``), both as symlinks;
 - an ``ssh`` first on ``PATH`` that reaches the OpenSSH server for every host name, with
   the test's key and known_hosts (the seed runs plain ``ssh HOST SCRIPT``);
 - host names unique to the test, because the seed's sweeps match every process on the
@@ -112,10 +114,22 @@ class SeedWorld:
     openssh: OpenSsh
     env: dict[str, str] = field(default_factory=dict)
     watch: subprocess.Popen[bytes] | None = None
+    #: Every host's ``--concurrency`` in ``workers_json``.
+    concurrency: int = 2
 
     @classmethod
-    def create(cls, workdir: Path, openssh: OpenSsh, seed: Path, hosts: int) -> SeedWorld:
-        """Copy and patch ``seed`` into ``workdir``, build the workspace and ssh config."""
+    def create(
+        cls,
+        workdir: Path,
+        openssh: OpenSsh,
+        seed: Path,
+        hosts: int,
+        *,
+        areal: Path | None = None,
+        concurrency: int = 2,
+    ) -> SeedWorld:
+        """Copy and patch ``seed`` into ``workdir``, build the workspace and ssh config; with
+        ``areal``, the workspace's ``repo/AReaL`` holds the real AReaL package from there."""
         workdir.mkdir(parents=True, exist_ok=True)
         # The seed's ROOT is its script's grandparent (scripts/ in the team's repository).
         copy_dir = workdir / "seedrepo" / "scripts"
@@ -132,12 +146,19 @@ class SeedWorld:
         if patched.returncode != 0:
             raise RuntimeError(f"cannot apply {PATCH}: {patched.stdout}{patched.stderr}")
         ws = workdir / "ws"
-        package = ws / "repo" / "AReaL" / "areal" / "reward"
-        package.mkdir(parents=True)
-        (package.parent / "__init__.py").write_text("")
-        (package / "__init__.py").write_text("")
-        (package / "fs_protocol.py").write_text(_FS_PROTOCOL)
-        (package / "fs_worker.py").write_text(_FS_WORKER)
+        repo = ws / "repo" / "AReaL"
+        if areal is not None:
+            # The wrapper's PYTHONPATH is {site}:{repo}: what repo/AReaL holds is importable.
+            repo.mkdir(parents=True)
+            (repo / "areal").symlink_to(areal / "areal", target_is_directory=True)
+            (repo / "tests").symlink_to(REPO / "tests", target_is_directory=True)
+        else:
+            package = repo / "areal" / "reward"
+            package.mkdir(parents=True)
+            (package.parent / "__init__.py").write_text("")
+            (package / "__init__.py").write_text("")
+            (package / "fs_protocol.py").write_text(_FS_PROTOCOL)
+            (package / "fs_worker.py").write_text(_FS_WORKER)
         (ws / "tmp").mkdir()
         tag = uuid.uuid4().hex[:6]
         names = [f"seed{tag}-{i}" for i in range(hosts)]
@@ -149,6 +170,7 @@ class SeedWorld:
             root=workdir / "run",
             hosts=names,
             openssh=openssh,
+            concurrency=concurrency,
         )
         world.env = world._environment()
         return world
@@ -189,15 +211,22 @@ class SeedWorld:
     # --- the seed's commands ------------------------------------------------------------
 
     def workers_json(self) -> str:
-        """The seed's ``--workers-json``: host i on shard i, concurrency 2."""
+        """The seed's ``--workers-json``: host i on shard i, ``concurrency`` each."""
         return json.dumps(
-            [{"host": h, "shard": i, "concurrency": 2} for i, h in enumerate(self.hosts)]
+            [
+                {"host": h, "shard": i, "concurrency": self.concurrency}
+                for i, h in enumerate(self.hosts)
+            ]
         )
+
+    def command(self, *args: str) -> list[str]:
+        """The argv of ``reward_workers_ctl.py ARGS`` (run it with ``env``)."""
+        return [sys.executable, str(self.script), *args]
 
     def run(self, *args: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
         """``reward_workers_ctl.py ARGS``, to completion."""
         return subprocess.run(
-            [sys.executable, str(self.script), *args],
+            self.command(*args),
             env=self.env,
             capture_output=True,
             text=True,

@@ -1090,7 +1090,10 @@ async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
                 ticker.cancel()
             assert h.remote.connected
     assert gaps
-    assert max(gaps) < 0.5, f"the loop worked {max(gaps):.2f}s of CPU without a turn"
+    # The readline reader this replaced worked 1.6-1.7 s without a turn; ours well under
+    # 0.1 s alone. Under coverage, with two other interpreters' suites on the same two cores,
+    # CPU time itself stretches (0.6 s seen once), hence the margin.
+    assert max(gaps) < 0.9, f"the loop worked {max(gaps):.2f}s of CPU without a turn"
 
 
 async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:
