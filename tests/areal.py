@@ -353,6 +353,7 @@ class TrainerLoad:
     def _record(
         self, start: float, *, ok: bool, kind: str | None = None, message: str | None = None
     ) -> None:
+        """Append one finished call (its shard from the task id the client drew)."""
         task_id = _TASK_ID.get()
         shard = self._shard_of(task_id) if task_id is not None else None
         self.calls.append(Call(start, time.monotonic(), ok, shard, kind, message))
