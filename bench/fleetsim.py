@@ -68,7 +68,7 @@ import asyncssh
 
 from bench.common import percentile, raise_nofile, read_json, start_time, write_atomic
 from supervisor import agent
-from supervisor.remote import AGENT_PATH
+from supervisor.remote import agent_program
 from supervisor.seedimport import render_toml
 
 try:
@@ -563,7 +563,7 @@ async def main_async(args: argparse.Namespace) -> None:
     raise_nofile()
     workdir: Path = args.workdir
     names = [f"sim-{i:04d}" for i in range(args.hosts)]
-    agent._SOURCE[:] = [AGENT_PATH.read_text(encoding="utf-8")]  # for op_launch's shepherd
+    agent._SOURCE[:] = [agent_program()]  # for op_launch's launcher and shepherd
     server: InprocFleet | LocalSshServer
     if args.agents == "real":
         server = LocalSshServer(workdir / "ssh", names)

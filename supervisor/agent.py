@@ -1,9 +1,9 @@
 """The remote side: an agent serving JSON-lines requests on one SSH channel, its launcher (a
 fork server), and the shepherd that launches, holds the shard lock for, and reaps one worker.
 
-This file is never imported by the daemon: ``remote.py`` sends its text as the ``-c``
-argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.7 (no
-``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
+``remote.py`` sends its text, with that of ``safefiles.py`` (its files under the run root),
+as the ``-c`` argument of the worker host's python. So both are stdlib-only and run on Python
+>= 3.7 (no ``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
 
 ``python -X utf8 -u -c SRC agent``
     Reads one JSON request per line on stdin, ``{"id": N, "op": OP, ...}``, serves each in its
@@ -61,7 +61,19 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
+
+#: The name under which the program sent to a host (``remote.packed_program``) registers the
+#: text of ``safefiles.py`` it carries: a host has no ``supervisor`` package, and one it may
+#: have (another version, another project's) must not be imported in its place.
+SAFEFILES_MODULE = "_reward_supervisor_safefiles"
+
+if TYPE_CHECKING:
+    from supervisor import safefiles
+else:
+    safefiles = sys.modules.get(SAFEFILES_MODULE)
+    if safefiles is None:  # imported, not sent: in the daemon, the tests, the simulator
+        from supervisor import safefiles
 
 PROTOCOL = 1
 #: How often terminate looks at /proc while waiting for a pid to die: fast enough that a
@@ -104,28 +116,22 @@ class Fenced(OpError):
     kind = "fenced"
 
 
-#: The epoch file holds one number and a newline.
-EPOCH_MAX = 64
-
-
 def fence(spec: dict[str, Any]) -> None:
     """Raise Fenced when the spec's epoch is lower than the run directory's.
 
     A spec without an epoch file or epoch (an in-process caller, an old daemon) is not
-    fenced; nor is one when the file is missing or not a number (the lock is the election,
-    the epoch only the fence: a garbled file must not stop every launch of the run).
+    fenced; nor is one when the file is missing or unreadable, as the daemon reads it (the
+    lock is the election, the epoch only the fence: a garbled file must not stop every
+    launch of the run).
     """
     path = spec.get("epoch_file")
     epoch = spec.get("epoch")
     if not isinstance(path, str) or not path or type(epoch) is not int:
         return
-    data = read_small(path, EPOCH_MAX, spec.get("root"))
-    text = (data or b"").strip()
-    if not text.isdigit() or len(text) > 16:
-        return
-    if int(text) > epoch:
+    current = safefiles.read_epoch(path, spec.get("root"))
+    if current is not None and current > epoch:
         raise Fenced(
-            f"fenced: the run directory's epoch is {int(text)}, this request's {epoch}:"
+            f"fenced: the run directory's epoch is {current}, this request's {epoch}:"
             " another reward-supervisor leads this run"
         )
 
@@ -564,206 +570,20 @@ def boot_id() -> str:
 
 # --- files under the run root -----------------------------------------------------------
 # Whoever can write the shared run root can plant a symlink, a FIFO or a hard link under any
-# name there, or swap a directory for a symlink: every open below the root goes through these.
+# name there, or swap a directory for a symlink: every open below the root goes through
+# ``safefiles`` (sent with this program), as the daemon's do.
 
-#: O_NOFOLLOW: a symlink planted under the name is refused, never followed. O_NONBLOCK: a FIFO
-#: opens at once for reading (and fails for writing) instead of waiting for a peer forever.
-NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: A pidfile holds one number; a launch record a few hundred bytes.
-PIDFILE_MAX = 64
+#: A launch record or exit record is a few hundred bytes.
 RECORD_MAX = 1 << 20
-
-
-class UnsafeFile(OpError):
-    """A file or directory under the run root that is not what it must be; names it."""
-
-
-def open_parent(path: str, root: str | None, create: bool = False) -> tuple[int, str]:
-    """A descriptor of the directory holding ``path``, and the last component. Below ``root``
-    (when ``path`` is under it) each directory is opened without following a symlink (and
-    made first, when ``create``), so a swapped one cannot lead outside the root."""
-    parent, name = os.path.split(path)
-    base = parent
-    parts: list[str] = []
-    top = (root or "").rstrip("/")
-    if top and (parent + "/").startswith(top + "/"):
-        base, parts = top, [p for p in parent[len(top) :].split("/") if p]
-    if create:
-        os.makedirs(base, exist_ok=True)
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    here = base
-    try:
-        for part in parts:
-            here = os.path.join(here, part)
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            try:
-                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=fd)
-            except NotADirectoryError:
-                raise UnsafeFile(f"{here} is {_kind_at(fd, part)}, not a directory") from None
-            os.close(fd)
-            fd = sub
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, name
-
-
-def open_at(dir_fd: int, name: str, path: str, flags: int, single_link: bool = False) -> int:
-    """Open the regular file ``name`` in ``dir_fd`` without following or blocking; with
-    ``single_link``, refuse one hard-linked elsewhere (it is about to be written in place).
-    Raises UnsafeFile naming ``path``."""
-    try:
-        fd = os.open(name, flags | NOFOLLOW, 0o644, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFile(f"{path} is a symbolic link: not followed") from None
-        if exc.errno == errno.ENXIO:  # opened for writing: a FIFO or socket nobody reads
-            raise UnsafeFile(f"{path} is a FIFO or socket, not a regular file") from None
-        raise _named(exc, path) from None
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise UnsafeFile(f"{path} is {_kind(st.st_mode)}, not a regular file")
-    if single_link and st.st_nlink > 1:
-        os.close(fd)
-        # Its other name may be any file of the same owner, anywhere on the filesystem.
-        raise UnsafeFile(f"{path} is hard-linked ({st.st_nlink} links): not written")
-    return fd
-
-
-def open_file(path: str, flags: int, root: str | None, single_link: bool = False) -> int:
-    """``open_at`` of ``path``, its directories below ``root`` opened as ``open_parent``
-    does (made first when ``flags`` has O_CREAT)."""
-    dir_fd, name = open_parent(path, root, create=bool(flags & os.O_CREAT))
-    try:
-        return open_at(dir_fd, name, path, flags, single_link)
-    finally:
-        os.close(dir_fd)
-
-
-def _named(exc: OSError, path: str) -> OSError:
-    """``exc`` naming the whole ``path``: relative to a directory descriptor, the error names
-    only the last component (and a rename, two of them)."""
-    return OSError(exc.errno, exc.strerror, path) if exc.errno is not None else exc
-
-
-def _kind(mode: int) -> str:
-    """What a file of ``mode`` is, for messages."""
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return kind
-    return "of unknown type"
-
-
-def _kind_at(dir_fd: int, name: str) -> str:
-    """What ``name`` in ``dir_fd`` is, not following a symlink."""
-    try:
-        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return "gone"
-
-
-def read_small(path: str, limit: int, root: str | None) -> bytes | None:
-    """At most ``limit`` bytes of a regular file; None when missing, unsafe or unreadable."""
-    try:
-        fd = open_file(path, os.O_RDONLY, root)
-    except (OSError, OpError):
-        return None
-    try:
-        chunks = []
-        size = 0
-        while size < limit:
-            chunk = os.read(fd, limit - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def read_pidfile(path: str, root: str | None = None) -> int | None:
-    """The pid in a pidfile, or None when it is missing, unsafe or not a positive integer."""
-    data = read_small(path, PIDFILE_MAX, root)
-    text = (data or b"").strip()
-    # bytes.isdigit is ASCII only: no other script's digits, no sign, no spaces.
-    return int(text) if text.isdigit() and 0 < int(text) < 1 << 31 else None
 
 
 def read_json(path: str, root: str | None = None) -> dict[str, Any] | None:
     """A small JSON object from a file, or None when missing, unsafe or not an object."""
-    data = read_small(path, RECORD_MAX, root)
-    if data is None:
-        return None
     try:
-        value = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
+        value = safefiles.read_json(path, RECORD_MAX, root)
+    except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def write_atomic(path: str, text: str, root: str | None = None) -> None:
-    """Replace ``path`` so a reader on any host sees the old file or the new one, whole.
-
-    The temp file is created exclusively (O_EXCL, no symlink followed) under a random name,
-    in the same directory descriptor the rename uses: a name planted in advance, or a
-    directory swapped meanwhile, cannot make it write anywhere else. Whatever was at ``path``
-    (a symlink, a FIFO) is replaced by the rename, never followed.
-    """
-    dir_fd, name = open_parent(path, root)
-    try:
-        tmp, fd = _create_temp(dir_fd, name, path)
-        try:
-            try:
-                data = text.encode("utf-8")
-                while data:
-                    data = data[os.write(fd, data) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError as exc:
-                raise _named(exc, path) from None
-        except BaseException:
-            with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-    finally:
-        os.close(dir_fd)
-
-
-def _create_temp(dir_fd: int, name: str, path: str) -> tuple[str, int]:
-    """A new temp file beside ``name``: its name and a descriptor open for writing."""
-    for _ in range(10):
-        # 64 random bits: nobody can plant the name in advance. The name is clipped so the
-        # whole stays within NAME_MAX.
-        tmp = f".{name[:200]}.{os.urandom(8).hex()}.tmp"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
-            return tmp, os.open(tmp, flags, 0o644, dir_fd=dir_fd)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise _named(exc, os.path.join(os.path.dirname(path), tmp)) from None
-    raise OpError(f"no free temp name beside {path}")
 
 
 # --- identity ---------------------------------------------------------------------------
@@ -814,7 +634,7 @@ def op_probe(request: ProbeRequest) -> ProbeReply:
     candidates: list[int] = []
     if request.pid is not None:
         candidates.append(request.pid)
-    recorded = read_pidfile(spec["pidfile"], spec.get("root"))
+    recorded = safefiles.read_pid(spec["pidfile"], spec.get("root"))
     if recorded is not None and recorded not in candidates:
         candidates.append(recorded)
     checked = []
@@ -1319,8 +1139,8 @@ def log_tail_of(path: str, root: str | None, limit: int, notes: list[str]) -> st
     """The last ``limit`` bytes of the log at ``path`` from its first whole line, decoded
     with errors replaced; None (and a note) when it cannot be read."""
     try:
-        fd = open_file(path, os.O_RDONLY, root)
-    except (OSError, OpError) as exc:
+        fd = safefiles.open_file(path, os.O_RDONLY, root)
+    except OSError as exc:
         notes.append(f"log: {exc}"[:TEXT_MAX])
         return None
     try:
@@ -1470,8 +1290,8 @@ def signal_dump(spec: dict[str, Any], pid: int, deadline: float) -> tuple[str | 
     """Send the stacks signal and read back what the worker appended to its log, until it
     stops growing (or ``deadline``); at most STACKS_MAX bytes."""
     try:
-        fd = open_file(spec["log"], os.O_RDONLY, spec.get("root"))
-    except (OSError, OpError) as exc:
+        fd = safefiles.open_file(spec["log"], os.O_RDONLY, spec.get("root"))
+    except OSError as exc:
         return None, f"cannot read the log: {exc}"
     try:
         start = last = os.fstat(fd).st_size
@@ -1757,10 +1577,10 @@ def op_disarm_seed(request: DisarmSeedRequest) -> DisarmSeedReply:
             raise OpError(f"wrapper pid(s) {alive} still alive {KILL_CONFIRM_S:g}s after SIGKILL")
         wrappers = sorted(frozen)
     workers = sorted(_spec_workers(spec))
-    recorded = read_pidfile(spec["pidfile"], spec.get("root"))
+    recorded = safefiles.read_pid(spec["pidfile"], spec.get("root"))
     now = recorded
     if len(workers) == 1 and recorded != workers[0] and not dry_run:
-        write_atomic(spec["pidfile"], f"{workers[0]}\n", spec.get("root"))
+        safefiles.write_atomic(spec["pidfile"], f"{workers[0]}\n".encode(), spec.get("root"))
         now = workers[0]
     return DisarmSeedReply(
         wrappers=wrappers,
@@ -1885,6 +1705,8 @@ def answer(message: object) -> dict[str, Any]:
         reply: Any = OPS[type(request)](request)
     except OpError as exc:
         reply = Failure(kind=exc.kind, error=str(exc), holder_pid=exc.holder_pid)
+    except safefiles.UnsafeFile as exc:  # its text names the file and says what it is
+        reply = Failure(kind="error", error=str(exc))
     except ProtocolError as exc:
         rid = exc.rid
         reply = Failure(kind="error", error=f"bad request: {exc}")
@@ -1997,6 +1819,9 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     except OpError as exc:
         _report({"ok": False, "kind": exc.kind, "error": str(exc), "holder_pid": exc.holder_pid})
         return 1
+    except safefiles.UnsafeFile as exc:
+        _report({"ok": False, "kind": "error", "error": str(exc)})
+        return 1
     except Exception as exc:  # noqa: BLE001 - process root: the agent must hear why
         _report({"ok": False, "kind": "error", "error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -2031,7 +1856,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     if swept and swept[1]:
         record["survivors"] = swept[1]
     try:
-        write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n", spec["root"])
+        safefiles.write_atomic(spec["exit_record"], _json_line(record), spec["root"])
     finally:
         worker.wait()  # reap it now that the record tells how it ended
         _log(
@@ -2089,8 +1914,8 @@ def exit_log_tail(spec: dict[str, Any]) -> str | None:
     if not isinstance(path, str):
         return None
     try:
-        fd = open_file(path, os.O_RDONLY, spec.get("root"))
-    except (OSError, OpError):
+        fd = safefiles.open_file(path, os.O_RDONLY, spec.get("root"))
+    except OSError:
         return None
     try:
         return _log_tail(fd)
@@ -2135,7 +1960,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     # fcntl/lockf locks are per process and released by *any* close of the file in this
     # process, so the lock file is opened once, here, and never elsewhere in the shepherd.
     # It is rewritten in place below, so it must be a file of its own (single_link).
-    lock_fd = open_file(spec["lock"], os.O_RDWR | os.O_CREAT, root, single_link=True)
+    lock_fd = safefiles.open_file(spec["lock"], os.O_RDWR | os.O_CREAT, root, single_link=True)
     try:
         _take_shard_lock(lock_fd)
     except OSError as exc:
@@ -2148,7 +1973,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         ) from None
     # Again, holding the shard: a takeover may have come while this launch was on its way.
     fence(spec)
-    recorded = read_pidfile(spec["pidfile"], root)
+    recorded = safefiles.read_pid(spec["pidfile"], root)
     if recorded is not None and identify(spec, recorded) == "ours":
         # The lock was free but a worker of ours runs: its shepherd was killed (SIGKILL,
         # OOM). Starting another would put two workers on one shard.
@@ -2159,7 +1984,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         )
     _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]), root)
     # Read-write: at the worker's exit the shepherd reads the log's end back from it.
-    log_fd = open_file(spec["log"], os.O_RDWR | os.O_APPEND | os.O_CREAT, root, single_link=True)
+    log_fd = safefiles.open_file(
+        spec["log"], os.O_RDWR | os.O_APPEND | os.O_CREAT, root, single_link=True
+    )
     # The worker inherits it as stdout: a plain blocking descriptor, as it expects.
     fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     env = dict(os.environ)
@@ -2193,8 +2020,8 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         "launched_at": time.time(),
     }
     try:
-        write_atomic(spec["pidfile"], f"{worker.pid}\n", root)
-        write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n", root)
+        safefiles.write_atomic(spec["pidfile"], f"{worker.pid}\n".encode(), root)
+        safefiles.write_atomic(spec["launch_record"], _json_line(record), root)
     except OSError as exc:
         # Unrecorded (a full disk, say), the worker would run unknown to every probe and the
         # next launch would start a second one beside it: end it before reporting failure.
@@ -2218,6 +2045,11 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     with contextlib.suppress(OSError):
         _log(log_fd, f"worker pid {worker.pid} started")
     return lock_fd, log_fd, worker
+
+
+def _json_line(record: dict[str, Any]) -> bytes:
+    """A record as written to disk: sorted JSON and a newline."""
+    return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
 
 
 #: A shepherd whose worker is dead holds the shard a little longer: it sweeps the worker's
@@ -2273,7 +2105,7 @@ def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
     and the truncation go by the log directory's descriptor (a rename moves a planted
     symlink, never what it points to). A log that is no regular file is left for the open
     that follows to refuse, naming it."""
-    dir_fd, name = open_parent(path, root, create=True)
+    dir_fd, name = safefiles.open_parent(path, root, create=True)
     try:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -2282,7 +2114,7 @@ def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
         if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
             return
         if backups <= 0:
-            fd = open_at(dir_fd, name, path, os.O_WRONLY, single_link=True)
+            fd = safefiles.open_at(dir_fd, name, os.O_WRONLY, path=path, single_link=True)
             try:
                 os.ftruncate(fd, 0)
             finally:
@@ -2301,7 +2133,7 @@ def _rename_at(dir_fd: int, source: str, target: str, target_path: str) -> None:
     try:
         os.replace(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
-        raise _named(exc, target_path) from None
+        raise safefiles.named(exc, target_path) from None
 
 
 def worker_cwd(env: dict[str, str], root: str) -> str:

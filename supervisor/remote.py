@@ -1,10 +1,10 @@
 """Persistent SSH to each worker host: one connection, one long-lived agent channel and
 bounded one-shot commands. The only importer of asyncssh; nothing read from ``$HOME``.
 
-Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent
-compressed as the ``-c`` argument of the host's python, ``packed_program``), so an operation
-costs one round trip on an open channel instead of a handshake or a new channel (and the
-remote user's rc files) each time.
+Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent with
+the module it imports, compressed, as the ``-c`` argument of the host's python:
+``agent_program``), so an operation costs one round trip on an open channel instead of a
+handshake or a new channel (and the remote user's rc files) each time.
 
 One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
 ``fcntl.lockf(LOCK_EX | LOCK_NB)`` on ``ctl/shard-N.lock`` and holds it for the worker's
@@ -61,6 +61,9 @@ from supervisor.sshalgs import DEFAULT_ALGS, WEAK_HOST_KEY_ALGS
 log = structlog.get_logger()
 
 AGENT_PATH: Final = Path(__file__).with_name("agent.py")
+#: What the agent imports that a host has no copy of, each sent with it and registered under
+#: the name the agent imports it by.
+AGENT_MODULES: Final = ((protocol.SAFEFILES_MODULE, Path(__file__).with_name("safefiles.py")),)
 #: Probe and launch touch the shared filesystem and fork a python; a healthy host answers
 #: in ~0.1 s, an NFS server that is failing over can take a minute (the agent itself gives
 #: a shepherd 60 s to report).
@@ -156,11 +159,23 @@ def agent_source() -> str:
     return AGENT_PATH.read_text(encoding="utf-8")
 
 
+@cache
+def agent_modules() -> tuple[tuple[str, str], ...]:
+    """``(name, text)`` of each module sent with the agent (``AGENT_MODULES``)."""
+    return tuple((name, path.read_text(encoding="utf-8")) for name, path in AGENT_MODULES)
+
+
+def agent_program() -> str:
+    """What a host's ``python -c`` runs to be the agent: ``packed_program`` of the agent and
+    its modules (under ./dev test, the wrapper that measures their coverage instead)."""
+    source = agent_source()
+    program = remote_program(source, AGENT_PATH, AGENT_MODULES)
+    return packed_program(source, agent_modules()) if program is source else program
+
+
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
-    source = agent_source()
-    program = remote_program(source, AGENT_PATH)  # the source, but in ./dev test
-    return _python_command(python, packed_program(source) if program is source else program)
+    return _python_command(python, agent_program())
 
 
 #: Linux's limit on one argv string (``MAX_ARG_STRLEN``, 32 pages): the agent's program is
@@ -169,15 +184,28 @@ MAX_ARG_STRLEN: Final = 128 * 1024
 
 
 @cache
-def packed_program(source: str) -> str:
-    """``source`` as a ``python -c`` program that decompresses and runs it: a third of its
-    size, so the agent can grow for years below ``MAX_ARG_STRLEN``. The agent finds this
-    program again in its own command line (``agent.own_source``) for its launcher and
-    shepherds, which run it the same way."""
-    packed = base64.b85encode(zlib.compress(source.encode("utf-8"), 9)).decode("ascii")
+def packed_program(source: str, modules: tuple[tuple[str, str], ...] = ()) -> str:
+    """``source`` as a ``python -c`` program that decompresses and runs it, once it has run
+    each of ``modules`` (``(name, text)``) as a module registered under its name in
+    ``sys.modules``: under half their size, so the agent can grow for years below
+    ``MAX_ARG_STRLEN``. The agent finds this program again in its own command line
+    (``agent.own_source``) for its launcher and shepherds, which run it the same way."""
+    texts = [text for _, text in modules] + [source]
+    if any("\0" in text for text in texts):
+        raise ValueError("Python source holds no NUL byte, which separates the texts here")
+    packed = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"), 9))
+    # One blob compresses better than one per text. Base64, not the slightly smaller
+    # base85: b64decode is C, b85decode pure Python, and it ran in every start of the agent,
+    # its launcher and fresh shepherds (docs/BENCHMARKS.md, bench/bench_agent_start.py).
+    # The agent runs in the globals the packing's names (_t, _n, _m, base64, types, zlib)
+    # are in, and defines none of them.
     return (
-        "import base64,zlib;exec(compile(zlib.decompress(base64.b85decode("
-        f"{packed!r})),'<reward-supervisor agent>','exec'))"
+        "import base64,sys,types,zlib\n"
+        f"_t=zlib.decompress(base64.b64decode({packed.decode('ascii')!r})).split(b'\\0')\n"
+        f"for _n in {tuple(name for name, _ in modules)!r}:\n"
+        " _m=sys.modules[_n]=types.ModuleType(_n)\n"
+        " exec(compile(_t.pop(0),'<reward-supervisor '+_n+'>','exec'),_m.__dict__)\n"
+        "exec(compile(_t.pop(),'<reward-supervisor agent>','exec'))"
     )
 
 

@@ -829,14 +829,18 @@ async def test_agent_death_fails_in_flight_requests_and_agent_restarts(
 
 
 def test_agent_source_is_old_host_python_syntax_and_fits_one_argument() -> None:
-    """agent.py parses as the oldest host Python the README promises, and what is sent of it
-    (compressed) stays at most half of Linux's 128 KiB limit on one argv string."""
+    """agent.py and the modules sent with it (safefiles.py) parse as the oldest host Python
+    the README promises, and what is sent of them (compressed) stays at most half of Linux's
+    128 KiB limit on one argv string."""
     import ast
 
-    source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
+    supervisor = Path(__file__).parents[2] / "supervisor"
+    assert [path for _, path in remote.AGENT_MODULES] == [supervisor / "safefiles.py"]
     major, minor = (int(n) for n in pythons.OLDEST_HOST.split("."))
-    ast.parse(source, feature_version=(major, minor))
-    assert len(remote.packed_program(source).encode()) <= remote.MAX_ARG_STRLEN // 2
+    for path in (supervisor / "agent.py", supervisor / "safefiles.py"):
+        ast.parse(path.read_text(), filename=str(path), feature_version=(major, minor))
+    program = remote.packed_program(remote.agent_source(), remote.agent_modules())
+    assert len(program.encode()) <= remote.MAX_ARG_STRLEN // 2
 
 
 @pytest.mark.optional_env  # Debian ships no such old Python; pyenv builds of them may be here
@@ -888,7 +892,6 @@ def test_agent_running_as_another_user_says_it_may_not_signal(
         Path(spec["launch_record"]).write_text(
             json.dumps({"pid": stranger.pid, "start_time": stat[1], "boot_id": boot_id()})
         )
-        source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
         requests = [
             {"id": 1, "op": "probe", "spec": spec, "pid": stranger.pid},
             {
@@ -912,7 +915,7 @@ def test_agent_running_as_another_user_says_it_may_not_signal(
                 "utf8",
                 "-u",
                 "-c",
-                source,
+                remote.agent_program(),
                 "agent",
             ],
             stdin=subprocess.PIPE,

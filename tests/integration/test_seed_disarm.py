@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import agent
+from supervisor import agent, safefiles
 
 DEADLINE_S = 30.0
 POLL_S = 0.01
@@ -243,7 +243,7 @@ def stays_true(predicate: Callable[[], bool], what: str) -> None:
 
 def _pidfile(loop: Loop) -> int | None:
     """The pid the loop recorded."""
-    return agent.read_pidfile(str(loop.pidfile))
+    return safefiles.read_pid(loop.pidfile)
 
 
 def _pids() -> list[int]:
