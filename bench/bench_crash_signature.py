@@ -1,4 +1,4 @@
-"""A bad deploy (every worker exits 2 at start) under the supervisor of another checkout and
+"""A bad deploy (every worker exits 1 at start) under the supervisor of another checkout and
 under this one, side by side in one run: how many launches each makes.
 
     .venv/bin/python bench/bench_crash_signature.py --old /work/wt/alerts-old [--hosts 20]
@@ -9,9 +9,10 @@ under this one, side by side in one run: how many launches each makes.
 daemons run at the same time for ``--minutes``, each with its own run directory and
 ``--hosts`` hosts on one real OpenSSH sshd on loopback, with the production defaults of
 ``[health]`` and ``[fleet]`` (cooldown 30 s doubling to 300 s, signature at 3 hosts in 300 s).
-Every worker is the real reference worker, whose reward function cannot be imported: it
-exits 2 after logging ``worker.reward_fn_failed``, as a deploy that broke the reward module
-would. Counted from each daemon's log: launches begun (``host.launch_begin``) per minute and
+Every worker's argv names a worker module the venv lacks, as a deploy that left it out would:
+python exits 1 at once with "No module named ..." (a reward fn that cannot be imported no
+longer stops a worker: the real worker and the reference one answer its tasks with errors).
+Counted from each daemon's log: launches begun (``host.launch_begin``) per minute and
 per host, ``fleet.crash_signature`` events; the daemon's CPU time. Measurements only.
 """
 
@@ -41,8 +42,8 @@ from tests.faults.harness import wall, write_config_atomic  # noqa: E402
 from tests.sshd import OpenSsh  # noqa: E402
 from tests.system.daemonproc import FAST_WORKER_ARGV, DaemonProcess  # noqa: E402
 
-#: A reward module that is not installed: the worker cannot import it and exits 2.
-BAD_REWARD_FN = "reward_v2.math_verify.reward_fn"
+#: A worker module that is not installed: python exits 1 at once ("No module named ...").
+BAD_WORKER_MODULE = "supervisor.demo.worker_v2"
 #: The daemon is given this long to stop its (mostly held or cooling) hosts at the end.
 STOP_S = 120.0
 
@@ -71,9 +72,11 @@ class Arm:
 
 
 def bad_deploy_config(openssh: OpenSsh, workdir: Path, hosts: int) -> Path:
-    """``hosts`` reference workers whose reward fn cannot be imported; default policies."""
+    """``hosts`` workers whose module is not installed; default policies."""
     raw = openssh.config_dict(workdir / "run", hosts, argv=FAST_WORKER_ARGV)
-    raw["run"]["reward_fn"] = BAD_REWARD_FN
+    raw["worker"]["argv"] = [
+        BAD_WORKER_MODULE if arg == "supervisor.demo.worker" else arg for arg in FAST_WORKER_ARGV
+    ]
     raw["control"]["socket"] = str(workdir / "control.sock")
     return write_config_atomic(workdir / "rs.toml", raw)
 
@@ -135,7 +138,7 @@ def report(arms: list[Arm], args: argparse.Namespace, started: str) -> str:
     seconds = args.minutes * 60
     minutes = int(-(-seconds // 60))
     lines = [
-        f"Bad deploy of {args.hosts} hosts (every worker exits 2 at start), {args.minutes:g} min,"
+        f"Bad deploy of {args.hosts} hosts (every worker exits 1 at start), {args.minutes:g} min,"
         f" both arms at once, started {started}; load average at the end {load_average()}.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
         "",

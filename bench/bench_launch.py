@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from supervisor import agent  # noqa: E402
+from supervisor import agent, remote  # noqa: E402
 from tests.integration.test_launcher import make_spec  # noqa: E402
 
 #: How often the benchmark looks for a dead shepherd between launches (untimed).
@@ -81,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
-    agent._SOURCE[:] = [(ROOT / "supervisor" / "agent.py").read_text(encoding="utf-8")]
+    agent._SOURCE[:] = [remote.agent_program()]
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         spec = make_spec(Path(tmp), ["sleep", "1000"])
         time_launch(via_launcher, spec)  # starts the launcher; not counted

@@ -18,6 +18,10 @@ What is real and what is simulated (the report repeats this):
   process rewrites every host's ``status/<host>.json`` once per interval (temp file + rename,
   staggered evenly, no fsync), with the pid the host's pidfile names: after the daemon replaces
   a worker (a real shepherd launching ``sleep``), the new pid heartbeats.
+- ``--work``: each heartbeat also carries the AReaL worker's own figures of its work
+  (``completed`` growing by 3 a beat, ``errors``, ``inflight``, ``queue_depth``,
+  ``concurrency``, ``rss_gib``), as the fleet page and the ``reward_worker_*`` series show
+  them; without it a heartbeat is the seed's fields alone.
 - ``--fresh``: no worker, pidfile, launch record or status file at start (not even the run
   root's directories), so the daemon launches every host itself (the real shepherd starts
   ``sleep`` and writes the pidfile), as on a fleet's first start. The in-process agent's
@@ -64,7 +68,7 @@ import asyncssh
 
 from bench.common import percentile, raise_nofile, read_json, start_time, write_atomic
 from supervisor import agent
-from supervisor.remote import AGENT_PATH
+from supervisor.remote import agent_program
 from supervisor.seedimport import render_toml
 
 try:
@@ -275,9 +279,16 @@ class Fleet:
     """The hosts, their fake workers and the heartbeat writer."""
 
     def __init__(
-        self, root: Path, names: list[str], interval_s: float, startup_delay_s: float = 0.0
+        self,
+        root: Path,
+        names: list[str],
+        interval_s: float,
+        startup_delay_s: float = 0.0,
+        *,
+        work: bool = False,
     ) -> None:
         self.root = root
+        self.work = work
         self.hosts = [SimHost(name, i) for i, name in enumerate(names)]
         self.by_name = {h.name: h for h in self.hosts}
         self.interval_s = interval_s
@@ -367,6 +378,18 @@ class Fleet:
             "host": host.name,
             "shard": host.shard,
         }
+        if self.work:
+            # A healthy worker: it takes every waiting task up to its 8 slots (so no backlog
+            # with slots free) and finishes 3 a beat.
+            queue = (host.seq + host.shard) % 12
+            status.update(
+                completed=3 * host.seq,
+                errors=host.seq // 50,
+                inflight=min(queue, 8),
+                queue_depth=queue,
+                concurrency=8,
+                rss_gib=1.5,
+            )
         write_atomic(self.status_path(host), json.dumps(status).encode())
         host.last_write = time.time()
         self.writes += 1
@@ -540,7 +563,7 @@ async def main_async(args: argparse.Namespace) -> None:
     raise_nofile()
     workdir: Path = args.workdir
     names = [f"sim-{i:04d}" for i in range(args.hosts)]
-    agent._SOURCE[:] = [AGENT_PATH.read_text(encoding="utf-8")]  # for op_launch's shepherd
+    agent._SOURCE[:] = [agent_program()]  # for op_launch's launcher and shepherd
     server: InprocFleet | LocalSshServer
     if args.agents == "real":
         server = LocalSshServer(workdir / "ssh", names)
@@ -551,7 +574,7 @@ async def main_async(args: argparse.Namespace) -> None:
         await server.start()
         client_key, known_hosts = server.client_key_path, server.known_hosts_path
     root = workdir / "run"
-    fleet = Fleet(root, names, args.interval, args.startup_delay)
+    fleet = Fleet(root, names, args.interval, args.startup_delay, work=args.work)
     try:
         if args.fresh:
             fleet.expect_launches()
@@ -600,6 +623,9 @@ def main() -> None:
     parser.add_argument("--stale", type=float, default=5.0, help="heartbeat_stale_s")
     parser.add_argument(
         "--fresh", action="store_true", help="no workers at start: the daemon launches all"
+    )
+    parser.add_argument(
+        "--work", action="store_true", help="heartbeats carry the worker's figures of its work"
     )
     parser.add_argument(
         "--startup-delay",

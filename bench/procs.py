@@ -53,6 +53,7 @@ class SimProcess:
         stale_s: float,
         fresh: bool = False,
         startup_delay_s: float | None = None,
+        work: bool = False,
     ):
         self.args = [
             "--workdir",
@@ -70,6 +71,8 @@ class SimProcess:
             self.args.append("--fresh")  # no workers: the daemon launches every host
         if startup_delay_s is not None:
             self.args += ["--startup-delay", str(startup_delay_s)]
+        if work:
+            self.args.append("--work")  # heartbeats carry the worker's figures
         self.events: list[dict[str, Any]] = []
         self.process: asyncio.subprocess.Process | None = None
         self._changed = asyncio.Event()

@@ -1,9 +1,9 @@
 """The remote side: an agent serving JSON-lines requests on one SSH channel, its launcher (a
 fork server), and the shepherd that launches, holds the shard lock for, and reaps one worker.
 
-This file is never imported by the daemon: ``remote.py`` sends its text as the ``-c``
-argument of the worker host's python. So it is stdlib-only and runs on Python >= 3.7 (no
-``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
+``remote.py`` sends its text, with that of ``safefiles.py`` (its files under the run root),
+as the ``-c`` argument of the worker host's python. So both are stdlib-only and run on Python
+>= 3.7 (no ``match``, no runtime ``X | Y``, nothing newer unless guarded). Three modes:
 
 ``python -X utf8 -u -c SRC agent``
     Reads one JSON request per line on stdin, ``{"id": N, "op": OP, ...}``, serves each in its
@@ -32,10 +32,10 @@ argument of the worker host's python. So it is stdlib-only and runs on Python >=
     (new session, double fork) and becomes the shepherd, as a launcher-forked one does.
 
 The shepherd (``rs-shepherd`` in ``ps -o comm``) takes the shard lock, starts the worker in its
-own process group, writes the pidfile and launch record, reports ``{pid, start_time}`` on the
-report pipe and closes it, then waits for the worker and writes the exit record. It ignores
-SIGTERM/SIGINT/SIGHUP (by a handler, so the worker gets default dispositions) so the exit is
-always recorded.
+own session, writes the pidfile and launch record, reports ``{pid, start_time}`` on the report
+pipe and closes it, then waits for the worker, kills what it left in its session (``sweep``)
+and writes the exit record. It ignores SIGTERM/SIGINT/SIGHUP (by a handler, so the worker gets
+default dispositions) so the exit is always recorded.
 
 Processes are identified by pid *and* start time (field 22 of ``/proc/PID/stat``, clock ticks
 since boot); a process in state ``Z`` (zombie) or ``X`` is dead.
@@ -61,7 +61,19 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
+
+#: The name under which the program sent to a host (``remote.packed_program``) registers the
+#: text of ``safefiles.py`` it carries: a host has no ``supervisor`` package, and one it may
+#: have (another version, another project's) must not be imported in its place.
+SAFEFILES_MODULE = "_reward_supervisor_safefiles"
+
+if TYPE_CHECKING:
+    from supervisor import safefiles
+else:
+    safefiles = sys.modules.get(SAFEFILES_MODULE)
+    if safefiles is None:  # imported, not sent: in the daemon, the tests, the simulator
+        from supervisor import safefiles
 
 PROTOCOL = 1
 #: How often terminate looks at /proc while waiting for a pid to die: fast enough that a
@@ -104,28 +116,22 @@ class Fenced(OpError):
     kind = "fenced"
 
 
-#: The epoch file holds one number and a newline.
-EPOCH_MAX = 64
-
-
 def fence(spec: dict[str, Any]) -> None:
     """Raise Fenced when the spec's epoch is lower than the run directory's.
 
     A spec without an epoch file or epoch (an in-process caller, an old daemon) is not
-    fenced; nor is one when the file is missing or not a number (the lock is the election,
-    the epoch only the fence: a garbled file must not stop every launch of the run).
+    fenced; nor is one when the file is missing or unreadable, as the daemon reads it (the
+    lock is the election, the epoch only the fence: a garbled file must not stop every
+    launch of the run).
     """
     path = spec.get("epoch_file")
     epoch = spec.get("epoch")
     if not isinstance(path, str) or not path or type(epoch) is not int:
         return
-    data = read_small(path, EPOCH_MAX, spec.get("root"))
-    text = (data or b"").strip()
-    if not text.isdigit() or len(text) > 16:
-        return
-    if int(text) > epoch:
+    current = safefiles.read_epoch(path, spec.get("root"))
+    if current is not None and current > epoch:
         raise Fenced(
-            f"fenced: the run directory's epoch is {int(text)}, this request's {epoch}:"
+            f"fenced: the run directory's epoch is {current}, this request's {epoch}:"
             " another reward-supervisor leads this run"
         )
 
@@ -280,9 +286,11 @@ class LaunchReply:
 
 @dataclass(frozen=True)
 class TerminateReply:
-    """How the pid ended: terminated, killed, dead, gone or reused (it was not ours)."""
+    """How the pid ended: terminated, killed, dead, gone or reused (it was not ours); and how
+    many processes of its session it left that were killed (None: its session not swept)."""
 
     outcome: str
+    reaped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +325,8 @@ class WorkerExit:
     #: The end of the worker's log as the shepherd's exit record will carry it: the crash
     #: signature of a pushed exit must be the one its record would give.
     log_tail: str | None = None
+    #: Processes of its session this agent killed after it (``sweep``); None: not swept.
+    reaped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -448,6 +458,7 @@ _CHECKS: dict[str, tuple[Any, ...]] = {
     "exit_code": (int, 0, 255),
     "signal": (int, 1, 127),
     "exited_at": (float, 0.0, 1e12),
+    "reaped": (int, 0, PID_MAX),
     "watching": (bool,),
     "protocol": (int, 0, 1 << 31),
     "grace_s": (float, 0.0, 1e9),
@@ -507,22 +518,31 @@ def _checked(name: str, value: Any, optional: bool) -> Any:
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """``(state, pgid, start_time)`` of ``pid``, or None if there is no such process."""
+    ids = proc_ids(pid)
+    return None if ids is None else (ids[0], ids[1], ids[3])
+
+
+def proc_ids(pid: int) -> tuple[str, int, int, int] | None:
+    """``(state, pgid, sid, start_time)`` of ``pid``, or None if there is no such process."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
+        # os.read, not open(): half the cost, and a sweep reads every process's.
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError as exc:
         if exc.errno in (errno.ESRCH, errno.ENOENT):
             return None
         raise
     # The command name (field 2) is in parentheses and may itself contain ") ".
     fields = data[data.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 (state), fields[2] field 5 (pgrp), fields[19] field 22 (starttime).
-    return fields[0].decode("ascii"), int(fields[2]), int(fields[19])
+    # fields[0] is field 3 (state), [2] field 5 (pgrp), [3] field 6 (session), [19] field 22
+    # (starttime).
+    return fields[0].decode("ascii"), int(fields[2]), int(fields[3]), int(fields[19])
 
 
-def is_dead(stat: tuple[str, int, int] | None) -> bool:
+def is_dead(stat: tuple[Any, ...] | None) -> bool:
     """Gone, or a zombie that only waits to be reaped (its code can no longer run)."""
     return stat is None or stat[0] in ("Z", "X", "x")
 
@@ -550,206 +570,20 @@ def boot_id() -> str:
 
 # --- files under the run root -----------------------------------------------------------
 # Whoever can write the shared run root can plant a symlink, a FIFO or a hard link under any
-# name there, or swap a directory for a symlink: every open below the root goes through these.
+# name there, or swap a directory for a symlink: every open below the root goes through
+# ``safefiles`` (sent with this program), as the daemon's do.
 
-#: O_NOFOLLOW: a symlink planted under the name is refused, never followed. O_NONBLOCK: a FIFO
-#: opens at once for reading (and fails for writing) instead of waiting for a peer forever.
-NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: A pidfile holds one number; a launch record a few hundred bytes.
-PIDFILE_MAX = 64
+#: A launch record or exit record is a few hundred bytes.
 RECORD_MAX = 1 << 20
-
-
-class UnsafeFile(OpError):
-    """A file or directory under the run root that is not what it must be; names it."""
-
-
-def open_parent(path: str, root: str | None, create: bool = False) -> tuple[int, str]:
-    """A descriptor of the directory holding ``path``, and the last component. Below ``root``
-    (when ``path`` is under it) each directory is opened without following a symlink (and
-    made first, when ``create``), so a swapped one cannot lead outside the root."""
-    parent, name = os.path.split(path)
-    base = parent
-    parts: list[str] = []
-    top = (root or "").rstrip("/")
-    if top and (parent + "/").startswith(top + "/"):
-        base, parts = top, [p for p in parent[len(top) :].split("/") if p]
-    if create:
-        os.makedirs(base, exist_ok=True)
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    here = base
-    try:
-        for part in parts:
-            here = os.path.join(here, part)
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            try:
-                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=fd)
-            except NotADirectoryError:
-                raise UnsafeFile(f"{here} is {_kind_at(fd, part)}, not a directory") from None
-            os.close(fd)
-            fd = sub
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, name
-
-
-def open_at(dir_fd: int, name: str, path: str, flags: int, single_link: bool = False) -> int:
-    """Open the regular file ``name`` in ``dir_fd`` without following or blocking; with
-    ``single_link``, refuse one hard-linked elsewhere (it is about to be written in place).
-    Raises UnsafeFile naming ``path``."""
-    try:
-        fd = os.open(name, flags | NOFOLLOW, 0o644, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFile(f"{path} is a symbolic link: not followed") from None
-        if exc.errno == errno.ENXIO:  # opened for writing: a FIFO or socket nobody reads
-            raise UnsafeFile(f"{path} is a FIFO or socket, not a regular file") from None
-        raise _named(exc, path) from None
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise UnsafeFile(f"{path} is {_kind(st.st_mode)}, not a regular file")
-    if single_link and st.st_nlink > 1:
-        os.close(fd)
-        # Its other name may be any file of the same owner, anywhere on the filesystem.
-        raise UnsafeFile(f"{path} is hard-linked ({st.st_nlink} links): not written")
-    return fd
-
-
-def open_file(path: str, flags: int, root: str | None, single_link: bool = False) -> int:
-    """``open_at`` of ``path``, its directories below ``root`` opened as ``open_parent``
-    does (made first when ``flags`` has O_CREAT)."""
-    dir_fd, name = open_parent(path, root, create=bool(flags & os.O_CREAT))
-    try:
-        return open_at(dir_fd, name, path, flags, single_link)
-    finally:
-        os.close(dir_fd)
-
-
-def _named(exc: OSError, path: str) -> OSError:
-    """``exc`` naming the whole ``path``: relative to a directory descriptor, the error names
-    only the last component (and a rename, two of them)."""
-    return OSError(exc.errno, exc.strerror, path) if exc.errno is not None else exc
-
-
-def _kind(mode: int) -> str:
-    """What a file of ``mode`` is, for messages."""
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return kind
-    return "of unknown type"
-
-
-def _kind_at(dir_fd: int, name: str) -> str:
-    """What ``name`` in ``dir_fd`` is, not following a symlink."""
-    try:
-        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return "gone"
-
-
-def read_small(path: str, limit: int, root: str | None) -> bytes | None:
-    """At most ``limit`` bytes of a regular file; None when missing, unsafe or unreadable."""
-    try:
-        fd = open_file(path, os.O_RDONLY, root)
-    except (OSError, OpError):
-        return None
-    try:
-        chunks = []
-        size = 0
-        while size < limit:
-            chunk = os.read(fd, limit - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def read_pidfile(path: str, root: str | None = None) -> int | None:
-    """The pid in a pidfile, or None when it is missing, unsafe or not a positive integer."""
-    data = read_small(path, PIDFILE_MAX, root)
-    text = (data or b"").strip()
-    # bytes.isdigit is ASCII only: no other script's digits, no sign, no spaces.
-    return int(text) if text.isdigit() and 0 < int(text) < 1 << 31 else None
 
 
 def read_json(path: str, root: str | None = None) -> dict[str, Any] | None:
     """A small JSON object from a file, or None when missing, unsafe or not an object."""
-    data = read_small(path, RECORD_MAX, root)
-    if data is None:
-        return None
     try:
-        value = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
+        value = safefiles.read_json(path, RECORD_MAX, root)
+    except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def write_atomic(path: str, text: str, root: str | None = None) -> None:
-    """Replace ``path`` so a reader on any host sees the old file or the new one, whole.
-
-    The temp file is created exclusively (O_EXCL, no symlink followed) under a random name,
-    in the same directory descriptor the rename uses: a name planted in advance, or a
-    directory swapped meanwhile, cannot make it write anywhere else. Whatever was at ``path``
-    (a symlink, a FIFO) is replaced by the rename, never followed.
-    """
-    dir_fd, name = open_parent(path, root)
-    try:
-        tmp, fd = _create_temp(dir_fd, name, path)
-        try:
-            try:
-                data = text.encode("utf-8")
-                while data:
-                    data = data[os.write(fd, data) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError as exc:
-                raise _named(exc, path) from None
-        except BaseException:
-            with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-    finally:
-        os.close(dir_fd)
-
-
-def _create_temp(dir_fd: int, name: str, path: str) -> tuple[str, int]:
-    """A new temp file beside ``name``: its name and a descriptor open for writing."""
-    for _ in range(10):
-        # 64 random bits: nobody can plant the name in advance. The name is clipped so the
-        # whole stays within NAME_MAX.
-        tmp = f".{name[:200]}.{os.urandom(8).hex()}.tmp"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW
-            return tmp, os.open(tmp, flags, 0o644, dir_fd=dir_fd)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise _named(exc, os.path.join(os.path.dirname(path), tmp)) from None
-    raise OpError(f"no free temp name beside {path}")
 
 
 # --- identity ---------------------------------------------------------------------------
@@ -800,7 +634,7 @@ def op_probe(request: ProbeRequest) -> ProbeReply:
     candidates: list[int] = []
     if request.pid is not None:
         candidates.append(request.pid)
-    recorded = read_pidfile(spec["pidfile"], spec.get("root"))
+    recorded = safefiles.read_pid(spec["pidfile"], spec.get("root"))
     if recorded is not None and recorded not in candidates:
         candidates.append(recorded)
     checked = []
@@ -813,38 +647,55 @@ def op_probe(request: ProbeRequest) -> ProbeReply:
 
 
 def op_terminate(request: TerminateRequest) -> TerminateReply:
-    """SIGTERM (+SIGCONT) the worker's group, wait ``grace_s``, SIGKILL if ``kill``; returns
-    only once the pid is confirmed dead, raises OpError otherwise."""
+    """SIGTERM the worker alone (the AReaL worker drains what its pool holds), SIGCONT its
+    group, wait ``grace_s``, SIGKILL the group if ``kill`` (at once when ``grace_s`` is 0);
+    once it is confirmed dead (else OpError), sweep its session."""
     spec, pid, grace_s, kill = request.spec, request.pid, request.grace_s, request.kill
     fence(spec)
     verdict = identify(spec, pid)
-    if verdict != "ours":
+    ids = proc_ids(pid)
+    if verdict != "ours" or ids is None or is_dead(ids):
         # Gone, a zombie, or a pid now used by an unrelated process: ours is dead either way.
-        return TerminateReply(outcome=verdict)
-    stat = proc_stat(pid)
-    if stat is None or is_dead(stat):
-        return TerminateReply(outcome="dead")
-    start_time = stat[2]
-    # Our workers lead their own group (their verifier subprocesses are in it); a worker that
-    # does not (the old script's nohup) is signalled alone so we never hit its parent's group.
-    group = stat[1] == pid
-    _signal(pid, group, signal.SIGTERM)
-    # A stopped process keeps SIGTERM pending until it is continued.
-    _signal(pid, group, signal.SIGCONT)
-    if _wait_dead(pid, start_time, grace_s):
-        if kill and group:
-            _signal(pid, True, signal.SIGKILL)  # stragglers left in the group
-        return TerminateReply(outcome="terminated")
-    if not kill:
-        raise OpError(f"pid {pid} still alive after {grace_s:g}s; kill_after_grace=false")
-    _signal(pid, group, signal.SIGKILL)
-    if _wait_dead(pid, start_time, KILL_CONFIRM_S):
-        return TerminateReply(outcome="killed")
-    state = proc_stat(pid)
-    raise OpError(
-        f"pid {pid} still alive {KILL_CONFIRM_S:g}s after SIGKILL"
-        f" (state {state[0] if state else '?'})"
-    )
+        return TerminateReply("dead" if verdict == "ours" else verdict, _reap_late(spec, pid))
+    start_time = ids[3]
+    # A worker not leading its group (the old script's nohup) is signalled alone, never its
+    # parent's group; one not leading a session has none of its own to sweep.
+    group, leader = ids[1] == pid, ids[2] == pid
+    outcome = ""
+    if grace_s > 0 or not kill:
+        _signal(pid, False, signal.SIGTERM)
+        _signal(pid, group, signal.SIGCONT)  # a stopped process acts on no SIGTERM
+        if _wait_dead(pid, start_time, grace_s):
+            outcome = "terminated"
+        elif not kill:
+            raise OpError(f"pid {pid} still alive after {grace_s:g}s; kill_after_grace=false")
+    # What its session holds when it is killed counts as reaped, whoever's SIGKILL ends it.
+    members = session_members(pid) if leader and not outcome else {}
+    if not outcome:
+        _signal(pid, group, signal.SIGKILL)
+        if not _wait_dead(pid, start_time, KILL_CONFIRM_S):
+            state = proc_stat(pid)
+            raise OpError(
+                f"pid {pid} still alive {KILL_CONFIRM_S:g}s after SIGKILL"
+                f" (state {state[0] if state else '?'})"
+            )
+        outcome = "killed"
+    swept = sweep(pid, start_time) if leader else None
+    if swept is not None:
+        members.update(swept[0])
+    return TerminateReply(outcome, None if swept is None else len(members))
+
+
+def _reap_late(spec: dict[str, Any], pid: int) -> int | None:
+    """Sweep for a worker of ours found dead whose shepherd wrote no exit record (it was
+    killed first, so did not sweep); how many were killed."""
+    launched = read_json(spec["launch_record"], spec.get("root")) or {}
+    ended = read_json(spec["exit_record"], spec.get("root")) or {}
+    start = launched.get("start_time")
+    if (launched.get("pid"), launched.get("boot_id")) != (pid, boot_id()) or type(start) is not int:
+        return None  # not started by a shepherd here: no session of its own
+    swept = sweep(pid, start) if ended.get("pid") != pid else None
+    return None if swept is None else len(swept[0])
 
 
 def _signal(pid: int, group: bool, sig: int) -> None:
@@ -901,6 +752,80 @@ def _open_pidfd(pid: int) -> int | None:
         return int(pidfd_open(pid))
     except OSError:
         return None
+
+
+# --- sweeping a dead worker's session ---------------------------------------------------
+# A worker leads a session of its own, and what it starts (a process pool and its resource
+# tracker, in its group or not) stays in it unless it calls setsid(); they outlive it as
+# children of init, until a sweep kills them. No pid is reused while a process has it as its
+# session or group id, so the members found are the dead worker's while its pid is no live
+# process (gone, or its own zombie): a live one is a reuse, made once the session was empty.
+
+#: A sweep ends within this; a process still alive then (a hung NFS read) is reported.
+SWEEP_S = 2.0
+
+
+def sweep_safe(ids: tuple[str, int, int, int] | None, start_time: int | None) -> bool:
+    """Whether a dead worker's session may be swept, given ``proc_ids`` of its pid now."""
+    return ids is None or (is_dead(ids) and ids[3] == start_time)
+
+
+def session_members(pid: int) -> dict[int, int]:
+    """``{pid: start_time}`` of live processes of session or group ``pid``, but ``pid``."""
+    found = {}
+    for other in _live_pids():
+        try:
+            ids = None if other == pid else proc_ids(other)
+        except OSError:  # another user's, under hidepid: not ours to kill anyway
+            continue
+        if ids is not None and pid in (ids[1], ids[2]) and not is_dead(ids):
+            found[other] = ids[3]
+    return found
+
+
+def sweep(pid: int, start_time: int | None) -> tuple[dict[int, int], list[int]] | None:
+    """SIGKILL what dead worker ``pid`` left in its session, look again until none is new,
+    wait for them, within SWEEP_S: ``({pid: start} killed, pids still alive)``; None if
+    unsafe (``sweep_safe``). It looks in full before it kills, so of sweeps racing (the
+    shepherd's, the agent's), the first to finish looking saw all: the largest count is right.
+    """
+    deadline = time.monotonic() + SWEEP_S
+    seen: dict[int, int] = {}
+    killed: dict[int, int] = {}
+    try:
+        while sweep_safe(proc_ids(pid), start_time):
+            fresh = {p: t for p, t in session_members(pid).items() if seen.get(p) != t}
+            if not fresh or time.monotonic() > deadline:
+                break
+            seen.update(fresh)
+            killed.update((p, t) for p, t in fresh.items() if _kill_exact(p, t))
+        else:
+            if not seen:
+                return None
+        alive = [p for p, t in seen.items() if not _wait_dead(p, t, deadline - time.monotonic())]
+    except OSError:
+        return None
+    return killed, sorted(alive)
+
+
+def _kill_exact(pid: int, start_time: int) -> bool:
+    """SIGKILL ``pid`` if it started at ``start_time``, by pidfd where there are pidfds (a
+    number reused meanwhile is never hit)."""
+    pidfd = _open_pidfd(pid)
+    ids = proc_ids(pid)
+    try:
+        if ids is None or ids[3] != start_time:
+            return False
+        if pidfd is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return True
 
 
 def op_watch(request: WatchRequest) -> WatchReply:
@@ -972,6 +897,8 @@ class _Watched:
         self.start_time = start_time
         self.send = send
         self.pidfd: int | None = None
+        #: It leads its own session: sweep it when it ends.
+        self.leader = False
 
 
 class ExitWatch:
@@ -1010,16 +937,21 @@ class ExitWatch:
         """Push ``pid``'s exit through ``send`` when it ends; False (and the exit pushed now)
         if it has ended already."""
         pidfd = _open_pidfd(pid)  # before the look: a pid reused after it is no longer ours
-        stat = proc_stat(pid)
-        ended = is_dead(stat) or (
-            start_time is not None and stat is not None and stat[2] != start_time
+        ids = proc_ids(pid)
+        ended = is_dead(ids) or (
+            start_time is not None and ids is not None and ids[3] != start_time
         )
-        if ended or stat is None:
+        if ended or ids is None:
             if pidfd is not None:
                 os.close(pidfd)
-            self._push(_Watched(spec, pid, start_time or 0, send), start_time)
+            # Its zombie (known by its start time) still holds its session: swept. Gone, its
+            # session is its shepherd's to sweep: after a while its number may be another's.
+            entry = _Watched(spec, pid, start_time or 0, send)
+            entry.leader = ids is not None and is_dead(ids) and ids[2] == pid
+            self._push(entry, start_time)
             return False
-        entry = _Watched(spec, pid, stat[2], send)
+        entry = _Watched(spec, pid, ids[3], send)
+        entry.leader = ids[2] == pid
         entry.pidfd = pidfd
         with self._lock:
             old = self._watched.pop(pid, None)
@@ -1085,14 +1017,18 @@ class ExitWatch:
 
     @staticmethod
     def _push(entry: _Watched, start_time: int | None) -> None:
+        exited_at = time.time()
+        # First: the daemon launches the replacement the moment it hears of the exit.
+        swept = sweep(entry.pid, entry.start_time) if entry.leader else None
         code, sig = exit_status(entry.spec, entry.pid, start_time)
         news = WorkerExit(
             pid=entry.pid,
             start_time=start_time or None,
             exit_code=code,
             signal=sig,
-            exited_at=time.time(),
+            exited_at=exited_at,
             log_tail=exit_log_tail(entry.spec),
+            reaped=None if swept is None else len(swept[0]),
         )
         with contextlib.suppress(Exception):  # a channel gone is the daemon's loss, not ours
             entry.send(push_line(news))
@@ -1203,8 +1139,8 @@ def log_tail_of(path: str, root: str | None, limit: int, notes: list[str]) -> st
     """The last ``limit`` bytes of the log at ``path`` from its first whole line, decoded
     with errors replaced; None (and a note) when it cannot be read."""
     try:
-        fd = open_file(path, os.O_RDONLY, root)
-    except (OSError, OpError) as exc:
+        fd = safefiles.open_file(path, os.O_RDONLY, root)
+    except OSError as exc:
         notes.append(f"log: {exc}"[:TEXT_MAX])
         return None
     try:
@@ -1289,14 +1225,16 @@ def find_py_spy(spec: dict[str, Any]) -> str | None:
 def py_spy_dump(
     spy: str, pid: int, deadline: float, nonblocking: bool = False
 ) -> tuple[str | None, str]:
-    """``py-spy dump --pid PID``'s output, or None and why (it failed, or was killed at
-    ``deadline``); at most STACKS_MAX bytes are read."""
+    """``py-spy dump --pid PID --subprocesses``'s output (a pool's reward calls run in the
+    worker's children), or None and why (it failed, or was killed at ``deadline``); at most
+    STACKS_MAX bytes are read."""
     timeout_s = deadline - time.monotonic()
     if timeout_s <= 0:
         return None, "no time left"
     try:
         dump = subprocess.Popen(
-            [spy, "dump", "--pid", str(pid), *(["--nonblocking"] if nonblocking else [])],
+            [spy, "dump", "--pid", str(pid), "--subprocesses"]
+            + (["--nonblocking"] if nonblocking else []),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -1352,8 +1290,8 @@ def signal_dump(spec: dict[str, Any], pid: int, deadline: float) -> tuple[str | 
     """Send the stacks signal and read back what the worker appended to its log, until it
     stops growing (or ``deadline``); at most STACKS_MAX bytes."""
     try:
-        fd = open_file(spec["log"], os.O_RDONLY, spec.get("root"))
-    except (OSError, OpError) as exc:
+        fd = safefiles.open_file(spec["log"], os.O_RDONLY, spec.get("root"))
+    except OSError as exc:
         return None, f"cannot read the log: {exc}"
     try:
         start = last = os.fstat(fd).st_size
@@ -1639,10 +1577,10 @@ def op_disarm_seed(request: DisarmSeedRequest) -> DisarmSeedReply:
             raise OpError(f"wrapper pid(s) {alive} still alive {KILL_CONFIRM_S:g}s after SIGKILL")
         wrappers = sorted(frozen)
     workers = sorted(_spec_workers(spec))
-    recorded = read_pidfile(spec["pidfile"], spec.get("root"))
+    recorded = safefiles.read_pid(spec["pidfile"], spec.get("root"))
     now = recorded
     if len(workers) == 1 and recorded != workers[0] and not dry_run:
-        write_atomic(spec["pidfile"], f"{workers[0]}\n", spec.get("root"))
+        safefiles.write_atomic(spec["pidfile"], f"{workers[0]}\n".encode(), spec.get("root"))
         now = workers[0]
     return DisarmSeedReply(
         wrappers=wrappers,
@@ -1767,6 +1705,8 @@ def answer(message: object) -> dict[str, Any]:
         reply: Any = OPS[type(request)](request)
     except OpError as exc:
         reply = Failure(kind=exc.kind, error=str(exc), holder_pid=exc.holder_pid)
+    except safefiles.UnsafeFile as exc:  # its text names the file and says what it is
+        reply = Failure(kind="error", error=str(exc))
     except ProtocolError as exc:
         rid = exc.rid
         reply = Failure(kind="error", error=f"bad request: {exc}")
@@ -1879,6 +1819,9 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     except OpError as exc:
         _report({"ok": False, "kind": exc.kind, "error": str(exc), "holder_pid": exc.holder_pid})
         return 1
+    except safefiles.UnsafeFile as exc:
+        _report({"ok": False, "kind": "error", "error": str(exc)})
+        return 1
     except Exception as exc:  # noqa: BLE001 - process root: the agent must hear why
         _report({"ok": False, "kind": "error", "error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -1894,25 +1837,34 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     # sees the worker end (its pidfd) reads the status from the zombie, or, once it is
     # reaped, from the record, never from neither.
     exit_code, signum = _await_exit(worker)
+    exited_at = time.time()
     status = exit_code if exit_code is not None else -(signum or 0)
+    # Before the record (on which the daemon launches a replacement) and while its zombie
+    # keeps the worker's number from being another session's: kill what it left behind.
+    swept = sweep(worker.pid, start_time)
     record = {
         "pid": worker.pid,
         "start_time": start_time,
         "exit_code": exit_code,
         "signal": signum,
-        "exited_at": time.time(),
+        "exited_at": exited_at,
         "host": spec["host"],
         "shard": spec["shard"],
         "log_tail": _log_tail(log_fd),
+        "reaped": None if swept is None else len(swept[0]),
     }
+    if swept and swept[1]:
+        record["survivors"] = swept[1]
     try:
-        write_atomic(spec["exit_record"], json.dumps(record, sort_keys=True) + "\n", spec["root"])
+        safefiles.write_atomic(spec["exit_record"], _json_line(record), spec["root"])
     finally:
         worker.wait()  # reap it now that the record tells how it ended
         _log(
             log_fd,
             f"worker pid {worker.pid} exited"
-            f" ({f'code {status}' if status >= 0 else f'signal {-status}'})",
+            f" ({f'code {status}' if status >= 0 else f'signal {-status}'})"
+            + (f"; killed {record['reaped']} left in its session" if record["reaped"] else "")
+            + (f"; alive after SIGKILL: {swept[1]}" if swept and swept[1] else ""),
         )
         os.close(lock_fd)  # releases the shard lock (the process exit would too)
     return 0
@@ -1962,8 +1914,8 @@ def exit_log_tail(spec: dict[str, Any]) -> str | None:
     if not isinstance(path, str):
         return None
     try:
-        fd = open_file(path, os.O_RDONLY, spec.get("root"))
-    except (OSError, OpError):
+        fd = safefiles.open_file(path, os.O_RDONLY, spec.get("root"))
+    except OSError:
         return None
     try:
         return _log_tail(fd)
@@ -2008,9 +1960,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     # fcntl/lockf locks are per process and released by *any* close of the file in this
     # process, so the lock file is opened once, here, and never elsewhere in the shepherd.
     # It is rewritten in place below, so it must be a file of its own (single_link).
-    lock_fd = open_file(spec["lock"], os.O_RDWR | os.O_CREAT, root, single_link=True)
+    lock_fd = safefiles.open_file(spec["lock"], os.O_RDWR | os.O_CREAT, root, single_link=True)
     try:
-        fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _take_shard_lock(lock_fd)
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EAGAIN):
             raise
@@ -2021,7 +1973,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         ) from None
     # Again, holding the shard: a takeover may have come while this launch was on its way.
     fence(spec)
-    recorded = read_pidfile(spec["pidfile"], root)
+    recorded = safefiles.read_pid(spec["pidfile"], root)
     if recorded is not None and identify(spec, recorded) == "ours":
         # The lock was free but a worker of ours runs: its shepherd was killed (SIGKILL,
         # OOM). Starting another would put two workers on one shard.
@@ -2032,7 +1984,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         )
     _rotate(spec["log"], int(spec["log_max_bytes"]), int(spec["log_backups"]), root)
     # Read-write: at the worker's exit the shepherd reads the log's end back from it.
-    log_fd = open_file(spec["log"], os.O_RDWR | os.O_APPEND | os.O_CREAT, root, single_link=True)
+    log_fd = safefiles.open_file(
+        spec["log"], os.O_RDWR | os.O_APPEND | os.O_CREAT, root, single_link=True
+    )
     # The worker inherits it as stdout: a plain blocking descriptor, as it expects.
     fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     env = dict(os.environ)
@@ -2047,8 +2001,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
             stdout=log_fd,
             stderr=log_fd,
             close_fds=True,
-            # Its own session and process group: terminate signals the group, which holds
-            # the worker's verifier subprocesses too.
+            # Its own session and group: whatever it starts is killed with it (``sweep``).
             start_new_session=True,
         )
     except OSError as exc:
@@ -2067,8 +2020,8 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         "launched_at": time.time(),
     }
     try:
-        write_atomic(spec["pidfile"], f"{worker.pid}\n", root)
-        write_atomic(spec["launch_record"], json.dumps(record, sort_keys=True) + "\n", root)
+        safefiles.write_atomic(spec["pidfile"], f"{worker.pid}\n".encode(), root)
+        safefiles.write_atomic(spec["launch_record"], _json_line(record), root)
     except OSError as exc:
         # Unrecorded (a full disk, say), the worker would run unknown to every probe and the
         # next launch would start a second one beside it: end it before reporting failure.
@@ -2092,6 +2045,33 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     with contextlib.suppress(OSError):
         _log(log_fd, f"worker pid {worker.pid} started")
     return lock_fd, log_fd, worker
+
+
+def _json_line(record: dict[str, Any]) -> bytes:
+    """A record as written to disk: sorted JSON and a newline."""
+    return (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+
+
+#: A shepherd whose worker is dead holds the shard a little longer: it sweeps the worker's
+#: session and writes the exit record first. A launch that comes meanwhile (the agent pushed
+#: the exit at once) waits for it that long, instead of being refused and probed.
+LOCK_HANDOVER_S = SWEEP_S + 2.0
+
+
+def _take_shard_lock(lock_fd: int) -> None:
+    """Take the shard lock, waiting while its holder is a shepherd on this host whose worker
+    has died (it is finishing up); raises the lock's OSError otherwise, or once that is over."""
+    deadline = time.monotonic() + LOCK_HANDOVER_S
+    while True:
+        try:
+            fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _lock_holder(lock_fd) if exc.errno in (errno.EACCES, errno.EAGAIN) else {}
+            if not holder.get("here") or holder.get("alive") or time.monotonic() > deadline:
+                raise
+        else:
+            return
+        time.sleep(POLL_S / 4)
 
 
 def _lock_holder(lock_fd: int) -> dict[str, Any]:
@@ -2125,7 +2105,7 @@ def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
     and the truncation go by the log directory's descriptor (a rename moves a planted
     symlink, never what it points to). A log that is no regular file is left for the open
     that follows to refuse, naming it."""
-    dir_fd, name = open_parent(path, root, create=True)
+    dir_fd, name = safefiles.open_parent(path, root, create=True)
     try:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -2134,7 +2114,7 @@ def _rotate(path: str, max_bytes: int, backups: int, root: str | None) -> None:
         if not stat.S_ISREG(st.st_mode) or st.st_size <= max_bytes:
             return
         if backups <= 0:
-            fd = open_at(dir_fd, name, path, os.O_WRONLY, single_link=True)
+            fd = safefiles.open_at(dir_fd, name, os.O_WRONLY, path=path, single_link=True)
             try:
                 os.ftruncate(fd, 0)
             finally:
@@ -2153,7 +2133,7 @@ def _rename_at(dir_fd: int, source: str, target: str, target_path: str) -> None:
     try:
         os.replace(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
-        raise _named(exc, target_path) from None
+        raise safefiles.named(exc, target_path) from None
 
 
 def worker_cwd(env: dict[str, str], root: str) -> str:

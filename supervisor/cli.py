@@ -42,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    # run, demo and worker configure their own logs; alert-rules prints a file and logs nothing.
-    if args.command not in ("run", "demo", "worker", "alert-rules"):
+    # run, demo and worker configure their own logs; alert-rules and dashboard print a file
+    # and log nothing.
+    if args.command not in ("run", "demo", "worker", "alert-rules", "dashboard"):
         # Stdout is the command's answer (often JSON for a script): library log lines, such
         # as cleanup's SSH probe connecting, go to stderr, and only when they matter.
         from supervisor import logs
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=None,
         metavar="S",
-        help="seconds to wait for the exit (default: the daemon's stop_grace_s + 30)",
+        help="seconds to wait for the exit (default: the daemon's stop_grace_s"
+        f" + {config_mod.exit_wait_s(0):g})",
     )
 
     p = command(
@@ -302,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
         "alert-rules",
         cmd_alert_rules,
         "print the Prometheus alert rules shipped with the package (docs/OPERATIONS.md)",
+    )
+    command(
+        "dashboard",
+        cmd_dashboard,
+        "print the Grafana dashboard shipped with the package (docs/OPERATIONS.md)",
     )
 
     p = command("demo", cmd_demo, "embedded demo: hosts, faults and recovery, no setup needed")
@@ -557,7 +564,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     reply = _request(socket, "stop")
     if not args.no_wait:
         grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
-        _wait_for_exit(socket, args.timeout or grace + 30)
+        _wait_for_exit(socket, args.timeout or config_mod.exit_wait_s(grace))
     if args.json:
         print(json.dumps({**reply, "stopped": not args.no_wait}, sort_keys=True))
     else:
@@ -749,7 +756,7 @@ def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: b
     """``--stop-on-timeout``: stop every worker and the daemon, as the seed's start did."""
     _request(socket, "stop")
     grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
-    _wait_for_exit(socket, grace + 30)
+    _wait_for_exit(socket, config_mod.exit_wait_s(grace))
     if as_json:
         _print_phase(
             {"ok": False, "phase": "stopped", "root": status.get("daemon", {}).get("root")}
@@ -902,15 +909,34 @@ ALERT_RULES: Final = "alerts.yml"
 
 def alert_rules_text() -> str:
     """The Prometheus alert rules shipped with the package, as installed."""
-    from importlib import resources
-
-    return resources.files("supervisor").joinpath(ALERT_RULES).read_text(encoding="utf-8")
+    return _package_text(ALERT_RULES)
 
 
 def cmd_alert_rules(args: argparse.Namespace) -> int:
     """``alert-rules``: the shipped Prometheus rules on stdout, for a rules directory."""
     sys.stdout.write(alert_rules_text())
     return EXIT_OK
+
+
+#: The Grafana dashboard's file inside the package (package data).
+DASHBOARD: Final = "dashboard.json"
+
+
+def dashboard_text() -> str:
+    """The Grafana dashboard shipped with the package, as installed."""
+    return _package_text(DASHBOARD)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """``dashboard``: the shipped Grafana dashboard (JSON) on stdout, to import."""
+    sys.stdout.write(dashboard_text())
+    return EXIT_OK
+
+
+def _package_text(name: str) -> str:
+    from importlib import resources
+
+    return resources.files("supervisor").joinpath(name).read_text(encoding="utf-8")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import itertools
 import os
 import re
 import stat
 import string
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, Literal, cast, get_args
 
 from supervisor.errors import ConfigError, ConfigProblem
 from supervisor.fleet import FleetPolicy, Member
@@ -76,8 +77,13 @@ RESTART_STOPS: Final = ("kill", "drain")
 # Start-up waits one connect timeout plus this for probes and launches to answer before
 # READY=1 goes out anyway (a host that cannot be reached must not block the others).
 STARTUP_SLACK_S: Final = 10.0
-# Shutdown must finish before systemd's TimeoutStopSec (stop_grace_s + 30 in our unit).
+#: What the daemon's shutdown allows past ``stop_grace_s`` (``shutdown_timeout_s``): the
+#: stop requests' round trips over SSH and, for a worker killed after its grace, the kill's.
+#: Past it the daemon gives up on the hosts still stopping and exits.
 SHUTDOWN_SLACK_S: Final = 15.0
+#: What a client waiting for a stopping daemon allows past its shutdown bound
+#: (``exit_wait_s``): closing connections and exiting.
+EXIT_SLACK_S: Final = 15.0
 #: Where ``metrics.listen`` binds when it names only a port: the endpoint has no
 #: authentication, so serving it beyond this machine must be asked for by address.
 METRICS_DEFAULT_HOST: Final = "127.0.0.1"
@@ -137,7 +143,7 @@ class SshConfig:
     max_channels_per_host: int = 9
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
-    # Algorithm lists, in order of preference; None: the modern defaults (remote.DEFAULT_ALGS,
+    # Algorithm lists, in order of preference; None: the modern defaults (sshalgs.DEFAULT_ALGS,
     # no SHA-1). A list given replaces the default whole, as OpenSSH's options do.
     kex_algs: tuple[str, ...] | None = None
     encryption_algs: tuple[str, ...] | None = None
@@ -273,13 +279,25 @@ def trainer_defaults(trainer: TrainerConfig, watch: WatchConfig) -> Policy:
     the trainer"): a third of its heartbeat limit to call a worker hung and to wait before a
     second restart, a third of its task timeout to call one stuck, and no longer than the
     task timeout for a stop's drain (past it the trainer has given up on those tasks)."""
-    stale_floor = max(MIN_HEARTBEAT_STALE_S, 2 * watch.poll_interval_s + 1)
+    stale_floor = stale_floor_s(watch)
     return Policy(
         heartbeat_stale_s=max(stale_floor, trainer.heartbeat_stale_s / 3),
         restart_cooldown_s=trainer.heartbeat_stale_s / 3,
         progress_stale_s=max(stale_floor, trainer.task_timeout_s / 3),
         stop_grace_s=trainer.task_timeout_s,
     )
+
+
+def shutdown_timeout_s(stop_grace_s: float) -> float:
+    """How long the daemon's shutdown may take with ``stop_grace_s``; systemd's
+    ``TimeoutStopSec`` must be longer."""
+    return stop_grace_s + SHUTDOWN_SLACK_S
+
+
+def exit_wait_s(stop_grace_s: float) -> float:
+    """How long ``stop`` waits for a daemon with ``stop_grace_s`` to exit: its shutdown
+    bound, and its exit after that."""
+    return shutdown_timeout_s(stop_grace_s) + EXIT_SLACK_S
 
 
 def trainer_warnings(config: Config) -> list[tuple[str, str]]:
@@ -388,39 +406,10 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
         host.username or config.ssh.username,
         config.worker.python,
         host.shard,
-        # The worker reads it at start: a running one never sees a new one.
+        # The manifest's reward fn, written at launch. Workers (the AReaL one and the
+        # reference one) score each task with the reward fn the task names; a reload
+        # that changes this one still relaunches them, as a new deploy of the run.
         config.run.reward_fn,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadPlan:
-    """What a reload changes, host by host."""
-
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    #: In both configs: their settings are refreshed in place.
-    updated: tuple[str, ...]
-    #: Of ``updated``, those whose worker must be replaced (launch parameters changed).
-    restarted: tuple[str, ...]
-
-
-def plan_reload(old: Config, new: Config) -> ReloadPlan:
-    """Compare two configs: add new hosts, stop removed ones, restart only changed ones."""
-    old_names = [h.name for h in old.hosts]
-    new_names = [h.name for h in new.hosts]
-    both = [n for n in new_names if n in old_names]
-    restarted = []
-    old_hosts = {h.name: h for h in old.hosts}
-    new_hosts = {h.name: h for h in new.hosts}
-    for name in both:
-        if launch_key(old, old_hosts[name]) != launch_key(new, new_hosts[name]):
-            restarted.append(name)
-    return ReloadPlan(
-        added=tuple(n for n in new_names if n not in old_names),
-        removed=tuple(n for n in old_names if n not in new_names),
-        updated=tuple(both),
-        restarted=tuple(restarted),
     )
 
 
@@ -646,119 +635,329 @@ def parse(raw: Mapping[str, Any], source: Path) -> Config:
 
 
 # --------------------------------------------------------------------------------------
+# The schema: every key of every table, written once. A key's default is its dataclass
+# field's unless the table derives it; the validator reads each key by its kind, and
+# keeps only the rules that span keys.
 
-T = TypeVar("T")
-_MISSING: Final = object()
 #: ``ha.check_interval_s`` at most: well within an NFS lease (90 s by default).
 HA_CHECK_MAX_S: Final = 30.0
 
-_SECTIONS: Final = (
-    "run",
-    "worker",
-    "health",
-    "ssh",
-    "control",
-    "watch",
-    "fleet",
-    "metrics",
-    "ha",
-    "trainer",
-    "hosts",
-)
+Kind = Literal[
+    "seconds",  # float > 0, finite; `minimum` is "too short"; `off`: 0 turns it off
+    "count",  # int >= `minimum` (1 unless given)
+    "integer",  # int; its bounds are `check`s, each worded for its key
+    "rate",  # float >= 0, finite (0: no limit)
+    "fraction",  # float in (0, 1]
+    "flag",  # true or false
+    "text",  # a string
+    "choice",  # one of `choices`
+    "path",  # an absolute path, normalized
+    "strings",  # an array of strings
+    "paths",  # an array of absolute paths
+    "algorithms",  # a non-empty array of names this asyncssh supports for the key
+    "exit_codes",  # an array of exit codes 0-255
+    "env",  # a table of environment variables
+]
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Given:
+    """What a derived default or bound may depend on: the sections read before its table,
+    and (``read``) the keys of its own table read before it."""
+
+    source: Path
+    watch: WatchConfig = WatchConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    read: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key of a table: the kind of value it holds, the bounds it keeps and why.
+
+    Its default is its field's in the table's dataclass, unless ``derive`` computes it. A
+    value of the wrong kind is reported and reads as the default, and a number out of its
+    bounds is reported and kept as written: either way the rules across keys still run.
+    """
+
+    kind: Kind
+    _: KW_ONLY
+    #: None: optional. Otherwise it must be set; a non-empty text says why.
+    required: str | None = None
+    #: The default, computed from what is given (other sections, keys read before).
+    derive: Callable[[Given], object] | None = None
+    #: An empty string means the default: a name that may be left blank.
+    blank_is_default: bool = False
+    #: ``seconds``: shorter is "too short", because of ``why``; ``count``: less is refused.
+    minimum: float | Callable[[Given], float] | None = None
+    why: str | Callable[[Given], str] = ""
+    #: More is refused, because of ``max_why``.
+    maximum: float | None = None
+    max_why: str = ""
+    #: ``seconds``: 0 turns the setting off, and is not held to the minimum.
+    off: bool = False
+    choices: tuple[str, ...] = ()
+    #: A rule on the value alone: why it is refused, or None.
+    check: Callable[[Any], str | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A table of the file: the dataclass it becomes, its keys in the order they are read,
+    and the fields of that dataclass that are not keys (the validator fills them)."""
+
+    result: type
+    keys: Mapping[str, Key]
+    not_keys: frozenset[str] = frozenset()
+
+
+def stale_floor_s(watch: WatchConfig) -> float:
+    """The shortest stale threshold: 3 beats, and two poll intervals + 1 s (a poller sees a
+    change up to one interval late, so a fresh worker could otherwise look stale)."""
+    return max(MIN_HEARTBEAT_STALE_S, 2 * watch.poll_interval_s + 1)
+
+
+def _stale_floor_why(given: Given) -> str:
+    if 2 * given.watch.poll_interval_s + 1 > MIN_HEARTBEAT_STALE_S:
+        return (
+            f"2 x watch.poll_interval_s ({given.watch.poll_interval_s:g}s) + 1s: when the status"
+            " files are polled, a heartbeat is seen up to one interval late, so a fresh worker"
+            " could look stale"
+        )
+    return (
+        "a worker beats about once a second, and under 3 beats scheduler noise"
+        " would restart healthy workers"
+    )
+
+
+def _not_filesystem_root(path: Path) -> str | None:
+    return "must not be /" if path == Path("/") else None
+
+
+def _file_name_problem(name: str) -> str | None:
+    return f"must not contain '/' or NUL: {name!r}" if "/" in name or "\0" in name else None
+
+
+def _command_problem(command: str) -> str | None:
+    return "must be a command name or path" if not command or "\0" in command else None
+
+
+def _user_name_problem(name: str) -> str | None:
+    return None if _USER_NAME.match(name) else f"{name!r} is not a valid user name"
+
+
+def _host_name_problem(name: str) -> str | None:
+    if is_valid_host_name(name):
+        return None
+    return (
+        f"{name!r} is not a valid DNS host name (letters, digits, '-' and '.';"
+        " no spaces or shell characters)"
+    )
+
+
+def _address_problem(address: str) -> str | None:
+    return None if is_valid_address(address) else f"{address!r} is not a host name or IP address"
+
+
+def _listen_problem(listen: str) -> str | None:
+    if _split_host_port(listen) is None:
+        return f"must be HOST:PORT or PORT, not {listen!r}"
+    return None
+
+
+#: Every table and its keys (``[[hosts]]`` entries as one table). The README's
+#: configuration reference is checked against it, and so are the dataclasses' fields.
+SCHEMA: Final[Mapping[str, Section]] = {
+    "run": Section(
+        RunConfig,
+        {
+            "root": Key("path", required="", check=_not_filesystem_root),
+            "cleanup_prefix": Key("path"),
+            # 0: the highest shard of [[hosts]] + 1 (a rule: it needs the hosts).
+            "shard_count": Key(
+                "integer", check=lambda n: f"must be positive, not {n}" if n < 0 else None
+            ),
+            "experiment": Key("text", check=_file_name_problem),
+            "trial": Key("text", check=_file_name_problem),
+            "run_id": Key(
+                "text",
+                derive=lambda g: g.read["root"].name if g.read["root"] else "",
+                blank_is_default=True,
+                check=_file_name_problem,
+            ),
+            "reward_fn": Key("text", blank_is_default=True),
+            "forbid_hosts": Key("strings"),
+            "allow_hosts": Key("strings"),
+            "pointer_file": Key("path"),
+            "on_exit": Key("choice", choices=get_args(OnExit)),
+        },
+    ),
+    "worker": Section(
+        WorkerConfig,
+        {
+            "argv": Key("strings"),
+            "python": Key("text", check=_command_problem),
+            "env": Key("env"),
+            "log_max_bytes": Key("count", minimum=4096),
+            "log_backups": Key("count", minimum=0),
+        },
+    ),
+    "health": Section(
+        Policy,
+        {
+            "heartbeat_stale_s": Key(
+                "seconds",
+                derive=lambda g: trainer_defaults(g.trainer, g.watch).heartbeat_stale_s,
+                minimum=lambda g: stale_floor_s(g.watch),
+                why=_stale_floor_why,
+            ),
+            "ready_timeout_s": Key(
+                "seconds",
+                minimum=MIN_READY_TIMEOUT_S,
+                why="no Python worker starts and reports ready faster",
+            ),
+            "restart_cooldown_s": Key(
+                "seconds", derive=lambda g: trainer_defaults(g.trainer, g.watch).restart_cooldown_s
+            ),
+            "backoff_max_s": Key("seconds"),
+            "backoff_reset_s": Key("seconds"),
+            "max_restarts": Key("count", minimum=0),
+            "restart_window_s": Key("seconds"),
+            "stop_grace_s": Key(
+                "seconds", derive=lambda g: trainer_defaults(g.trainer, g.watch).stop_grace_s
+            ),
+            "kill_after_grace": Key("flag"),
+            "kill_stuck": Key("flag"),
+            "auto_restart": Key("flag"),
+            "progress_stale_s": Key(
+                "seconds",
+                derive=lambda g: trainer_defaults(g.trainer, g.watch).progress_stale_s,
+                minimum=lambda g: stale_floor_s(g.watch),
+                off=True,
+            ),
+            "permanent_exit_codes": Key("exit_codes"),
+            "evidence_timeout_s": Key(
+                "seconds",
+                minimum=MIN_EVIDENCE_TIMEOUT_S,
+                maximum=MAX_EVIDENCE_TIMEOUT_S,
+                max_why="it holds back the restart of a stuck worker",
+                off=True,
+            ),
+            "evidence_stacks": Key("choice", choices=EVIDENCE_STACKS),
+            "restart_stop": Key("choice", choices=RESTART_STOPS),
+            "quarantine_stuck_tasks": Key("flag"),
+        },
+    ),
+    "trainer": Section(
+        TrainerConfig,
+        {
+            "heartbeat_stale_s": Key("seconds"),
+            "task_timeout_s": Key("seconds"),
+        },
+    ),
+    "ssh": Section(
+        SshConfig,
+        {
+            "username": Key("text", derive=lambda g: _current_user(), check=_user_name_problem),
+            "known_hosts": Key("path", required="host keys are always verified"),
+            "client_keys": Key("paths"),
+            "reconnect_min_s": Key("seconds"),
+            "reconnect_max_s": Key("seconds"),
+            "max_channels_per_host": Key(
+                "count", maximum=9, max_why="OpenSSH's default MaxSessions (10)"
+            ),
+            **{key: Key("algorithms") for key in SSH_ALGORITHM_KEYS},
+            "connect_timeout_s": Key("seconds"),
+            "keepalive_interval_s": Key("seconds"),
+            "keepalive_count_max": Key("count"),
+            "keepalive_fleet_rate": Key("rate"),
+            "max_concurrent_handshakes": Key("count"),
+        },
+    ),
+    "control": Section(
+        ControlConfig,
+        {"socket": Key("path", derive=lambda g: default_socket_path(g.source))},
+    ),
+    "watch": Section(
+        WatchConfig,
+        {
+            "mode": Key("choice", choices=get_args(WatchMode)),
+            "poll_interval_s": Key("seconds"),
+            "debounce_ms": Key("count"),
+            "rescan_interval_s": Key("seconds"),
+        },
+    ),
+    "fleet": Section(
+        FleetPolicy,
+        {
+            "freeze_fraction": Key("fraction"),
+            "freeze_window_s": Key("seconds"),
+            "max_concurrent_launches": Key("count"),
+            "max_launches_per_minute": Key("count"),
+            "crash_signature_hosts": Key("count", minimum=0),
+            "crash_signature_window_s": Key("seconds"),
+        },
+        # The fleet's own deadlines and the pointer file come from other tables.
+        not_keys=frozenset({"startup_timeout_s", "shutdown_timeout_s", "pointer_file"}),
+    ),
+    "metrics": Section(MetricsConfig, {"listen": Key("text", check=_listen_problem)}),
+    "ha": Section(
+        HaPolicy,
+        {
+            "standby": Key("flag"),
+            "poll_interval_s": Key("seconds"),
+            "check_interval_s": Key("seconds"),
+            "confirm_timeout_s": Key("seconds"),
+            "handover_hold_s": Key("seconds"),
+        },
+    ),
+    "hosts": Section(
+        HostConfig,
+        {
+            "name": Key("text", required="", check=_host_name_problem),
+            "shard": Key(
+                "integer",
+                required="",
+                check=lambda n: f"must be 0 or more, not {n}" if n < 0 else None,
+            ),
+            "address": Key("text", derive=lambda g: g.read["name"] or "", check=_address_problem),
+            "port": Key(
+                "integer",
+                check=lambda n: None if 0 < n < 65536 else f"must be in 1..65535, not {n}",
+            ),
+            "username": Key("text", check=_user_name_problem),
+            "concurrency": Key("count"),
+        },
+    ),
+}
 
 #: Every key of every section: the validator rejects others (with a did-you-mean), and the
 #: README's configuration reference is checked against this table by a test.
 KEYS: Final[Mapping[str, tuple[str, ...]]] = {
-    "run": (
-        "root",
-        "experiment",
-        "trial",
-        "run_id",
-        "reward_fn",
-        "cleanup_prefix",
-        "forbid_hosts",
-        "allow_hosts",
-        "shard_count",
-        "pointer_file",
-        "on_exit",
-    ),
-    "worker": (
-        "argv",
-        "python",
-        "env",
-        "log_max_bytes",
-        "log_backups",
-    ),
-    "health": (
-        "heartbeat_stale_s",
-        "ready_timeout_s",
-        "restart_cooldown_s",
-        "backoff_max_s",
-        "backoff_reset_s",
-        "max_restarts",
-        "restart_window_s",
-        "stop_grace_s",
-        "kill_after_grace",
-        "kill_stuck",
-        "auto_restart",
-        "progress_stale_s",
-        "permanent_exit_codes",
-        "evidence_timeout_s",
-        "evidence_stacks",
-        "restart_stop",
-        "quarantine_stuck_tasks",
-    ),
-    "ssh": (
-        "username",
-        "client_keys",
-        "known_hosts",
-        "connect_timeout_s",
-        "keepalive_interval_s",
-        "keepalive_count_max",
-        "keepalive_fleet_rate",
-        "max_concurrent_handshakes",
-        "max_channels_per_host",
-        "reconnect_min_s",
-        "reconnect_max_s",
-        *SSH_ALGORITHM_KEYS,
-    ),
-    "control": ("socket",),
-    "watch": (
-        "mode",
-        "poll_interval_s",
-        "debounce_ms",
-        "rescan_interval_s",
-    ),
-    "fleet": (
-        "freeze_fraction",
-        "freeze_window_s",
-        "max_concurrent_launches",
-        "max_launches_per_minute",
-        "crash_signature_hosts",
-        "crash_signature_window_s",
-    ),
-    "metrics": ("listen",),
-    "ha": (
-        "standby",
-        "poll_interval_s",
-        "check_interval_s",
-        "confirm_timeout_s",
-        "handover_hold_s",
-    ),
-    "trainer": (
-        "heartbeat_stale_s",
-        "task_timeout_s",
-    ),
-    "hosts": (
-        "name",
-        "address",
-        "port",
-        "shard",
-        "concurrency",
-        "username",
-    ),
+    name: tuple(section.keys) for name, section in SCHEMA.items()
 }
+_SECTIONS: Final = tuple(SCHEMA)
+_KEY_SETS: Final[Mapping[str, frozenset[str]]] = {
+    name: frozenset(keys) for name, keys in KEYS.items()
+}
+
+
+def _field_defaults(result: type) -> dict[str, Any]:
+    """The defaults of a dataclass's fields, by name (fields without one left out)."""
+    out: dict[str, Any] = {}
+    for f in fields(result):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+_DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = {
+    name: _field_defaults(section.result) for name, section in SCHEMA.items()
+}
+#: A value that cannot be used: the key reads as its default.
+_UNSET: Final = object()
 
 
 def _section(where: str) -> str:
@@ -779,8 +978,6 @@ class _Validator:
     def problem(self, key: str, reason: str) -> None:
         self.problems.append(ConfigProblem(self.file, key, reason))
 
-    # --- generic readers -------------------------------------------------------------
-
     def table(self, raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
         value = raw.get(key, {})
         if not isinstance(value, dict):
@@ -795,150 +992,208 @@ class _Validator:
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
                 self.problem(_join(where, key), f"unknown key{suggestion}")
 
-    def get(
-        self,
-        table: Mapping[str, Any],
-        where: str,
-        key: str,
-        kind: type[T],
-        default: T | object = _MISSING,
-    ) -> T | None:
-        path = _join(where, key)
-        if key not in table:
-            if default is _MISSING:
-                self.problem(path, "required")
-                return None
-            return cast(T, default)
-        value = table[key]
-        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    # --- keys, as the schema says ------------------------------------------------------
+
+    def read(self, table: Mapping[str, Any], where: str, given: Given) -> dict[str, Any]:
+        """Every key of the table at ``where``, by the schema: its dataclass's arguments."""
+        section = _section(where)
+        if not table.keys() <= _KEY_SETS[section]:
+            self.unknown_keys(table, KEYS[section], where)
+        defaults = _DEFAULTS[section]
+        values: dict[str, Any] = {}
+        for name, key in SCHEMA[section].keys.items():
+            value = _UNSET
+            if name in table:
+                path = f"{where}.{name}"
+                value = _READERS[key.kind](self, path, table[name], key, given)
+                if value is not _UNSET and key.check is not None:
+                    reason = key.check(value)
+                    if reason is not None:
+                        self.problem(path, reason)
+            elif key.required is not None:
+                why = f": {key.required}" if key.required else ""
+                self.problem(_join(where, name), f"required{why}")
+            if value is _UNSET or (key.blank_is_default and value == ""):
+                if key.required is not None:
+                    value = None
+                elif key.derive is not None:
+                    value = key.derive(replace(given, read=values))
+                else:
+                    value = defaults[name]
+            values[name] = value
+        return values
+
+    def typed(self, path: str, value: object, kind: type) -> Any:
+        """``value`` if it is of ``kind`` (an integer is also a number), else _UNSET."""
+        if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+            return value
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            self.problem(path, f"must be {_kind_name(kind)}, not {_type_name(value)}")
-            return None
-        return cast(T, value)
+            return float(value)
+        self.problem(path, f"must be {_kind_name(kind)}, not {_type_name(value)}")
+        return _UNSET
 
-    def seconds(
-        self,
-        table: Mapping[str, Any],
-        where: str,
-        key: str,
-        default: float,
-        minimum: float = 0.0,
-        why: str = "",
-    ) -> float:
-        value = self.get(table, where, key, float, default)
-        if value is None:
-            return default
-        if value <= 0 or value != value or value == float("inf"):
-            self.problem(_join(where, key), f"must be a positive number of seconds, not {value}")
-        elif value < minimum:
-            because = f" ({why})" if why else ""
-            self.problem(
-                _join(where, key), f"{value:g}s is too short; use at least {minimum:g}s{because}"
-            )
-        return value
-
-    def seconds_or_off(
-        self, table: Mapping[str, Any], where: str, key: str, default: float, minimum: float
-    ) -> float:
-        """Like ``seconds``, but 0 turns the check off."""
-        if table.get(key) == 0 and not isinstance(table.get(key), bool):
+    def seconds(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        if key.off and raw == 0 and not isinstance(raw, bool):
             return 0.0
-        return self.seconds(table, where, key, default, minimum)
-
-    def rate_or_off(self, table: Mapping[str, Any], where: str, key: str, default: float) -> float:
-        """A rate per second, or 0 for no limit."""
-        value = self.get(table, where, key, float, default)
-        if value is None:
-            return default
-        if value < 0 or value != value or value == float("inf"):
-            self.problem(_join(where, key), f"must be a rate per second >= 0, not {value}")
+        value = self.typed(path, raw, float)
+        if value is _UNSET:
+            return value
+        minimum = key.minimum(given) if callable(key.minimum) else key.minimum or 0.0
+        if value <= 0 or value != value or value == float("inf"):
+            self.problem(path, f"must be a positive number of seconds, not {value}")
+        elif value < minimum:
+            why = key.why(given) if callable(key.why) else key.why
+            because = f" ({why})" if why else ""
+            self.problem(path, f"{value:g}s is too short; use at least {minimum:g}s{because}")
+        if key.maximum is not None and value > key.maximum:
+            self.problem(path, f"{value:g}s is too long; at most {key.maximum:g}s ({key.max_why})")
         return value
 
-    def exit_codes(self, table: Mapping[str, Any], where: str, key: str) -> frozenset[int]:
-        """A list of process exit codes (0-255)."""
-        value = self.get(table, where, key, list, [])
-        codes: set[int] = set()
-        for i, item in enumerate(value or []):
-            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= 255:
+    def count(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, int)
+        if value is _UNSET:
+            return value
+        minimum = 1 if key.minimum is None else key.minimum
+        if value < minimum:
+            self.problem(path, f"must be at least {minimum}, not {value}")
+        if key.maximum is not None and value > key.maximum:
+            self.problem(path, f"{value} reaches {key.max_why}; use at most {key.maximum}")
+        return value
+
+    def integer(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        return self.typed(path, raw, int)
+
+    def rate(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, float)
+        if value is not _UNSET and (value < 0 or value != value or value == float("inf")):
+            self.problem(path, f"must be a rate per second >= 0, not {value}")
+        return value
+
+    def fraction(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, float)
+        if value is not _UNSET and not 0 < value <= 1:
+            self.problem(path, f"must be in (0, 1], not {value}")
+        return value
+
+    def flag(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        return self.typed(path, raw, bool)
+
+    def text(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        return self.typed(path, raw, str)
+
+    def choice(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, str)
+        if value is not _UNSET and value not in key.choices:
+            self.problem(path, f"must be one of {', '.join(key.choices)}; got {value!r}")
+            return _UNSET
+        return value
+
+    def path(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, str)
+        if value is _UNSET:
+            return value
+        if not value:
+            self.problem(path, "must not be empty")
+        elif "\0" in value:
+            self.problem(path, "must not contain NUL")
+        elif not PurePosixPath(value).is_absolute():
+            self.problem(path, f"must be an absolute path, not {value!r}")
+        else:
+            return Path(os.path.normpath(value))
+        return _UNSET
+
+    def strings(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, list)
+        if value is _UNSET:
+            return value
+        out: list[str] = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                out.append(item)
+            else:
+                self.problem(f"{path}[{i}]", f"must be a string, not {_type_name(item)}")
+        return tuple(out)
+
+    def paths(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, list)
+        if value is _UNSET:
+            return value
+        out: list[Path] = []
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                self.problem(f"{path}[{i}]", f"must be a string, not {_type_name(item)}")
+            elif not PurePosixPath(item).is_absolute():
+                self.problem(f"{path}[{i}]", f"must be an absolute path, not {item!r}")
+            else:
+                out.append(Path(item))
+        return tuple(out)
+
+    def algorithms(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        names = self.strings(path, raw, key, given)
+        if names is _UNSET or len(names) < len(cast(list[object], raw)):
+            return _UNSET  # reported by strings()
+        if not names:
+            self.problem(path, "must name at least one algorithm (omit it for defaults)")
+            return _UNSET
+        # Imported here, and only for a config that sets a list: asyncssh knows what it
+        # supports, and a command that reads a config without one need not load it.
+        from supervisor.sshalgs import SUPPORTED_ALGS
+
+        name = path.rsplit(".", 1)[1]
+        supported = SUPPORTED_ALGS[name]
+        for i, alg in enumerate(names):
+            if alg not in supported:
                 self.problem(
-                    f"{_join(where, key)}[{i}]", f"must be an exit code 0-255, not {item!r}"
+                    f"{path}[{i}]", f"{alg!r} is not an algorithm this asyncssh supports for {name}"
                 )
+        return names
+
+    def exit_codes(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, list)
+        if value is _UNSET:
+            return value
+        codes: set[int] = set()
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= 255:
+                self.problem(f"{path}[{i}]", f"must be an exit code 0-255, not {item!r}")
             else:
                 codes.add(item)
         return frozenset(codes)
 
-    def positive_int(
-        self, table: Mapping[str, Any], where: str, key: str, default: int, minimum: int = 1
-    ) -> int:
-        value = self.get(table, where, key, int, default)
-        if value is None:
-            return default
-        if value < minimum:
-            self.problem(_join(where, key), f"must be at least {minimum}, not {value}")
-        return value
-
-    def strings(
-        self, table: Mapping[str, Any], where: str, key: str, default: tuple[str, ...] | None
-    ) -> tuple[str, ...] | None:
-        value = self.get(table, where, key, list, _MISSING if default is None else list(default))
-        if value is None:
-            return None if default is None else default
-        out: list[str] = []
-        for i, item in enumerate(value):
-            if not isinstance(item, str):
-                self.problem(
-                    f"{_join(where, key)}[{i}]", f"must be a string, not {_type_name(item)}"
-                )
+    def env(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, dict)
+        if value is _UNSET:
+            return value
+        env: dict[str, str] = {}
+        for name, item in value.items():
+            if not _ENV_NAME.match(name):
+                self.problem(f"{path}.{name}", "is not a valid environment variable name")
+            elif not isinstance(item, str):
+                self.problem(f"{path}.{name}", f"must be a string, not {_type_name(item)}")
+            elif "\0" in item:
+                self.problem(f"{path}.{name}", "must not contain NUL")
             else:
-                out.append(item)
-        return tuple(out)
+                env[name] = item
+        return MappingProxyType(env)
 
-    def choice(
-        self, table: Mapping[str, Any], where: str, key: str, choices: tuple[str, ...], default: str
-    ) -> str:
-        value = self.get(table, where, key, str, default)
-        if value is None:
-            return default
-        if value not in choices:
-            self.problem(_join(where, key), f"must be one of {', '.join(choices)}; got {value!r}")
-            return default
-        return value
-
-    def abs_path(
-        self, table: Mapping[str, Any], where: str, key: str, *, required: bool
-    ) -> Path | None:
-        value = self.get(table, where, key, str, _MISSING if required else None)
-        if value is None:
-            return None
-        if not value:
-            self.problem(_join(where, key), "must not be empty")
-            return None
-        if "\0" in value:
-            self.problem(_join(where, key), "must not contain NUL")
-            return None
-        if not PurePosixPath(value).is_absolute():
-            self.problem(_join(where, key), f"must be an absolute path, not {value!r}")
-            return None
-        return Path(os.path.normpath(value))
-
-    # --- sections ----------------------------------------------------------------------
+    # --- sections: their keys, then the rules across keys -----------------------------
 
     def config(self, raw: Mapping[str, Any], source: Path) -> Config | None:
         self.unknown_keys(raw, _SECTIONS, "")
-        hosts = self.hosts(raw)
-        run = self.run(self.table(raw, "run"), hosts)
-        worker = self.worker(self.table(raw, "worker"))
-        watch = self.watch(self.table(raw, "watch"))
-        trainer = self.trainer(self.table(raw, "trainer"))
-        health = self.health(self.table(raw, "health"), watch, trainer)
-        ssh = self.ssh(self.table(raw, "ssh"))
-        control = self.control(self.table(raw, "control"), source)
+        given = Given(source=source)
+        hosts = self.hosts(raw, given)
+        run = self.run(self.table(raw, "run"), hosts, given)
+        worker = self.worker(self.table(raw, "worker"), given)
+        watch = WatchConfig(**self.read(self.table(raw, "watch"), "watch", given))
+        trainer = TrainerConfig(**self.read(self.table(raw, "trainer"), "trainer", given))
+        given = Given(source=source, watch=watch, trainer=trainer)
+        health = self.health(self.table(raw, "health"), given)
+        ssh = self.ssh(self.table(raw, "ssh"), given)
+        control = self.control(self.table(raw, "control"), given)
         pointer_file = run.pointer_file if run is not None else None
-        fleet = self.fleet(self.table(raw, "fleet"), health, ssh, pointer_file)
-        metrics = self.metrics(self.table(raw, "metrics"))
-        ha = self.ha(self.table(raw, "ha"))
+        fleet = self.fleet(self.table(raw, "fleet"), given, health, ssh, pointer_file)
+        metrics = MetricsConfig(**self.read(self.table(raw, "metrics"), "metrics", given))
+        ha = self.ha(self.table(raw, "ha"), given)
         if run is None or ssh is None or hosts is None:
             return None
         return Config(
@@ -957,84 +1212,33 @@ class _Validator:
             keys_set=_keys_set(raw),
         )
 
-    def run(self, t: Mapping[str, Any], hosts: tuple[HostConfig, ...] | None) -> RunConfig | None:
-        w = "run"
-        self.unknown_keys(t, KEYS[_section(w)], w)
-        root = self.abs_path(t, w, "root", required=True)
-        prefix = self.abs_path(t, w, "cleanup_prefix", required=False)
+    def run(
+        self, t: Mapping[str, Any], hosts: tuple[HostConfig, ...] | None, given: Given
+    ) -> RunConfig | None:
+        # Every key is read, and the hosts checked against them, whether or not the root is
+        # valid: one bad key must not hide the other problems of the file.
+        values = self.read(t, "run", given)
+        root, prefix = values["root"], values["cleanup_prefix"]
         if root is not None and prefix is not None and not _is_within(root, prefix):
             self.problem(
                 "run.root", f"{root} is outside run.cleanup_prefix {prefix}; cleanup could not run"
             )
-        if root is not None and root == Path("/"):
-            self.problem("run.root", "must not be /")
-        shard_count = self.get(t, w, "shard_count", int, 0) or 0
-        if shard_count < 0:
-            self.problem("run.shard_count", f"must be positive, not {shard_count}")
-        if shard_count <= 0 and hosts:
-            shard_count = max(h.shard for h in hosts) + 1
-        names = {
-            key: self.get(t, w, key, str, "") or "" for key in ("experiment", "trial", "run_id")
-        }
-        names["run_id"] = names["run_id"] or (root.name if root else "")
-        for key, value in names.items():
-            if "/" in value or "\0" in value:
-                self.problem(f"run.{key}", f"must not contain '/' or NUL: {value!r}")
-        # Every key is read, and the hosts checked against them, whether or not the root is
-        # valid: one bad key must not hide the other problems of the file.
-        reward_fn = self.get(t, w, "reward_fn", str, DEFAULT_REWARD_FN) or DEFAULT_REWARD_FN
-        forbid_hosts = self.strings(t, w, "forbid_hosts", ("head",)) or ()
-        allow_hosts = self.strings(t, w, "allow_hosts", None) if "allow_hosts" in t else None
-        pointer_file = self.abs_path(t, w, "pointer_file", required=False)
-        on_exit = cast(OnExit, self.choice(t, w, "on_exit", ("stop", "detach"), "stop"))
+        if values["shard_count"] <= 0 and hosts:
+            values["shard_count"] = max(h.shard for h in hosts) + 1
         if hosts is not None:
-            self.check_hosts_against_run(hosts, forbid_hosts, allow_hosts, shard_count)
-        if root is None:
-            return None
-        return RunConfig(
-            root=root,
-            experiment=names["experiment"],
-            trial=names["trial"],
-            run_id=names["run_id"],
-            reward_fn=reward_fn,
-            cleanup_prefix=prefix,
-            forbid_hosts=forbid_hosts,
-            allow_hosts=allow_hosts,
-            shard_count=shard_count,
-            pointer_file=pointer_file,
-            on_exit=on_exit,
-        )
+            self.check_hosts_against_run(
+                hosts, values["forbid_hosts"], values["allow_hosts"], values["shard_count"]
+            )
+        return None if root is None else RunConfig(**values)
 
-    def worker(self, t: Mapping[str, Any]) -> WorkerConfig:
-        w = "worker"
-        self.unknown_keys(t, KEYS["worker"], w)
-        argv = self.strings(t, w, "argv", DEFAULT_ARGV)
-        if not argv:
+    def worker(self, t: Mapping[str, Any], given: Given) -> WorkerConfig:
+        values = self.read(t, "worker", given)
+        if not values["argv"]:
             self.problem("worker.argv", "must not be empty")
-            argv = DEFAULT_ARGV
-        for i, element in enumerate(argv):
+            values["argv"] = DEFAULT_ARGV
+        for i, element in enumerate(values["argv"]):
             self.check_template(f"worker.argv[{i}]", element)
-        python = self.get(t, w, "python", str, "python3")
-        if not python or "\0" in python:
-            self.problem("worker.python", "must be a command name or path")
-        env_raw = self.get(t, w, "env", dict, {}) or {}
-        env: dict[str, str] = {}
-        for name, value in env_raw.items():
-            if not _ENV_NAME.match(name):
-                self.problem(f"worker.env.{name}", "is not a valid environment variable name")
-            elif not isinstance(value, str):
-                self.problem(f"worker.env.{name}", f"must be a string, not {_type_name(value)}")
-            elif "\0" in value:
-                self.problem(f"worker.env.{name}", "must not contain NUL")
-            else:
-                env[name] = value
-        return WorkerConfig(
-            argv=argv,
-            python=python or "python3",
-            env=MappingProxyType(env),
-            log_max_bytes=self.positive_int(t, w, "log_max_bytes", 256 * 1024 * 1024, 4096),
-            log_backups=self.positive_int(t, w, "log_backups", 2, 0),
-        )
+        return WorkerConfig(**values)
 
     def check_template(self, key: str, element: str) -> None:
         try:
@@ -1053,71 +1257,8 @@ class _Validator:
             elif spec or conversion:
                 self.problem(key, f"field {{{name}}} takes no format spec or conversion")
 
-    def trainer(self, t: Mapping[str, Any]) -> TrainerConfig:
-        w = "trainer"
-        d = TrainerConfig()
-        self.unknown_keys(t, KEYS[w], w)
-        return TrainerConfig(
-            heartbeat_stale_s=self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s),
-            task_timeout_s=self.seconds(t, w, "task_timeout_s", d.task_timeout_s),
-        )
-
-    def health(self, t: Mapping[str, Any], watch: WatchConfig, trainer: TrainerConfig) -> Policy:
-        w = "health"
-        d = trainer_defaults(trainer, watch)
-        self.unknown_keys(t, KEYS[_section(w)], w)
-        # A poller sees a change up to one interval late; the stale threshold must cover two.
-        poll_min = 2 * watch.poll_interval_s + 1
-        stale_min = max(MIN_HEARTBEAT_STALE_S, poll_min)
-        why = (
-            f"2 x watch.poll_interval_s ({watch.poll_interval_s:g}s) + 1s: when the status"
-            " files are polled, a heartbeat is seen up to one interval late, so a fresh worker"
-            " could look stale"
-            if poll_min > MIN_HEARTBEAT_STALE_S
-            else "a worker beats about once a second, and under 3 beats scheduler noise"
-            " would restart healthy workers"
-        )
-        stale = self.seconds(t, w, "heartbeat_stale_s", d.heartbeat_stale_s, stale_min, why)
-        policy = Policy(
-            heartbeat_stale_s=stale,
-            ready_timeout_s=self.seconds(
-                t,
-                w,
-                "ready_timeout_s",
-                d.ready_timeout_s,
-                MIN_READY_TIMEOUT_S,
-                "no Python worker starts and reports ready faster",
-            ),
-            restart_cooldown_s=self.seconds(t, w, "restart_cooldown_s", d.restart_cooldown_s),
-            backoff_max_s=self.seconds(t, w, "backoff_max_s", d.backoff_max_s),
-            backoff_reset_s=self.seconds(t, w, "backoff_reset_s", d.backoff_reset_s),
-            max_restarts=self.positive_int(t, w, "max_restarts", d.max_restarts, 0),
-            restart_window_s=self.seconds(t, w, "restart_window_s", d.restart_window_s),
-            stop_grace_s=self.seconds(t, w, "stop_grace_s", d.stop_grace_s),
-            kill_after_grace=bool(self.get(t, w, "kill_after_grace", bool, d.kill_after_grace)),
-            kill_stuck=bool(self.get(t, w, "kill_stuck", bool, True)),
-            auto_restart=bool(self.get(t, w, "auto_restart", bool, True)),
-            progress_stale_s=self.seconds_or_off(
-                t, w, "progress_stale_s", d.progress_stale_s, stale_min
-            ),
-            permanent_exit_codes=self.exit_codes(t, w, "permanent_exit_codes"),
-            evidence_timeout_s=self.seconds_or_off(
-                t, w, "evidence_timeout_s", d.evidence_timeout_s, MIN_EVIDENCE_TIMEOUT_S
-            ),
-            evidence_stacks=self.choice(
-                t, w, "evidence_stacks", EVIDENCE_STACKS, d.evidence_stacks
-            ),
-            restart_stop=self.choice(t, w, "restart_stop", RESTART_STOPS, d.restart_stop),
-            quarantine_stuck_tasks=bool(
-                self.get(t, w, "quarantine_stuck_tasks", bool, d.quarantine_stuck_tasks)
-            ),
-        )
-        if policy.evidence_timeout_s > MAX_EVIDENCE_TIMEOUT_S:
-            self.problem(
-                "health.evidence_timeout_s",
-                f"{policy.evidence_timeout_s:g}s is too long; at most {MAX_EVIDENCE_TIMEOUT_S:g}s"
-                " (it holds back the restart of a stuck worker)",
-            )
+    def health(self, t: Mapping[str, Any], given: Given) -> Policy:
+        policy = Policy(**self.read(t, "health", given))
         if policy.backoff_max_s < policy.restart_cooldown_s:
             self.problem(
                 "health.backoff_max_s",
@@ -1126,163 +1267,50 @@ class _Validator:
             )
         return policy
 
-    def ssh(self, t: Mapping[str, Any]) -> SshConfig | None:
-        w = "ssh"
-        self.unknown_keys(t, KEYS[_section(w)], w)
-        username = self.get(t, w, "username", str, _current_user())
-        if username is not None and not _USER_NAME.match(username):
-            self.problem("ssh.username", f"{username!r} is not a valid user name")
-        if "known_hosts" not in t:
-            self.problem("ssh.known_hosts", "required: host keys are always verified")
-        known_hosts = self.abs_path(t, w, "known_hosts", required=False)
-        keys_raw = self.strings(t, w, "client_keys", ()) or ()
-        client_keys: list[Path] = []
-        for i, key in enumerate(keys_raw):
-            if not PurePosixPath(key).is_absolute():
-                self.problem(f"ssh.client_keys[{i}]", f"must be an absolute path, not {key!r}")
-            else:
-                client_keys.append(Path(key))
-        d = SshConfig(username="x", known_hosts=Path("/"))
-        reconnect_min = self.seconds(t, w, "reconnect_min_s", d.reconnect_min_s)
-        reconnect_max = self.seconds(t, w, "reconnect_max_s", d.reconnect_max_s)
-        if reconnect_max < reconnect_min:
+    def ssh(self, t: Mapping[str, Any], given: Given) -> SshConfig | None:
+        values = self.read(t, "ssh", given)
+        if values["reconnect_max_s"] < values["reconnect_min_s"]:
             self.problem("ssh.reconnect_max_s", "must not be below ssh.reconnect_min_s")
-        channels = self.positive_int(t, w, "max_channels_per_host", d.max_channels_per_host)
-        if channels > 9:
-            self.problem(
-                "ssh.max_channels_per_host",
-                f"{channels} reaches OpenSSH's default MaxSessions (10); use at most 9",
-            )
-        algorithms = {key: self.algorithms(t, key) for key in SSH_ALGORITHM_KEYS}
-        if username is None or known_hosts is None:
+        if values["known_hosts"] is None:
             return None
-        return SshConfig(
-            **algorithms,
-            username=username,
-            known_hosts=known_hosts,
-            client_keys=tuple(client_keys),
-            connect_timeout_s=self.seconds(t, w, "connect_timeout_s", d.connect_timeout_s),
-            keepalive_interval_s=self.seconds(t, w, "keepalive_interval_s", d.keepalive_interval_s),
-            keepalive_count_max=self.positive_int(
-                t, w, "keepalive_count_max", d.keepalive_count_max
-            ),
-            keepalive_fleet_rate=self.rate_or_off(
-                t, w, "keepalive_fleet_rate", d.keepalive_fleet_rate
-            ),
-            max_concurrent_handshakes=self.positive_int(
-                t, w, "max_concurrent_handshakes", d.max_concurrent_handshakes
-            ),
-            max_channels_per_host=channels,
-            reconnect_min_s=reconnect_min,
-            reconnect_max_s=reconnect_max,
-        )
+        return SshConfig(**values)
 
-    def algorithms(self, t: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
-        """``[ssh] key``: a non-empty list of algorithm names this asyncssh supports."""
-        if key not in t:
-            return None
-        names = self.strings(t, "ssh", key, ())
-        if not isinstance(t[key], list) or len(names or ()) < len(t[key]):
-            return None  # reported by strings()
-        if not names:
-            self.problem(f"ssh.{key}", "must name at least one algorithm (omit it for defaults)")
-            return None
-        # Imported here, and only for a config that sets a list: remote.py is the only importer
-        # of asyncssh, which knows what it supports, and other commands need not load it.
-        from supervisor.remote import SUPPORTED_ALGS
-
-        supported = SUPPORTED_ALGS[key]
-        for i, name in enumerate(names):
-            if name not in supported:
-                self.problem(
-                    f"ssh.{key}[{i}]",
-                    f"{name!r} is not an algorithm this asyncssh supports for {key}",
-                )
-        return tuple(names)
-
-    def control(self, t: Mapping[str, Any], source: Path) -> ControlConfig:
-        self.unknown_keys(t, KEYS["control"], "control")
-        socket = self.abs_path(t, "control", "socket", required=False)
-        socket = socket or default_socket_path(source)
-        if len(os.fsencode(str(socket))) > MAX_SOCKET_PATH:
+    def control(self, t: Mapping[str, Any], given: Given) -> ControlConfig:
+        control = ControlConfig(**self.read(t, "control", given))
+        if len(os.fsencode(str(control.socket))) > MAX_SOCKET_PATH:
             self.problem(
                 "control.socket", f"path is longer than {MAX_SOCKET_PATH} bytes (AF_UNIX limit)"
             )
-        return ControlConfig(socket=socket)
-
-    def watch(self, t: Mapping[str, Any]) -> WatchConfig:
-        w = "watch"
-        d = WatchConfig()
-        self.unknown_keys(t, KEYS["watch"], w)
-        mode = cast(WatchMode, self.choice(t, w, "mode", ("auto", "inotify", "poll"), "auto"))
-        return WatchConfig(
-            mode=mode,
-            poll_interval_s=self.seconds(t, w, "poll_interval_s", d.poll_interval_s),
-            debounce_ms=self.positive_int(t, w, "debounce_ms", d.debounce_ms),
-            rescan_interval_s=self.seconds(t, w, "rescan_interval_s", d.rescan_interval_s),
-        )
+        return control
 
     def fleet(
         self,
         t: Mapping[str, Any],
+        given: Given,
         health: Policy,
         ssh: SshConfig | None,
         pointer_file: Path | None,
     ) -> FleetPolicy:
-        w = "fleet"
-        d = FleetPolicy()
-        self.unknown_keys(t, KEYS[_section(w)], w)
-        fraction = self.get(t, w, "freeze_fraction", float, d.freeze_fraction)
-        if fraction is not None and not 0 < fraction <= 1:
-            self.problem("fleet.freeze_fraction", f"must be in (0, 1], not {fraction}")
         connect_timeout_s = ssh.connect_timeout_s if ssh is not None else 0.0
         return FleetPolicy(
+            **self.read(t, "fleet", given),
             pointer_file=None if pointer_file is None else str(pointer_file),
             startup_timeout_s=connect_timeout_s + STARTUP_SLACK_S,
-            shutdown_timeout_s=health.stop_grace_s + SHUTDOWN_SLACK_S,
-            freeze_fraction=fraction if fraction is not None else d.freeze_fraction,
-            freeze_window_s=self.seconds(t, w, "freeze_window_s", d.freeze_window_s),
-            max_concurrent_launches=self.positive_int(
-                t, w, "max_concurrent_launches", d.max_concurrent_launches
-            ),
-            max_launches_per_minute=self.positive_int(
-                t, w, "max_launches_per_minute", d.max_launches_per_minute
-            ),
-            crash_signature_hosts=self.positive_int(
-                t, w, "crash_signature_hosts", d.crash_signature_hosts, minimum=0
-            ),
-            crash_signature_window_s=self.seconds(
-                t, w, "crash_signature_window_s", d.crash_signature_window_s
-            ),
+            shutdown_timeout_s=shutdown_timeout_s(health.stop_grace_s),
         )
 
-    def metrics(self, t: Mapping[str, Any]) -> MetricsConfig:
-        self.unknown_keys(t, KEYS["metrics"], "metrics")
-        listen = self.get(t, "metrics", "listen", str, None)
-        if listen is not None and _split_host_port(listen) is None:
-            self.problem("metrics.listen", f"must be HOST:PORT or PORT, not {listen!r}")
-        return MetricsConfig(listen=listen)
-
-    def ha(self, t: Mapping[str, Any]) -> HaPolicy:
-        w = "ha"
-        d = HaPolicy()
-        self.unknown_keys(t, KEYS[w], w)
-        standby = self.get(t, w, "standby", bool, d.standby)
-        poll = self.seconds(t, w, "poll_interval_s", d.poll_interval_s)
-        check = self.seconds(t, w, "check_interval_s", d.check_interval_s)
-        if check > HA_CHECK_MAX_S:
+    def ha(self, t: Mapping[str, Any], given: Given) -> HaPolicy:
+        ha = HaPolicy(**self.read(t, "ha", given))
+        if ha.check_interval_s > HA_CHECK_MAX_S:
             # The NFS lease (90 s) is the takeover's worst case; a leader must learn it was
             # deposed well within it.
-            self.problem("ha.check_interval_s", f"must be at most {HA_CHECK_MAX_S:g}, not {check}")
-        return HaPolicy(
-            standby=bool(standby),
-            poll_interval_s=poll,
-            check_interval_s=check,
-            confirm_timeout_s=self.seconds(t, w, "confirm_timeout_s", d.confirm_timeout_s),
-            handover_hold_s=self.seconds(t, w, "handover_hold_s", d.handover_hold_s),
-        )
+            self.problem(
+                "ha.check_interval_s",
+                f"must be at most {HA_CHECK_MAX_S:g}, not {ha.check_interval_s}",
+            )
+        return ha
 
-    def hosts(self, raw: Mapping[str, Any]) -> tuple[HostConfig, ...] | None:
+    def hosts(self, raw: Mapping[str, Any], given: Given) -> tuple[HostConfig, ...] | None:
         value = raw.get("hosts")
         if value is None:
             self.problem("hosts", "required: at least one [[hosts]] entry")
@@ -1296,52 +1324,29 @@ class _Validator:
             self.problem("hosts", "must list at least one host")
         hosts: list[HostConfig] = []
         for i, entry in enumerate(value):
-            host = self.host(entry, f"hosts[{i}]")
+            host = self.host(entry, f"hosts[{i}]", given)
             if host is not None:
                 self.host_index[len(hosts)] = i
                 hosts.append(host)
         self.check_duplicates(hosts)
         return tuple(hosts)
 
-    def host(self, entry: object, w: str) -> HostConfig | None:
+    def host(self, entry: object, w: str, given: Given) -> HostConfig | None:
         if not isinstance(entry, dict):
             self.problem(w, f"must be a table, not {_type_name(entry)}")
             return None
-        self.unknown_keys(entry, KEYS["hosts"], w)
-        name = self.get(entry, w, "name", str)
-        shard = self.get(entry, w, "shard", int)
-        if name is not None and not is_valid_host_name(name):
-            self.problem(
-                f"{w}.name",
-                f"{name!r} is not a valid DNS host name (letters, digits, '-' and '.';"
-                " no spaces or shell characters)",
-            )
-            name = None
-        if shard is not None and shard < 0:
-            self.problem(f"{w}.shard", f"must be 0 or more, not {shard}")
-            shard = None
-        address = self.get(entry, w, "address", str, name or "")
-        if address and not is_valid_address(address):
-            self.problem(f"{w}.address", f"{address!r} is not a host name or IP address")
-        port = self.get(entry, w, "port", int, 22) or 22
-        if not 0 < port < 65536:
-            self.problem(f"{w}.port", f"must be in 1..65535, not {port}")
-        username = self.get(entry, w, "username", str, None)
-        if username is not None and not _USER_NAME.match(username):
-            self.problem(f"{w}.username", f"{username!r} is not a valid user name")
-        concurrency = self.positive_int(entry, w, "concurrency", 48)
-        if name is None or shard is None or not address:
-            if shard is not None:
-                self.claimed_shards.add(shard)
+        before = len(self.problems)
+        values = self.read(cast(Mapping[str, Any], entry), w, given)
+        if len(self.problems) == before:
+            return HostConfig(**values)
+        # An entry whose name or shard is refused is left out of the checks across hosts
+        # (they would only echo its problem); a shard it names is not "unserved".
+        refused = {p.key for p in self.problems[before:]}
+        if f"{w}.name" in refused or f"{w}.shard" in refused:
+            if f"{w}.shard" not in refused and values["shard"] is not None:
+                self.claimed_shards.add(values["shard"])
             return None
-        return HostConfig(
-            name=name,
-            shard=shard,
-            address=address,
-            port=port,
-            concurrency=concurrency,
-            username=username,
-        )
+        return HostConfig(**values)
 
     def check_duplicates(self, hosts: list[HostConfig]) -> None:
         seen_names: dict[str, int] = {}
@@ -1384,7 +1389,9 @@ class _Validator:
         # A shard named by an entry that is invalid for another reason is not "unserved":
         # that entry's own problem is the one to fix.
         served = {h.shard for h in hosts} | self.claimed_shards
-        missing = [s for s in range(shard_count) if s not in served]
+        # The first 11 unserved shards lie below len(served) + 11: a typo of a billion shards
+        # costs a few steps here, not a list of a billion numbers.
+        missing = list(itertools.islice((s for s in range(shard_count) if s not in served), 11))
         if missing and hosts:
             shown = ", ".join(str(s) for s in missing[:10]) + (" ..." if len(missing) > 10 else "")
             self.problem(
@@ -1392,6 +1399,25 @@ class _Validator:
                 f"no host serves shard(s) {shown} of run.shard_count={shard_count};"
                 " their tasks would never be consumed",
             )
+
+
+#: How each kind of key is read: its value, or _UNSET after reporting why it cannot be used.
+_READERS: Final[Mapping[Kind, Callable[[_Validator, str, object, Key, Given], Any]]] = {
+    "seconds": _Validator.seconds,
+    "count": _Validator.count,
+    "integer": _Validator.integer,
+    "rate": _Validator.rate,
+    "fraction": _Validator.fraction,
+    "flag": _Validator.flag,
+    "text": _Validator.text,
+    "choice": _Validator.choice,
+    "path": _Validator.path,
+    "strings": _Validator.strings,
+    "paths": _Validator.paths,
+    "algorithms": _Validator.algorithms,
+    "exit_codes": _Validator.exit_codes,
+    "env": _Validator.env,
+}
 
 
 def is_valid_host_name(name: str) -> bool:

@@ -38,7 +38,7 @@ from typing import Any, Final, Protocol, assert_never
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, leadership, logs, runfiles, tasks, view
+from supervisor import fleet, health, layout, leadership, logs, page, runfiles, tasks, view
 from supervisor.agent import WorkerExit
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.control import ControlServer, EventHub, EventSubscription
@@ -51,7 +51,7 @@ from supervisor.errors import (
     ShardHeld,
 )
 from supervisor.layout import LaunchSpec
-from supervisor.metrics import Metrics, snapshot_on_loop
+from supervisor.metrics import Metrics, detail_on_loop, snapshot_on_loop
 from supervisor.mounts import check_filesystem
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.statusfiles import (
@@ -111,7 +111,7 @@ class RemoteLike(Protocol):
 
     async def terminate(
         self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool
-    ) -> None: ...
+    ) -> int | None: ...
 
     async def start_agent(self) -> None: ...
 
@@ -647,7 +647,13 @@ class Daemon:
         if listen is None:
             return
         host, port = config_mod.split_host_port(listen)
-        metrics = Metrics(snapshot_on_loop(loop, self.status))
+        metrics = Metrics(
+            snapshot_on_loop(loop, self.status),
+            host_detail=detail_on_loop(loop, self.host_status),
+            # Read in the endpoint's own reader thread, never on the loop: the log is a file
+            # under the run root (bounded, never through a symlink: view.log_lines).
+            log_tail=lambda host: view.log_lines(self._config, host, page.LOG_LINES),
+        )
         try:
             metrics.start(host, port)
         except OSError as exc:
@@ -738,6 +744,7 @@ class Daemon:
                     pid=record.pid,
                     exit_code=record.exit_code,
                     signal=record.signal,
+                    reaped=record.reaped,
                     via="record",
                 )
         self._inbox.put_all(_events_of(observations))
@@ -762,10 +769,15 @@ class Daemon:
             pid=news.pid,
             exit_code=news.exit_code,
             signal=news.signal,
+            reaped=news.reaped,
             via="agent",
         )
         event = health.WorkerExited(
-            pid=news.pid, exit_code=news.exit_code, signal=news.signal, log_tail=news.log_tail
+            pid=news.pid,
+            exit_code=news.exit_code,
+            signal=news.signal,
+            log_tail=news.log_tail,
+            reaped=news.reaped,
         )
         self._inbox.put(fleet.HostObserved(name, event))
 
@@ -1057,7 +1069,7 @@ class Daemon:
         started = time.monotonic()
         event: health.Event
         try:
-            await link.remote.terminate(
+            reaped = await link.remote.terminate(
                 self._spec(link), action.pid, grace_s=action.grace_s, kill=action.kill
             )
         except Fenced as exc:
@@ -1077,10 +1089,16 @@ class Daemon:
             if self._metrics is not None:
                 self._metrics.terminate_seconds.observe(elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
-            log.info("host.terminated", host=name, pid=action.pid, elapsed_ms=elapsed_ms)
+            log.info(
+                "host.terminated",
+                host=name,
+                pid=action.pid,
+                elapsed_ms=elapsed_ms,
+                reaped=reaped,
+            )
             # Before the core hears it is dead, so before its successor can start.
             await self._quarantine(action, link.cfg)
-            event = health.TerminateConfirmed(pid=action.pid, evidence=evidence)
+            event = health.TerminateConfirmed(pid=action.pid, evidence=evidence, reaped=reaped)
         self._inbox.put(fleet.HostObserved(name, event))
 
     async def _quarantine(self, action: fleet.Terminate, cfg: HostConfig) -> None:
@@ -1681,7 +1699,11 @@ def _event_of(obs: Observation) -> health.Event | None:
             )
         case ExitObserved(record=ExitRecord() as r):
             return health.WorkerExited(
-                pid=r.pid, exit_code=r.exit_code, signal=r.signal, log_tail=r.log_tail
+                pid=r.pid,
+                exit_code=r.exit_code,
+                signal=r.signal,
+                log_tail=r.log_tail,
+                reaped=r.reaped,
             )
         case ExitObserved():
             return None  # the record went away: nothing died

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from supervisor.safefiles import UnsafeFile
 
 
 class SupervisorError(Exception):
@@ -72,15 +73,11 @@ class Fenced(RemoteError):
     than the one the request carried, so another supervisor leads now."""
 
 
-class UnsafeFileError(SupervisorError, OSError):
+class UnsafeFileError(SupervisorError, UnsafeFile):
     """A file or directory under the run root that is not what it must be (a symbolic link,
     a FIFO, a device, a hard link, a swapped directory): refused, never followed.
 
-    An ``OSError``, so every caller that already survives a bad file survives this one; the
-    message names the file, ``reason`` is the short why (``"a symbolic link"``).
+    ``safefiles.UnsafeFile`` (which the agent raises on hosts) as the daemon raises it
+    (``runfiles``): an ``OSError``, so every caller that already survives a bad file survives
+    this one; the message names the file, ``reason`` is the short why (``"a symbolic link"``).
     """
-
-    def __init__(self, path: str | os.PathLike[str], reason: str, detail: str = "") -> None:
-        self.path = os.fspath(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}{f' ({detail})' if detail else ''}")

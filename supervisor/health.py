@@ -248,6 +248,8 @@ class WorkerExited:
     signal: int | None = None
     #: The last lines of the worker's log, as its shepherd saw them at the exit (bounded).
     log_tail: str | None = None
+    #: Processes of its session the reporter killed after it (None: it did not sweep).
+    reaped: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,6 +282,8 @@ class TerminateConfirmed:
     pid: int
     #: Captured before the terminate, when it was asked for (``Terminate.collect_evidence``).
     evidence: Evidence | None = None
+    #: Processes of its session killed with or after it (None: its session was not swept).
+    reaped: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -512,6 +516,8 @@ class Host:
     last_exit_pid: int | None = None
     last_exit_code: int | None = None
     last_exit_signal: int | None = None
+    #: How many processes of its session were killed after it, the most any report said.
+    last_exit_reaped: int | None = None
     #: The remote operation in flight, if any.
     op: Op | None = None
     #: After a failed terminate or probe, the next attempt waits until then.
@@ -781,7 +787,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return replace(host, status_problem=event.reason, status_seen=True), True
         case WorkerExited():
             if event.pid != host.pid:
-                return host, False  # an older worker's record; that pid was settled already
+                # An older worker's record; that pid was settled already.
+                return _more_reaped(host, event.pid, event.reaped), False
             tail = event.log_tail if event.log_tail is not None else host.last_log_tail
             return replace(
                 host,
@@ -791,6 +798,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 last_exit_pid=event.pid,
                 last_exit_code=event.exit_code,
                 last_exit_signal=event.signal,
+                last_exit_reaped=event.reaped,
                 last_log_tail=tail,
             ), True
         # The shell answers each remote action with exactly one result, so a result for an
@@ -816,7 +824,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if host.op == "terminate":
                 host = replace(host, op=None, last_error=None)
             if event.pid != host.pid:
-                return host, False
+                return _more_reaped(host, event.pid, event.reaped), False
             return replace(
                 host,
                 pid=None,
@@ -825,6 +833,7 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 last_exit_pid=event.pid,
                 last_exit_code=None,
                 last_exit_signal=None,
+                last_exit_reaped=event.reaped,
             ), True
         case TerminateFailed():
             host = _keep_evidence(host, event.evidence, now)
@@ -875,6 +884,17 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return host, True
         case _:
             assert_never(event)
+
+
+def _more_reaped(host: Host, pid: int, reaped: int | None) -> Host:
+    """A later report of the last exit (the shepherd, the agent and a terminate may each tell
+    it): its count of processes reaped is kept when it is larger. Each reports the ones it
+    killed itself; they sweep at once, and the first to finish its look saw them all."""
+    if pid != host.last_exit_pid or reaped is None:
+        return host
+    if host.last_exit_reaped is not None and host.last_exit_reaped >= reaped:
+        return host
+    return replace(host, last_exit_reaped=reaped)
 
 
 def _keep_evidence(host: Host, evidence: Evidence | None, now: float) -> Host:
@@ -1029,18 +1049,19 @@ def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
 
 
 def _backlog_since(host: Host, beat: HeartbeatSeen, now: float) -> float | None:
-    """Since when tasks wait in the worker's inbox while it has slots free (None: they do
-    not, or it does not say). A worker takes a waiting task within one scan of its inbox,
-    so a backlog that outlives many heartbeats is tasks it will never take."""
+    """Since when tasks have waited in the worker's inbox, by its heartbeats (None: none
+    waits, or it does not say). A worker takes a waiting task within one scan of its inbox
+    once a slot is free, so a wait that outlives many heartbeats with slots free is tasks it
+    will never take; while every slot is busy, waiting is normal, and judged later."""
     stats = beat.stats
     if stats is None or stats.queue_depth is None or stats.concurrency is None:
         return None
-    in_flight = beat.in_flight or 0
-    if stats.queue_depth <= in_flight or in_flight >= stats.concurrency:
+    if stats.queue_depth <= (beat.in_flight or 0):
         return None
     return now if host.backlog_since_at is None else host.backlog_since_at
 
 
+_NO_STATS: Final = WorkerStats()
 #: A rate of tasks per minute is taken over at least this long.
 RATE_MARK_S: Final = 60.0
 _NO_PROGRESS: Final[Mapping[str, Any]] = {
@@ -1235,7 +1256,7 @@ def _heartbeat_deadline_passed(host: Host, event: Event, now: float, policy: Pol
     answered = isinstance(event, StatusRechecked) or (
         host.recheck_at is not None and now >= host.recheck_at + RECHECK_TIMEOUT_S
     )
-    if answered and verdict[0] is Cause.NOT_TAKING and not _not_taking_seen(host, event):
+    if answered and verdict[0] is Cause.NOT_TAKING and not _not_taking_seen(host, event, policy):
         # Tasks just arrived at each heartbeat can look the same: the clock starts again.
         return replace(host, recheck_at=None, backlog_since_at=now)
     if answered:
@@ -1278,13 +1299,19 @@ def _silence_verdict(host: Host, now: float, policy: Policy) -> tuple[Cause, str
     return None
 
 
-def _not_taking_seen(host: Host, event: Event) -> bool:
-    """The inbox confirms a backlog the worker does not take: more task files older than
-    the stuck limit than the worker has in flight (one with a slot free takes a task within
-    a scan of its inbox, so an old file not in flight is one it will never take)."""
+def _not_taking_seen(host: Host, event: Event, policy: Policy) -> bool:
+    """The inbox confirms a backlog the worker does not take: task files older than the
+    stuck limit that cannot all be its calls in flight (one with a slot free takes a task
+    within a scan of its inbox, so an old file not in flight is one it will never take).
+
+    Its calls in flight may be that old only if its calls take that long: a worker that says
+    its calls finish well within the limit (``verify_ms_p95``) has none, so any old file is
+    one it left; otherwise only more old files than calls in flight tell."""
     if not isinstance(event, StatusRechecked) or event.old_tasks is None:
         return False
-    return event.old_tasks > (host.in_flight or 0)
+    p95 = host.stats.verify_ms_p95 if host.stats is not None else None
+    quick = p95 is not None and p95 < 500.0 * policy.progress_stale_s
+    return event.old_tasks > (0 if quick else host.in_flight or 0)
 
 
 def _not_taking(host: Host, waited_s: float) -> str:
@@ -1297,8 +1324,12 @@ def _not_taking(host: Host, waited_s: float) -> str:
 
 
 def _backlog_at(host: Host, policy: Policy) -> float | None:
-    """When tasks waiting with slots free make a ready host unhealthy (None: never)."""
+    """When tasks waiting with slots free make a ready host unhealthy (None: not while its
+    last heartbeat had every slot busy, or nothing waits)."""
     if policy.progress_stale_s <= 0 or host.backlog_since_at is None:
+        return None
+    # (A backlog is only ever timed from a heartbeat that reported the slots.)
+    if (host.in_flight or 0) >= ((host.stats or _NO_STATS).concurrency or 0):
         return None
     base = host.backlog_since_at
     if host.thawed_at is not None:

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,8 +44,11 @@ _HOST_PATCHES: Final = ("fork", "_exit")
 # given the directory coverage.py is in, last on its path. A process that could not write
 # its data file (a host user other than the test run's) is not measured, nor are its
 # children (the workers): each would only fail at exit, on its stderr.
+# Modules sent with the source (``modules``) are run first, each compiled under its own real
+# path too, as a module registered under its name in ``sys.modules`` (as
+# ``remote.packed_program`` registers them).
 _WRAPPER: Final = """\
-import base64 as _b64, os as _os, sys as _sys, zlib as _zlib
+import base64 as _b64, os as _os, sys as _sys, types as _types, zlib as _zlib
 try:
     if _os.access({data_dir!r}, _os.W_OK):
         _os.environ[{config_env!r}] = {config!r}
@@ -54,32 +58,49 @@ try:
         _coverage.process_startup()
 except Exception:
     pass
-__file__ = {path!r}
-_code = compile(_zlib.decompress(_b64.b64decode({source!r})), __file__, "exec")
-del _b64, _os, _sys, _zlib
+def _unpack(path, packed):
+    return compile(_zlib.decompress(_b64.b64decode(packed)), path, "exec")
+def _load(name, path, packed):
+    module = _sys.modules[name] = _types.ModuleType(name)
+    module.__file__ = path
+    exec(_unpack(path, packed), module.__dict__)
+{loads}__file__ = {path!r}
+_code = _unpack(__file__, {source!r})
+del _b64, _os, _sys, _types, _zlib, _unpack, _load
 exec(_code)
 """
 
 
-def remote_program(source: str, path: Path) -> str:
-    """What a host's ``python -c`` runs for ``source`` (the text of ``path``): the source
-    itself, or under the test suite's coverage run the wrapper that measures it."""
+def remote_program(source: str, path: Path, modules: Sequence[tuple[str, Path]] = ()) -> str:
+    """What a host's ``python -c`` runs for ``source`` (the text of ``path``), once it has
+    loaded ``modules`` (``(name, file)``, each registered under its name): the source
+    itself, which the caller sends as it will, or under the test suite's coverage run the
+    wrapper that measures the source and the modules."""
     if os.environ.get(ENABLE_ENV) != "1":
         return source
     settings = _settings(os.environ.get(CONFIG_ENV, ""))
     if settings is None:
         return source
     settings["patch"] = sorted({*settings["patch"], *_HOST_PATCHES})
-    packed = base64.b64encode(zlib.compress(source.encode("utf-8"), 9)).decode("ascii")
+    loads = "".join(
+        f"_load({name!r}, {str(file.resolve())!r}, {_pack(file.read_text(encoding='utf-8'))!r})\n"
+        for name, file in modules
+    )
     return _WRAPPER.format(
         config_env=CONFIG_ENV,
         config=base64.b64encode(json.dumps(settings).encode("utf-8")).decode("ascii"),
         version=sys.version_info[:2],
         home=_coverage_home(),
         data_dir=os.path.dirname(settings["data_file"]),
+        loads=loads,
         path=str(path.resolve()),
-        source=packed,
+        source=_pack(source),
     )
+
+
+def _pack(text: str) -> str:
+    """``text`` compressed, as base64: repr() of the text itself would be larger still."""
+    return base64.b64encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
 
 
 def _settings(config: str) -> dict[str, Any] | None:

@@ -1,11 +1,13 @@
-"""Prometheus metrics and their HTTP endpoint: the only importer of prometheus_client.
+"""Prometheus metrics, the fleet page and their HTTP endpoint: the only importer of
+prometheus_client.
 
-Counters and histograms are updated by the daemon as things happen; per-host gauges come from
-a snapshot of the daemon's status, built on the event loop's thread at most once a second
-however often anyone scrapes. The endpoint runs in its own thread with its own small event
-loop, so a scrape's rendering never runs on the daemon's loop, and it is bounded: a cap on
-connections (the oldest one still sending its request makes room for a new one), a deadline
-for the whole request, a size cap on it, and a deadline for writing the reply.
+Counters and histograms are updated by the daemon as things happen; per-host gauges and the
+fleet page (``/``) come from one snapshot of the daemon's status, built on the event loop's
+thread at most once a second however often anyone scrapes or looks. The endpoint runs in its
+own thread with its own small event loop, so rendering never runs on the daemon's loop, and it
+is bounded: a cap on connections (the oldest one still sending its request makes room for a
+new one), a deadline for the whole request, a size cap on it, and a deadline for writing the
+reply. It only reads: nothing it serves changes the fleet.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import gzip
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+from urllib.parse import unquote
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -25,6 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
+from supervisor import page
+from supervisor.errors import ControlError
 from supervisor.health import UNHEALTHY_STATES, Cause, HostState
 
 log = structlog.get_logger("supervisor.metrics")
@@ -49,8 +54,14 @@ CLOSE_TIMEOUT_S: Final = 2.0
 # Launches are dominated by the agent round trip and a fork; terminates by the grace period.
 LAUNCH_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TERMINATE_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A host's page reads the worker's log under the run root, which may hang (a hung mount):
+# the page waits this long, then shows the rest without it.
+LOG_READ_TIMEOUT_S: Final = 2.0
 
 Snapshot = Mapping[str, Any]
+#: What a route answers: the status line, the headers and the body.
+Reply = tuple[str, list[tuple[str, str]], bytes]
+_T = TypeVar("_T")
 
 
 def restart_reason(cause: str) -> str:
@@ -71,9 +82,28 @@ def restart_reason(cause: str) -> str:
 
 
 class Metrics:
-    """The daemon's metrics and, once started, the HTTP endpoint serving them."""
+    """The daemon's metrics and fleet page and, once started, the HTTP endpoint serving them.
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    ``host_detail(name)`` is ``status HOST``'s detail of one host (as the control socket
+    answers it; raises ControlError when the daemon has none to give, as a standby); without
+    it a host's page shows the snapshot's row. ``log_tail(name)`` reads the host's log
+    (``view.log_lines``' shape); it runs in a thread of its own, one read at a time.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        *,
+        host_detail: Callable[[str], Snapshot] | None = None,
+        log_tail: Callable[[str], Snapshot] | None = None,
+    ) -> None:
+        self._snapshot = snapshot
+        self._host_detail = host_detail
+        self._log_tail = log_tail
+        self._log_reader = _OneAtATime("metrics-log")
+        # The fleet page of the last snapshot, plain and gzipped: any number of people looking
+        # cost one rendering a snapshot (a second), on this thread.
+        self._page: tuple[Snapshot, bytes, bytes] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.restarts = Counter(
             "reward_supervisor_restarts",
@@ -110,7 +140,7 @@ class Metrics:
     def start(self, host: str, port: int) -> None:
         """Serve the metrics on ``host:port`` from a background thread; raises OSError when
         the address cannot be bound."""
-        endpoint = Endpoint(self.render, host, port)
+        endpoint = Endpoint(self.handle, host, port)
         endpoint.start()
         self._endpoint = endpoint
         log.info("metrics.listening", address=f"{host}:{endpoint.port}")
@@ -131,6 +161,111 @@ class Metrics:
             self._endpoint.stop()
             self._endpoint = None
 
+    def handle(self, path: str, fields: Mapping[str, str]) -> Reply:
+        """The reply to a GET (or HEAD) of ``path`` with these (lower-cased) header fields:
+        ``/metrics``, the fleet page ``/``, a host's page ``/host/NAME``, or 404."""
+        if path == "/metrics":
+            body, headers = self.render(fields.get("accept", ""), fields.get("accept-encoding", ""))
+            return "200 OK", headers, body
+        gzipped = gzip_accepted(fields.get("accept-encoding", ""))
+        if path == "/":
+            return self._fleet_page(gzipped)
+        if path.startswith("/host/"):
+            return self._host_page(unquote(path.removeprefix("/host/")), gzipped)
+        return _text_reply("404 Not Found", "not found: the fleet is at /, the metrics at /metrics")
+
+    def _status(self) -> Snapshot | Reply:
+        """The snapshot, or the reply saying why there is none."""
+        try:
+            return self._snapshot()
+        except (TimeoutError, RuntimeError) as exc:
+            log.warning("metrics.snapshot_failed", reason=repr(exc))
+            return self._status_unavailable()
+
+    def _fleet_page(self, gzipped: bool) -> Reply:
+        status = self._status()
+        if isinstance(status, tuple):
+            return status
+        if self._page is None or self._page[0] is not status:
+            body = page.fleet_page(status).encode("utf-8", "replace")
+            self._page = (status, body, gzip.compress(body, compresslevel=6))
+        return _html_reply(self._page[1], self._page[2] if gzipped else None)
+
+    def _host_page(self, name: str, gzipped: bool) -> Reply:
+        status = self._status()
+        if isinstance(status, tuple):
+            return status
+        row = status.get("hosts", {}).get(name)
+        if not isinstance(row, Mapping):  # unknown names never reach the daemon's loop
+            return _text_reply("404 Not Found", "no such host: the fleet is at /")
+        detail: Snapshot = {"host": name, "daemon": status.get("daemon", {}), **row}
+        if self._host_detail is not None:
+            try:
+                detail = self._host_detail(name)
+            except ControlError as exc:  # a standby, a host just removed: its row says it
+                detail = {**detail, "daemon": {**detail["daemon"], "note": str(exc)}}
+            except (TimeoutError, RuntimeError) as exc:
+                log.warning("metrics.snapshot_failed", reason=repr(exc))
+                return self._status_unavailable()
+        log_tail: Snapshot | None = None
+        if self._log_tail is not None:
+            reader = self._log_tail
+            try:
+                log_tail = self._log_reader.call(lambda: reader(name), LOG_READ_TIMEOUT_S)
+            except TimeoutError as exc:
+                log_tail = {"path": "the worker's log", "lines": [], "error": str(exc)}
+        body = page.host_page(detail, log_tail).encode("utf-8", "replace")
+        return _html_reply(body, gzip.compress(body) if gzipped else None)
+
+    @staticmethod
+    def _status_unavailable() -> Reply:
+        return _text_reply(
+            "503 Service Unavailable",
+            f"the daemon did not hand over its status within {SNAPSHOT_TIMEOUT_S:g} s",
+        )
+
+
+def _text_reply(status: str, message: str) -> Reply:
+    return status, [("Content-Type", "text/plain; charset=utf-8")], (message + "\n").encode()
+
+
+def _html_reply(body: bytes, gzipped: bytes | None) -> Reply:
+    headers = list(page.HEADERS)
+    if gzipped is not None:
+        headers.append(("Content-Encoding", "gzip"))
+        body = gzipped
+    return "200 OK", [*headers, ("Vary", "Accept-Encoding")], body
+
+
+class _OneAtATime:
+    """Blocking calls (file reads that may hang) in a thread of their own, one at a time:
+    while one is still hung, the next is refused at once, so a hung mount holds one thread,
+    never one per request, and never the endpoint's."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._busy: threading.Thread | None = None
+
+    def call(self, fn: Callable[[], _T], timeout_s: float) -> _T:
+        """``fn()``'s result; raises TimeoutError when it takes longer than ``timeout_s``
+        (it runs on, alone) or when the previous call is still running."""
+        if self._busy is not None and self._busy.is_alive():
+            raise TimeoutError("an earlier read is still hanging (a hung run root?)")
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                future.set_exception(exc)
+
+        self._busy = threading.Thread(target=run, name=self._name, daemon=True)
+        self._busy.start()
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"not read within {timeout_s:g} s (a hung run root?)") from None
+
 
 def snapshot_on_loop(
     loop: asyncio.AbstractEventLoop,
@@ -147,27 +282,60 @@ def snapshot_on_loop(
         with lock:  # one build in flight; whoever waited behind it reuses the result
             if last and time.monotonic() - last[0][0] < max_age_s:
                 return last[0][1]
-            future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
-
-            def run() -> None:
-                try:
-                    future.set_result(build())
-                except Exception as exc:  # noqa: BLE001 - re-raised in the scraping thread
-                    future.set_exception(exc)
-
-            loop.call_soon_threadsafe(run)
-            snapshot = future.result(timeout=SNAPSHOT_TIMEOUT_S)
+            snapshot = _on_loop(loop, build)
             last[:] = [(time.monotonic(), snapshot)]
             return snapshot
 
     return take
 
 
-Render = Callable[[str, str], tuple[bytes, list[tuple[str, str]]]]
+def detail_on_loop(
+    loop: asyncio.AbstractEventLoop,
+    build: Callable[[str], Snapshot],
+    *,
+    max_age_s: float = SNAPSHOT_MAX_AGE_S,
+) -> Callable[[str], Snapshot]:
+    """``snapshot_on_loop`` for one host at a time: ``build(name)`` runs on ``loop``'s
+    thread at most once per ``max_age_s`` for each name."""
+    lock = threading.Lock()
+    last: dict[str, tuple[float, Snapshot]] = {}
+
+    def take(name: str) -> Snapshot:
+        with lock:
+            now = time.monotonic()
+            for old in [n for n, (at, _) in last.items() if now - at >= max_age_s]:
+                del last[old]  # the cache holds at most the names asked for within max_age_s
+            if name in last:
+                return last[name][1]
+            detail = _on_loop(loop, lambda: build(name))
+            last[name] = (time.monotonic(), detail)
+            return detail
+
+    return take
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, build: Callable[[], Snapshot]) -> Snapshot:
+    """``build()`` run on ``loop``'s thread; its result, or its exception, raised here.
+
+    Raises TimeoutError after SNAPSHOT_TIMEOUT_S, RuntimeError when the loop is closed."""
+    future: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(build())
+        except Exception as exc:  # noqa: BLE001 - re-raised in the calling thread
+            future.set_exception(exc)
+
+    loop.call_soon_threadsafe(run)
+    return future.result(timeout=SNAPSHOT_TIMEOUT_S)
+
+
+#: Answers a GET or HEAD: the path (without its query) and the lower-cased header fields.
+Handler = Callable[[str, Mapping[str, str]], Reply]
 
 
 class Endpoint:
-    """A bounded HTTP/1.1 server for ``GET /metrics`` on its own thread and event loop.
+    """A bounded HTTP/1.1 server for GET and HEAD on its own thread and event loop.
 
     One request per connection (``Connection: close``). At most ``max_connections`` at once:
     a new one closes the oldest still reading its request, or is itself closed when every
@@ -177,7 +345,7 @@ class Endpoint:
 
     def __init__(
         self,
-        render: Render,
+        handle: Handler,
         host: str,
         port: int,
         *,
@@ -186,7 +354,7 @@ class Endpoint:
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_request_bytes: int = MAX_REQUEST_BYTES,
     ) -> None:
-        self._render = render
+        self._handle = handle
         self._host = host
         self.port = port
         self.max_connections = max_connections
@@ -317,16 +485,12 @@ class Endpoint:
         if method not in ("GET", "HEAD"):
             allow = [*text, ("Allow", "GET, HEAD")]
             return "405 Method Not Allowed", allow, b"GET or HEAD only\n", True
-        if path not in ("/metrics", "/"):
-            return "404 Not Found", text, b"the metrics are at /metrics\n", True
         try:
-            body, headers = self._render(
-                fields.get("accept", ""), fields.get("accept-encoding", "")
-            )
-        except Exception:  # a collector's bug: this scrape fails, the endpoint stays
+            status, headers, body = self._handle(path, fields)
+        except Exception:  # a collector's or a page's bug: this request fails, the endpoint stays
             log.exception("metrics.render_failed")
             return "500 Internal Server Error", text, b"rendering failed\n", True
-        return "200 OK", headers, body, method == "GET"
+        return status, headers, body, method == "GET"
 
 
 def _parse_request(raw: bytes) -> tuple[str, str, dict[str, str]] | None:
@@ -352,6 +516,12 @@ class _SnapshotCollector(Collector):
 
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self._snapshot = snapshot
+
+    def describe(self) -> Iterator[Metric]:
+        """Nothing: without it the registry would collect, so take a snapshot, when the
+        collector is registered, which the daemon does on its loop's own thread, where
+        waiting for the loop to build the snapshot blocks it for SNAPSHOT_TIMEOUT_S."""
+        return iter(())
 
     def collect(self) -> Iterator[Metric]:
         try:

@@ -1,9 +1,10 @@
 """Persistent SSH to each worker host: one connection, one long-lived agent channel and
 bounded one-shot commands. The only importer of asyncssh; nothing read from ``$HOME``.
 
-Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent as the
-``-c`` argument of the host's python), so an operation costs one round trip on an open
-channel instead of a handshake or a new channel (and the remote user's rc files) each time.
+Launch, probe and terminate are JSON-lines requests to the agent (``agent.py``, sent with
+the module it imports, compressed, as the ``-c`` argument of the host's python:
+``agent_program``), so an operation costs one round trip on an open channel instead of a
+handshake or a new channel (and the remote user's rc files) each time.
 
 One live worker per shard: the shard lock. ``launch`` starts a detached shepherd that takes
 ``fcntl.lockf(LOCK_EX | LOCK_NB)`` on ``ctl/shard-N.lock`` and holds it for the worker's
@@ -27,6 +28,7 @@ whole life; a second launch finds it held and is refused with ``ShardHeld``. Why
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import itertools
@@ -36,8 +38,9 @@ import random
 import re
 import shlex
 import time
+import zlib
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from functools import cache, lru_cache
@@ -53,10 +56,14 @@ from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import Fenced, RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
 from supervisor.measured import remote_program
+from supervisor.sshalgs import DEFAULT_ALGS, WEAK_HOST_KEY_ALGS
 
 log = structlog.get_logger()
 
 AGENT_PATH: Final = Path(__file__).with_name("agent.py")
+#: What the agent imports that a host has no copy of, each sent with it and registered under
+#: the name the agent imports it by.
+AGENT_MODULES: Final = ((protocol.SAFEFILES_MODULE, Path(__file__).with_name("safefiles.py")),)
 #: Probe and launch touch the shared filesystem and fork a python; a healthy host answers
 #: in ~0.1 s, an NFS server that is failing over can take a minute (the agent itself gives
 #: a shepherd 60 s to report).
@@ -112,73 +119,6 @@ MAX_FAILED_START_CHARS: Final = 16 * 1024
 NOISE_BURST: Final = 20
 NOISE_EVERY_S: Final = 3.0
 NOISE_REPORT_S: Final = 10.0
-#: asyncssh's defaults, AES-GCM first: asyncssh drives chacha20-poly1305 with several Python
-#: calls per packet (~20 us) where AES-GCM is one OpenSSL call (~3.5 us); at 1000 hosts the
-#: keepalives alone made that ~1% of a core (docs/BENCHMARKS.md). Either is an OpenSSH
-#: default; a server that offers no GCM still negotiates the rest of the list.
-_GCM_FIRST: Final = ("aes256-gcm@openssh.com", "aes128-gcm@openssh.com")
-ENCRYPTION_ALGS: Final = _GCM_FIRST + tuple(
-    alg.decode("ascii")
-    for alg in asyncssh.encryption.get_default_encryption_algs()
-    if alg.decode("ascii") not in _GCM_FIRST
-)
-#: Signature algorithms that hash with SHA-1: RSA's ``ssh-rsa`` (off by default since OpenSSH
-#: 8.8: chosen-prefix collisions on SHA-1 are practical), its certificate form, and DSA.
-_SHA1_SIGNATURES: Final = frozenset(
-    {
-        "ssh-rsa",
-        "ssh-rsa-cert-v01@openssh.com",
-        "ssh-dss",
-        "ssh-dss-cert-v01@openssh.com",
-        "x509v3-ssh-rsa",
-        "x509v3-ssh-dss",
-    }
-)
-
-
-def is_weak_algorithm(name: str) -> bool:
-    """Never offered by default: SHA-1 in a key exchange (``diffie-hellman-group14-sha1``),
-    a MAC (``hmac-sha1``) or a signature (``ssh-rsa``); and GSS key exchange, never used."""
-    return "sha1" in name or name in _SHA1_SIGNATURES or name.startswith("gss-")
-
-
-def _modern(algs: Sequence[bytes]) -> tuple[str, ...]:
-    names = (alg.decode("ascii") for alg in algs)
-    return tuple(dict.fromkeys(name for name in names if not is_weak_algorithm(name)))
-
-
-_HOST_KEY_ALGS: Final = (
-    asyncssh.public_key.get_x509_certificate_algs()
-    + asyncssh.public_key.get_certificate_algs()
-    + asyncssh.public_key.get_public_key_algs()
-)
-#: The defaults of each ``[ssh]`` algorithm list: asyncssh's own, without the weak ones
-#: (OpenSSH 9.x offers the same modern set). The host key algorithms asyncssh derives per
-#: connection from the keys known_hosts holds for the host (an explicit list would ignore
-#: that, and pick a key type known_hosts lacks); from those, the weak ones are removed.
-DEFAULT_ALGS: Final[Mapping[str, tuple[str, ...]]] = {
-    "kex_algs": _modern(asyncssh.kex.get_default_kex_algs()),
-    "encryption_algs": ENCRYPTION_ALGS,
-    "mac_algs": _modern(asyncssh.mac.get_default_mac_algs()),
-    "signature_algs": _modern(
-        asyncssh.public_key.get_public_key_algs()
-        + asyncssh.public_key.get_default_public_key_algs()
-    ),
-}
-_WEAK_HOST_KEY_ALGS: Final = "-" + ",".join(
-    name for name in (alg.decode("ascii") for alg in _HOST_KEY_ALGS) if is_weak_algorithm(name)
-)
-#: What this asyncssh can negotiate, per ``[ssh]`` list (config validation names the key).
-SUPPORTED_ALGS: Final[Mapping[str, frozenset[str]]] = {
-    key: frozenset(alg.decode("ascii") for alg in algs)
-    for key, algs in (
-        ("kex_algs", asyncssh.kex.get_kex_algs()),
-        ("encryption_algs", asyncssh.encryption.get_encryption_algs()),
-        ("mac_algs", asyncssh.mac.get_mac_algs()),
-        ("signature_algs", asyncssh.public_key.get_public_key_algs()),
-        ("server_host_key_algs", _HOST_KEY_ALGS),
-    )
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,10 +159,54 @@ def agent_source() -> str:
     return AGENT_PATH.read_text(encoding="utf-8")
 
 
+@cache
+def agent_modules() -> tuple[tuple[str, str], ...]:
+    """``(name, text)`` of each module sent with the agent (``AGENT_MODULES``)."""
+    return tuple((name, path.read_text(encoding="utf-8")) for name, path in AGENT_MODULES)
+
+
+def agent_program() -> str:
+    """What a host's ``python -c`` runs to be the agent: ``packed_program`` of the agent and
+    its modules (under ./dev test, the wrapper that measures their coverage instead)."""
+    source = agent_source()
+    program = remote_program(source, AGENT_PATH, AGENT_MODULES)
+    return packed_program(source, agent_modules()) if program is source else program
+
+
 def agent_command(python: str) -> str:
     """The shell command that runs the agent with ``python``."""
-    program = remote_program(agent_source(), AGENT_PATH)  # the source, but in ./dev test
-    return _python_command(python, program)
+    return _python_command(python, agent_program())
+
+
+#: Linux's limit on one argv string (``MAX_ARG_STRLEN``, 32 pages): the agent's program is
+#: one, as ``python -c PROGRAM``, and so is the one it hands its launcher and shepherds.
+MAX_ARG_STRLEN: Final = 128 * 1024
+
+
+@cache
+def packed_program(source: str, modules: tuple[tuple[str, str], ...] = ()) -> str:
+    """``source`` as a ``python -c`` program that decompresses and runs it, once it has run
+    each of ``modules`` (``(name, text)``) as a module registered under its name in
+    ``sys.modules``: under half their size, so the agent can grow for years below
+    ``MAX_ARG_STRLEN``. The agent finds this program again in its own command line
+    (``agent.own_source``) for its launcher and shepherds, which run it the same way."""
+    texts = [text for _, text in modules] + [source]
+    if any("\0" in text for text in texts):
+        raise ValueError("Python source holds no NUL byte, which separates the texts here")
+    packed = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"), 9))
+    # One blob compresses better than one per text. Base64, not the slightly smaller
+    # base85: b64decode is C, b85decode pure Python, and it ran in every start of the agent,
+    # its launcher and fresh shepherds (docs/BENCHMARKS.md, bench/bench_agent_start.py).
+    # The agent runs in the globals the packing's names (_t, _n, _m, base64, types, zlib)
+    # are in, and defines none of them.
+    return (
+        "import base64,sys,types,zlib\n"
+        f"_t=zlib.decompress(base64.b64decode({packed.decode('ascii')!r})).split(b'\\0')\n"
+        f"for _n in {tuple(name for name, _ in modules)!r}:\n"
+        " _m=sys.modules[_n]=types.ModuleType(_n)\n"
+        " exec(compile(_t.pop(0),'<reward-supervisor '+_n+'>','exec'),_m.__dict__)\n"
+        "exec(compile(_t.pop(),'<reward-supervisor agent>','exec'))"
+    )
 
 
 # One string per interpreter, shared by every host: each channel keeps its command for its
@@ -662,15 +646,20 @@ class RemoteHost:
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
-    async def terminate(self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool) -> None:
-        """Stop ``pid`` (SIGTERM to its group, SIGKILL after ``grace_s`` if ``kill``); returns
-        only once it is confirmed dead (or was not ours), raises RemoteError otherwise."""
+    async def terminate(
+        self, spec: LaunchSpec, pid: int, *, grace_s: float, kill: bool
+    ) -> int | None:
+        """Stop ``pid`` (``agent.op_terminate``: SIGTERM to it, SIGKILL to its group after
+        ``grace_s`` if ``kill``) and sweep its session; returns only once it is confirmed dead
+        (or was not ours), with how many processes of its session were killed (None: not
+        swept, or an agent that does not sweep); raises RemoteError otherwise."""
         request = protocol.TerminateRequest(
             spec=_spec_json(spec), pid=pid, grace_s=float(grace_s), kill=kill
         )
         reply = await self._call(request, protocol.TerminateReply, grace_s + TERMINATE_SLACK_S)
         outcome = host_text(reply.outcome)
-        log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome)
+        log.info("remote.terminated", host=self.name, pid=pid, outcome=outcome, reaped=reply.reaped)
+        return reply.reaped
 
     async def evidence(
         self, spec: LaunchSpec, pid: int, *, timeout_s: float, stacks: str
@@ -1343,7 +1332,7 @@ def algorithm_options(ssh: SshConfig) -> dict[str, Any]:
         key: list(getattr(ssh, key) or default) for key, default in DEFAULT_ALGS.items()
     }
     # A string with a leading "-" removes from asyncssh's per-host default (OpenSSH's syntax).
-    options["server_host_key_algs"] = list(ssh.server_host_key_algs or ()) or _WEAK_HOST_KEY_ALGS
+    options["server_host_key_algs"] = list(ssh.server_host_key_algs or ()) or WEAK_HOST_KEY_ALGS
     return options
 
 

@@ -13,35 +13,27 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
-import secrets
 import socket
-import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeGuard
+from typing import Any, Final, ParamSpec, TypeGuard, TypeVar
 
 import structlog
 
-from supervisor import health
+from supervisor import health, safefiles
 from supervisor.errors import RunLocked, UnsafeFileError
 
 log = structlog.get_logger("supervisor.runfiles")
 
-# O_NOFOLLOW: a symlink planted under the name is refused (ELOOP), never followed.
-# O_NONBLOCK: opening a FIFO for reading returns at once (and for writing fails with ENXIO)
-# instead of waiting for a peer that never comes; fstat then refuses it.
-_FILE_FLAGS: Final = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Our own state file for a thousand hosts with an hour of restart times is a few MB.
 STATE_MAX_BYTES: Final = 8 * 1024 * 1024
 #: A manifest, launch meta or pointer file is a few KiB even for a thousand hosts.
 META_MAX_BYTES: Final = 1024 * 1024
-# A pidfile holds one number and a newline.
-PIDFILE_MAX_BYTES: Final = 64
 # Clocks of the nodes that may run the daemon (one after another) are NTP-synced to well under
 # this; a restart time further in the future was not written by a daemon.
 HISTORY_SKEW_S: Final = 60.0
@@ -49,36 +41,41 @@ HISTORY_SKEW_S: Final = 60.0
 HISTORY_MAX_COUNT: Final = 10**9
 # A reason is a sentence quoting at most a few KiB of a remote error.
 HISTORY_MAX_TEXT: Final = 10_000
-# Temp names: a random part too long to guess, and the name clipped so the whole fits NAME_MAX.
-_TEMP_NAME_MAX: Final = 200
-_TEMP_ATTEMPTS: Final = 10
 
 
 # --------------------------------------------------------------------------------------
-# Opening, without following.
+# Opening, without following: safefiles, raising the daemon's own error.
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _raising_ours(open_: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``open_`` (of ``safefiles``, shared with the agent) raising UnsafeFileError, what the
+    daemon's callers catch, for a refused file."""
+
+    @functools.wraps(open_)
+    def opened(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return open_(*args, **kwargs)
+        except safefiles.UnsafeFile as exc:
+            raise UnsafeFileError(exc.path, exc.reason, exc.detail) from None
+
+    return opened
+
+
+_open_subdir = _raising_ours(safefiles.open_subdir)
+_open_parent = _raising_ours(safefiles.open_parent)
+_open_at = _raising_ours(safefiles.open_at)
+_open_file = _raising_ours(safefiles.open_file)
+_open_dir = _raising_ours(safefiles.open_dir)
 
 
 def open_dir(root: Path, parts: Sequence[str] = (), *, create: bool = False) -> int:
     """A descriptor of ``root/parts...``: ``root`` as configured, each part below it opened
     without following a symlink (and made first, when ``create``). Raises UnsafeFileError
     naming a part that is not a directory, FileNotFoundError for a missing one."""
-    if create:
-        root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    path = root
-    try:
-        for part in parts:
-            path = path / part
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-            sub = _open_subdir(fd, part, path)
-            os.close(fd)
-            fd = sub
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _open_dir(root, parts, create=create)
 
 
 #: A directory to open files by name in (``dir_fd``): O_PATH needs no read permission on it.
@@ -90,91 +87,6 @@ def open_dir_path(path: str | os.PathLike[str]) -> int:
     a symlink (one planted in place of ``status/`` or ``ctl/``, into a hung mount say), for
     opening the files in it by name. Raises OSError (ELOOP, ENOTDIR for a symlink or file)."""
     return os.open(path, _DIR_PATH_FLAGS)
-
-
-def _open_subdir(dir_fd: int, name: str, path: Path) -> int:
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except NotADirectoryError:
-        raise UnsafeFileError(path, "not a directory", _kind_at(dir_fd, name)) from None
-    except OSError as exc:
-        raise _named(exc, path) from None
-
-
-def _open_parent(path: Path, root: Path | None, *, create: bool = False) -> tuple[int, str]:
-    """The directory holding ``path`` (opened as ``open_dir`` does below ``root``) and the
-    last component's name."""
-    if root is None:
-        return os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path.name
-    parts = path.relative_to(root).parts
-    if not parts:
-        raise ValueError(f"{path} is the run root itself, not a file under it")
-    return open_dir(root, parts[:-1], create=create), parts[-1]
-
-
-def _open_file(
-    name: str | os.PathLike[str],
-    flags: int,
-    *,
-    path: str | os.PathLike[str],
-    dir_fd: int | None = None,
-    mode: int = 0o644,
-    single_link: bool = False,
-) -> int:
-    """Open a regular file at ``name`` (relative to ``dir_fd``) without following or blocking;
-    ``single_link`` refuses a file hard-linked elsewhere (it is about to be written in place).
-    Errors name ``path``."""
-    try:
-        fd = os.open(name, flags | _FILE_FLAGS, mode, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFileError(path, "a symbolic link", "not followed") from None
-        if exc.errno == errno.ENXIO:  # opened for writing: a FIFO or socket with no reader
-            raise UnsafeFileError(path, "not a regular file", "a FIFO or socket") from None
-        raise _named(exc, path) from None
-    try:
-        _check_regular(os.fstat(fd), path, single_link=single_link)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _check_regular(st: os.stat_result, path: str | os.PathLike[str], *, single_link: bool) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFileError(path, "not a regular file", _kind(st.st_mode))
-    if single_link and st.st_nlink > 1:
-        # The other name may be any file of the same owner, outside the root.
-        raise UnsafeFileError(path, "hard-linked", f"{st.st_nlink} links")
-
-
-def _named(exc: OSError, path: str | os.PathLike[str]) -> OSError:
-    """``exc`` again, naming the whole path rather than the component ``dir_fd`` saw."""
-    if exc.errno is None:
-        return exc
-    return OSError(exc.errno, exc.strerror, os.fspath(path))
-
-
-def _kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return kind
-    return "of unknown type"
-
-
-def _kind_at(dir_fd: int, name: str) -> str:
-    try:
-        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return "vanished"
 
 
 # --------------------------------------------------------------------------------------
@@ -189,15 +101,7 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int, *, root: Path | No
     status files' hot path); with it every directory below ``root`` is too. Raises
     FileNotFoundError, UnsafeFileError or OSError.
     """
-    if root is None:
-        fd = _open_file(path, os.O_RDONLY, path=path)
-    else:
-        dir_fd, name = _open_parent(Path(path), root)
-        try:
-            fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-    return _read_fd_capped(fd, max_bytes)
+    return safefiles.read_fd(_open_file(path, os.O_RDONLY, root), max_bytes)
 
 
 def read_capped_at(
@@ -205,34 +109,14 @@ def read_capped_at(
 ) -> bytes:
     """``read_capped`` of ``name`` in the directory ``dir_fd`` (which may be an ``O_PATH``
     descriptor); errors name ``path``."""
-    return _read_fd_capped(_open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd), max_bytes)
-
-
-def _read_fd_capped(fd: int, max_bytes: int) -> bytes:
-    """At most ``max_bytes + 1`` bytes of ``fd``, which is closed."""
-    try:
-        chunks: list[bytes] = []
-        size = 0
-        while size <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    return safefiles.read_fd(_open_at(dir_fd, name, os.O_RDONLY, path=path), max_bytes)
 
 
 def read_tail(path: Path, max_bytes: int, *, root: Path) -> bytes:
     """The last ``max_bytes`` bytes of the regular file ``path`` under ``root``, opened as
     ``read_capped`` opens (never through a symlink, never blocking on a FIFO). Raises
     FileNotFoundError, UnsafeFileError or OSError."""
-    dir_fd, name = _open_parent(path, root)
-    try:
-        fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
+    fd = _open_file(path, os.O_RDONLY, root)
     try:
         size = os.fstat(fd).st_size
         return os.pread(fd, max_bytes, max(0, size - max_bytes))
@@ -243,60 +127,19 @@ def read_tail(path: Path, max_bytes: int, *, root: Path) -> bytes:
 def read_json(path: Path, *, root: Path | None, max_bytes: int) -> Any:
     """Parse a JSON file of at most ``max_bytes``, read as ``read_capped`` does; raises
     OSError or ValueError (too big, not UTF-8, not JSON, nested too deep), each naming it."""
-    data = read_capped(path, max_bytes, root=root)
-    if len(data) > max_bytes:
-        raise ValueError(f"{path} is larger than {max_bytes} bytes")
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError(f"{path} is nested too deeply") from None
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    return safefiles.parse_json(read_capped(path, max_bytes, root=root), max_bytes, path)
 
 
 def write_atomic(path: Path, data: bytes, *, root: Path | None, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so readers see the old file or the new one, whole.
-
-    The temp file is made exclusively under a random name in the same directory descriptor
-    the rename uses, so neither a planted name nor a swapped directory can redirect it; the
-    mode is set on the descriptor (mkstemp's 0600 and the umask must not decide who reads it).
-    Whatever was at ``path`` (a symlink, a FIFO) is replaced, never followed.
-    """
+    """Replace ``path`` with ``data`` so readers see the old file or the new one, whole
+    (``safefiles.write_atomic_at``: a random temp name, made exclusively and renamed within
+    the directory descriptor, its mode set on the descriptor whatever the umask). Whatever
+    was at ``path`` (a symlink, a FIFO) is replaced, never followed."""
     dir_fd, name = _open_parent(path, root)
     try:
-        tmp, fd = _create_temp(dir_fd, name, path)
-        try:
-            try:
-                os.fchmod(fd, mode)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError as exc:
-                raise _named(exc, path) from None
-        except BaseException:
-            with contextlib.suppress(OSError):  # a full disk must not also leave litter behind
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
+        safefiles.write_atomic_at(dir_fd, name, data, path=path, mode=mode)
     finally:
         os.close(dir_fd)
-
-
-def _create_temp(dir_fd: int, name: str, path: Path) -> tuple[str, int]:
-    for _ in range(_TEMP_ATTEMPTS):
-        tmp = f".{name[:_TEMP_NAME_MAX]}.{secrets.token_hex(8)}.tmp"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS
-            return tmp, os.open(tmp, flags, 0o600, dir_fd=dir_fd)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise _named(exc, path.with_name(tmp)) from None
-    raise FileExistsError(errno.EEXIST, "no free temp name", str(path))
 
 
 def write_json_atomic(path: Path, data: object, *, root: Path | None, mode: int = 0o644) -> None:
@@ -314,7 +157,7 @@ def remove(path: Path, *, root: Path) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise _named(exc, path) from None
+        raise safefiles.named(exc, path) from None
     finally:
         os.close(dir_fd)
 
@@ -336,16 +179,9 @@ def write_stop_sentinel(path: Path, *, root: Path) -> None:
 
 
 def read_pid(path: Path, *, root: Path) -> int | None:
-    """The pid in a pidfile; None when it is missing, unsafe, unreadable or not a number."""
-    try:
-        data = read_capped(path, PIDFILE_MAX_BYTES, root=root)
-    except OSError:
-        return None
-    text = data.strip()
-    # bytes.isdigit is ASCII only: no "²", no other script's digits, no sign, no spaces.
-    if len(data) > PIDFILE_MAX_BYTES or not text.isdigit() or len(text) > 10:
-        return None
-    return int(text)
+    """The pid in a pidfile; None when it is missing, unsafe, unreadable, too big or not a
+    number from 1 to 2**31 - 1."""
+    return safefiles.read_pid(path, root)
 
 
 # --------------------------------------------------------------------------------------
@@ -361,7 +197,7 @@ def lock_run(path: Path, *, root: Path) -> int:
     """
     dir_fd, name = _open_parent(path, root)
     try:
-        fd = _open_file(name, os.O_RDWR | os.O_CREAT, path=path, dir_fd=dir_fd, single_link=True)
+        fd = _open_at(dir_fd, name, os.O_RDWR | os.O_CREAT, path=path, single_link=True)
     finally:
         os.close(dir_fd)
     try:
@@ -383,27 +219,11 @@ def lock_run(path: Path, *, root: Path) -> int:
     return fd
 
 
-#: ``ctl/supervisor.epoch`` holds one number and a newline.
-EPOCH_MAX_BYTES: Final = 64
-#: Far beyond any count of takeovers; bounded so that a planted number stays a small int.
-EPOCH_MAX: Final = 2**53
-
-
 def read_epoch(path: Path, *, root: Path) -> int | None:
     """The leadership epoch in ``ctl/supervisor.epoch``: 0 when there is none yet, None when
     the file is there but unreadable or not a number (never followed, never more than a
     few bytes read)."""
-    try:
-        data = read_capped(path, EPOCH_MAX_BYTES, root=root)
-    except FileNotFoundError:
-        return 0
-    except OSError:
-        return None
-    text = data.strip()
-    if len(data) > EPOCH_MAX_BYTES or not text.isdigit() or len(text) > 16:
-        return None
-    epoch = int(text)
-    return epoch if epoch <= EPOCH_MAX else None
+    return safefiles.read_epoch(path, root)
 
 
 def bump_epoch(path: Path, *, root: Path) -> int:
@@ -424,7 +244,7 @@ def lock_holder(path: Path, *, root: Path) -> str:
     except OSError:
         return ""
     try:
-        fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
+        fd = _open_at(dir_fd, name, os.O_RDONLY, path=path)
     except OSError:
         return ""
     finally:
@@ -480,7 +300,7 @@ def lock_is_held(path: Path, *, root: Path) -> bool:
     except (FileNotFoundError, UnsafeFileError):
         return False
     try:
-        fd = _open_file(name, os.O_RDONLY, path=path, dir_fd=dir_fd)
+        fd = _open_at(dir_fd, name, os.O_RDONLY, path=path)
     except (FileNotFoundError, UnsafeFileError):
         return False
     finally:
@@ -491,7 +311,7 @@ def lock_is_held(path: Path, *, root: Path) -> bool:
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EAGAIN):
             return True
-        raise _named(exc, path) from None
+        raise safefiles.named(exc, path) from None
     finally:
         os.close(fd)  # closing releases a lock we took
     return False
@@ -862,7 +682,7 @@ def _delete_entry(dir_fd: int, name: str, path: Path) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise _named(exc, path) from None
+        raise safefiles.named(exc, path) from None
 
 
 def _delete_dir(dir_fd: int, name: str, path: Path) -> None:
@@ -873,4 +693,4 @@ def _delete_dir(dir_fd: int, name: str, path: Path) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise _named(exc, path) from None
+        raise safefiles.named(exc, path) from None

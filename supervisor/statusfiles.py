@@ -58,6 +58,8 @@ class ExitRecord:
     exited_at: float | None  # worker host's clock
     #: The last lines of the worker's log at its exit, as the shepherd read them.
     log_tail: str | None = None
+    #: Processes of its session the shepherd killed after it (None: not said).
+    reaped: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,7 @@ def parse_exit(data: bytes) -> ExitRecord | None:
         signal=_int(obj.get("signal")),
         exited_at=_finite(obj.get("exited_at")),
         log_tail=_text(obj.get("log_tail"), MAX_LOG_TAIL_CHARS),
+        reaped=_bounded(obj.get("reaped"), MAX_REAPED),
     )
 
 
@@ -213,11 +216,19 @@ def _int(value: object) -> int | None:
 MAX_COUNT: Final = 2**63 - 1
 
 
+#: No more processes can have been reaped than there are pids (PID_MAX_LIMIT on 64-bit).
+MAX_REAPED: Final = 4 * 1024 * 1024
+
+
+def _bounded(value: object, limit: int) -> int | None:
+    number = _int(value)
+    return number if number is not None and 0 <= number <= limit else None
+
+
 def _count(value: object) -> int | None:
     # Progress is optional: a count that is not an int from 0 to MAX_COUNT is not reported,
     # rather than a problem that would hide a live worker's heartbeat.
-    number = _int(value)
-    return number if number is not None and 0 <= number <= MAX_COUNT else None
+    return _bounded(value, MAX_COUNT)
 
 
 #: A rate, a size or a latency past this is not a measurement (JSON allows 1e308).

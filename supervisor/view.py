@@ -198,6 +198,7 @@ def _last_exit(host: health.Host, now: float) -> dict[str, Any] | None:
         "what": host.last_exit,
         "exit_code": host.last_exit_code,
         "signal": host.last_exit_signal,
+        "reaped": host.last_exit_reaped,
         "age_s": _age_of(host.last_exit_at, now),
         "log_tail": host.last_log_tail,
     }
@@ -610,6 +611,7 @@ def offline_host_detail(
             ),
             "exit_code": exit_record.exit_code,
             "signal": exit_record.signal,
+            "reaped": exit_record.reaped,
             "age_s": None
             if exit_record.exited_at is None
             else round(max(0.0, now_wall - exit_record.exited_at), 3),
@@ -699,6 +701,9 @@ def render_host(detail: Mapping[str, Any]) -> str:
     if isinstance(last_exit, Mapping):
         age = last_exit.get("age_s")
         when = f", {_age(age)} ago" if age is not None else ""
+        reaped = last_exit.get("reaped")
+        if isinstance(reaped, int):
+            when += f"; {reaped} process{'' if reaped == 1 else 'es'} of its session reaped"
         say(f"last exit: pid {_dash(last_exit.get('pid'))} {last_exit.get('what')}{when}", 2)
     else:
         say("last exit: none seen", 2)

@@ -166,6 +166,18 @@ def promtool() -> str:
 
 
 @pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's headless-capable ``chromium``; skips without it, which strict
+    mode (./dev test, which installs it) turns into a failure."""
+    from tests.browser import find_chromium
+
+    found = find_chromium()
+    if found is None:
+        pytest.skip("chromium not found: ./dev setup installs it (Debian's chromium package)")
+    return found
+
+
+@pytest.fixture(scope="session")
 def seed_script() -> Path:
     """``reward_workers_ctl.py``, the script we replace (``tests/seed.py`` says where it is
     looked for); skips without it, which strict mode turns into a failure."""

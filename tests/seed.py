@@ -1,8 +1,9 @@
 """The script reward-supervisor replaces, run for real: found, copied, patched and driven.
 
-The seed (``reward_workers_ctl.py``) is kept verbatim in ``tests/fixtures/seed/`` with its
-``selfmatch-fix.patch``; ``$REWARD_SUPERVISOR_SEED`` (the script, or the directory holding it
-and its patch) points the tests at another copy.
+The seed (``reward_workers_ctl.py``) and its ``selfmatch-fix.patch`` are used from where the
+team keeps them, ``../shared/seed/`` beside the checkout (never copied into it);
+``$REWARD_SUPERVISOR_SEED`` (the script, or the directory holding it and its patch) points the
+tests at another place.
 
 ``SeedWorld.create(workdir, openssh, hosts=N)`` makes what the seed needs to run as it does in
 production, on the session's OpenSSH server:
@@ -12,6 +13,8 @@ production, on the session's OpenSSH server:
 - a workspace ``$SAO_WS`` with a stand-in ``areal`` package under ``repo/AReaL``:
   ``areal.reward.fs_protocol`` (the two functions the seed imports) and
   ``areal.reward.fs_worker``, which is the reference worker (``supervisor.demo.worker``);
+  or, with ``areal=`` (an areal-fs directory, ``tests/areal.py``), the real ``areal`` package
+  there and this repository's ``tests`` package (for ``tests.rewardfns``), both as symlinks;
 - an ``ssh`` first on ``PATH`` that reaches the OpenSSH server for every host name, with
   the test's key and known_hosts (the seed runs plain ``ssh HOST SCRIPT``);
 - host names unique to the test, because the seed's sweeps match every process on the
@@ -41,6 +44,8 @@ SEED_ENV = "REWARD_SUPERVISOR_SEED"
 SCRIPT = "reward_workers_ctl.py"
 PATCH = "selfmatch-fix.patch"
 REPO = Path(__file__).resolve().parent.parent
+#: Where the team keeps the old script, beside the checkout.
+SHARED_SEED = REPO.parent / "shared" / "seed"
 #: The reference worker's reward fn, as the seed's ``--reward-fn`` (read from the manifest).
 REWARD_FN = "supervisor.demo.worker.exact_match"
 
@@ -82,7 +87,7 @@ def find_seed() -> Path | None:
         path = Path(given)
         path = path / SCRIPT if path.is_dir() else path
         return path if path.is_file() else None
-    candidate = REPO / "tests" / "fixtures" / "seed" / SCRIPT
+    candidate = SHARED_SEED / SCRIPT
     if candidate.is_file() and (candidate.parent / PATCH).is_file():
         return candidate
     return None
@@ -92,7 +97,7 @@ def seed_missing_reason() -> str:
     """Why a seed test cannot run here, for its skip (a failure under strict skips)."""
     return (
         f"the old script {SCRIPT} was not found: set ${SEED_ENV} to it (or its directory);"
-        f" the repository keeps a copy in {REPO / 'tests' / 'fixtures' / 'seed'}"
+        f" it is looked for in {SHARED_SEED}"
     )
 
 
@@ -109,10 +114,22 @@ class SeedWorld:
     openssh: OpenSsh
     env: dict[str, str] = field(default_factory=dict)
     watch: subprocess.Popen[bytes] | None = None
+    #: Every host's ``--concurrency`` in ``workers_json``.
+    concurrency: int = 2
 
     @classmethod
-    def create(cls, workdir: Path, openssh: OpenSsh, seed: Path, hosts: int) -> SeedWorld:
-        """Copy and patch ``seed`` into ``workdir``, build the workspace and ssh config."""
+    def create(
+        cls,
+        workdir: Path,
+        openssh: OpenSsh,
+        seed: Path,
+        hosts: int,
+        *,
+        areal: Path | None = None,
+        concurrency: int = 2,
+    ) -> SeedWorld:
+        """Copy and patch ``seed`` into ``workdir``, build the workspace and ssh config; with
+        ``areal``, the workspace's ``repo/AReaL`` holds the real AReaL package from there."""
         workdir.mkdir(parents=True, exist_ok=True)
         # The seed's ROOT is its script's grandparent (scripts/ in the team's repository).
         copy_dir = workdir / "seedrepo" / "scripts"
@@ -129,12 +146,19 @@ class SeedWorld:
         if patched.returncode != 0:
             raise RuntimeError(f"cannot apply {PATCH}: {patched.stdout}{patched.stderr}")
         ws = workdir / "ws"
-        package = ws / "repo" / "AReaL" / "areal" / "reward"
-        package.mkdir(parents=True)
-        (package.parent / "__init__.py").write_text("")
-        (package / "__init__.py").write_text("")
-        (package / "fs_protocol.py").write_text(_FS_PROTOCOL)
-        (package / "fs_worker.py").write_text(_FS_WORKER)
+        repo = ws / "repo" / "AReaL"
+        if areal is not None:
+            # The wrapper's PYTHONPATH is {site}:{repo}: what repo/AReaL holds is importable.
+            repo.mkdir(parents=True)
+            (repo / "areal").symlink_to(areal / "areal", target_is_directory=True)
+            (repo / "tests").symlink_to(REPO / "tests", target_is_directory=True)
+        else:
+            package = repo / "areal" / "reward"
+            package.mkdir(parents=True)
+            (package.parent / "__init__.py").write_text("")
+            (package / "__init__.py").write_text("")
+            (package / "fs_protocol.py").write_text(_FS_PROTOCOL)
+            (package / "fs_worker.py").write_text(_FS_WORKER)
         (ws / "tmp").mkdir()
         tag = uuid.uuid4().hex[:6]
         names = [f"seed{tag}-{i}" for i in range(hosts)]
@@ -146,6 +170,7 @@ class SeedWorld:
             root=workdir / "run",
             hosts=names,
             openssh=openssh,
+            concurrency=concurrency,
         )
         world.env = world._environment()
         return world
@@ -186,15 +211,22 @@ class SeedWorld:
     # --- the seed's commands ------------------------------------------------------------
 
     def workers_json(self) -> str:
-        """The seed's ``--workers-json``: host i on shard i, concurrency 2."""
+        """The seed's ``--workers-json``: host i on shard i, ``concurrency`` each."""
         return json.dumps(
-            [{"host": h, "shard": i, "concurrency": 2} for i, h in enumerate(self.hosts)]
+            [
+                {"host": h, "shard": i, "concurrency": self.concurrency}
+                for i, h in enumerate(self.hosts)
+            ]
         )
+
+    def command(self, *args: str) -> list[str]:
+        """The argv of ``reward_workers_ctl.py ARGS`` (run it with ``env``)."""
+        return [sys.executable, str(self.script), *args]
 
     def run(self, *args: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
         """``reward_workers_ctl.py ARGS``, to completion."""
         return subprocess.run(
-            [sys.executable, str(self.script), *args],
+            self.command(*args),
             env=self.env,
             capture_output=True,
             text=True,

@@ -272,7 +272,8 @@ class OpenSsh:
                 "experiment": "tests",
                 "trial": "t",
                 "run_id": "run-1",
-                # The reference worker's built-in reward fn; it reads this from the manifest.
+                # The manifest's record of the trainer's reward fn (the reference worker's
+                # built-in one); workers score each task with the reward fn the task names.
                 "reward_fn": "supervisor.demo.worker.exact_match",
             },
             "worker": raw_worker,

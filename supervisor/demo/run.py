@@ -1,9 +1,10 @@
 """``reward-supervisor demo``: the real daemon against an in-process SSH server, with faults.
 
 Starts ``LocalSshServer`` (127.0.0.1, generated keys) serving N fake hosts, runs the same
-``Daemon`` that ``run`` runs with the reference worker, streams tasks into the inbox, kills
-one worker (SIGKILL) and hangs another (SIGSTOP), and shows the fleet as it recovers. Exits 0
-only if every task got its result and every fault was recovered.
+``Daemon`` that ``run`` runs with the reference worker, streams tasks into the inbox (the
+real task record, as the trainer's ``FSRewardClient`` writes it), kills one worker (SIGKILL)
+and hangs another (SIGSTOP), and shows the fleet as it recovers. Exits 0 only if every task
+got an ok result with the right score and every fault was recovered.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from supervisor.notify import Notifier
 # Demo timings: short enough to watch, long enough that each phase is visible.
 HEARTBEAT_INTERVAL_S: Final = 0.25
 TASKS_PER_SECOND: Final = 40
+#: What each task names as its reward fn: the reference worker's built-in one.
+REWARD_FN: Final = "supervisor.demo.worker.exact_match"
 DRAIN_TIMEOUT_S: Final = 60.0
 RECOVERY_TIMEOUT_S: Final = 30.0
 REFRESH_S: Final = 0.5
@@ -58,6 +61,8 @@ class Tally:
     """What happened during the demo."""
 
     submitted: int = 0
+    #: The score each submitted task must get, by task id.
+    expected: dict[str, float] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     restarts: Counter[str] = field(default_factory=Counter)
     transitions: int = 0
@@ -104,8 +109,8 @@ async def _demo(workdir: Path, count: int, duration_s: float, live: bool) -> int
                 code = await running
                 watcher.cancel()
         leftovers = _live_workers(cfg)
-    _print_summary(cfg, tally, leftovers, ok and code == 0)
-    return 0 if ok and code == 0 and not leftovers else 1
+    good = _print_summary(cfg, tally, leftovers, ok and code == 0)
+    return 0 if good else 1
 
 
 def _config(workdir: Path, server: LocalSshServer) -> config_mod.Config:
@@ -115,7 +120,7 @@ def _config(workdir: Path, server: LocalSshServer) -> config_mod.Config:
             "root": str(root),
             "experiment": "demo",
             "trial": "demo",
-            "reward_fn": "supervisor.demo.worker.exact_match",
+            "reward_fn": REWARD_FN,
             "cleanup_prefix": str(workdir),
         },
         "worker": {
@@ -175,8 +180,18 @@ async def _produce(cfg: config_mod.Config, tally: Tally, duration_s: float) -> N
     while time.monotonic() < end:
         for _ in range(max(1, TASKS_PER_SECOND // 10)):
             n = tally.submitted
-            task = {"id": f"t{n:06d}", "answer": str(n % 7), "reference": str(n % 5)}
-            _write_atomic(inbox / str(n % shards) / f"t{n:06d}.json", task)
+            task_id = f"t{n:06d}"
+            answer, completion = str(n % 7), f"The answer is {n % 5}."
+            task = {
+                "schema_version": 1,
+                "task_id": task_id,
+                "reward_fn": REWARD_FN,
+                "args": ["What is the answer?", completion, [], []],
+                "kwargs": {"answer": answer},
+                "created_at": time.time(),
+            }
+            _write_atomic(inbox / str(n % shards) / f"{task_id}.json", task)
+            tally.expected[task_id] = 1.0 if answer in completion else 0.0
             tally.submitted += 1
         await asyncio.sleep(0.1)
 
@@ -287,18 +302,38 @@ def _live_workers(cfg: config_mod.Config) -> list[int]:
     return alive
 
 
-def _print_summary(cfg: config_mod.Config, tally: Tally, leftovers: list[int], ok: bool) -> None:
-    outbox = cfg.run.root / "outbox"
-    results = [n for n in os.listdir(outbox) if n.endswith(".json") and not n.startswith(".")]
+def _read_results(outbox: Path) -> dict[str, dict[str, Any]]:
+    """Every result in ``outbox`` by task id (the file stem); an unreadable one as {}."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in os.listdir(outbox):
+        if name.endswith(".json") and not name.startswith("."):
+            try:
+                data = json.loads((outbox / name).read_bytes())
+            except (OSError, ValueError):
+                data = {}
+            results[name.removesuffix(".json")] = data if isinstance(data, dict) else {}
+    return results
+
+
+def _print_summary(cfg: config_mod.Config, tally: Tally, leftovers: list[int], ok: bool) -> bool:
+    """Print what the demo did; True if it all went well: ``ok``, every task answered ok
+    with its expected score, no worker left."""
+    results = _read_results(cfg.run.root / "outbox")
     inbox_left = sum(
         1 for p in (cfg.run.root / "inbox").rglob("*.json") if not p.name.startswith(".")
     )
-    expected = {f"t{n:06d}.json" for n in range(tally.submitted)}
-    lost = len(expected - set(results))
+    lost = len(set(tally.expected) - set(results))
+    answered = [(results[t], score) for t, score in tally.expected.items() if t in results]
+    errors = sum(1 for r, _ in answered if r.get("status") != "ok")
+    wrong = sum(1 for r, score in answered if r.get("status") == "ok" and r.get("score") != score)
+    ones = sum(1 for r, _ in answered if r.get("status") == "ok" and r.get("score") == 1.0)
     print()
     print("=== demo summary ===")
     print(f"tasks submitted: {tally.submitted}")
     print(f"tasks completed: {len(results)} (lost: {lost}, left in inbox: {inbox_left})")
+    print(
+        f"results: {len(answered) - errors} ok ({ones} scored 1.0), {errors} errors, {wrong} wrong"
+    )
     print(f"state transitions seen: {tally.transitions}")
     print("restarts by reason:")
     for reason, n in sorted(tally.restarts.items()):
@@ -308,7 +343,9 @@ def _print_summary(cfg: config_mod.Config, tally: Tally, leftovers: list[int], o
         print(f"fault {fault.kind} on {fault.host}: recovered in {took}")
     if leftovers:
         print(f"workers still alive after stop: {leftovers}")
-    print("result: OK" if ok and not lost and not leftovers else "result: FAILED")
+    good = ok and not lost and not errors and not wrong and not leftovers
+    print("result: OK" if good else "result: FAILED")
+    return good
 
 
 def _write_atomic(path: Path, data: object) -> None:

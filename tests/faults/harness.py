@@ -270,18 +270,23 @@ async def hold_for(seconds: float, check: Callable[[], None], every_s: float = 0
 # --- tasks: a producer and the end-to-end check ------------------------------------------
 
 
+#: The reward fn the produced tasks name: the reference worker's built-in one.
+REWARD_FN = "supervisor.demo.worker.exact_match"
+
+
 @dataclass(frozen=True, slots=True)
 class _Task:
-    """One produced task and the result it must get."""
+    """One produced task and the score its result must carry."""
 
     id: str
     shard: int
-    reward: float
+    score: float
 
 
 class Workload:
-    """Feeds ``total`` tasks into ``inbox/<shard>/`` over ``duration_s`` from a thread (temp
-    file + rename, as a trainer would), then checks every task got exactly one result."""
+    """Feeds ``total`` tasks into ``inbox/<shard>/`` over ``duration_s`` from a thread, as
+    ``FSRewardClient`` writes them (the real task record; temp file + rename), then checks
+    every task got exactly one ok result with the right score."""
 
     def __init__(
         self, root: Path, shards: int, total: int, *, duration_s: float = 2.0, seed: int = 0
@@ -292,14 +297,21 @@ class Workload:
         self.shards = shards
         self.duration_s = duration_s
         self.tasks: list[_Task] = []
-        self._bodies: list[bytes] = []
+        self._bodies: list[dict[str, Any]] = []
         for i in range(total):
             answer = str(rng.randrange(10))
-            reference = str(rng.randrange(10))
+            completion = f"The answer is {rng.randrange(10)}."
             task_id = f"t{seed}-{i:06d}"
-            self.tasks.append(_Task(task_id, i % shards, 1.0 if answer == reference else 0.0))
-            body = {"id": task_id, "answer": answer, "reference": reference}
-            self._bodies.append(json.dumps(body).encode())
+            score = 1.0 if answer in completion else 0.0
+            self.tasks.append(_Task(task_id, i % shards, score))
+            body = {
+                "schema_version": 1,
+                "task_id": task_id,
+                "reward_fn": REWARD_FN,
+                "args": ["What is the answer?", completion, [], []],
+                "kwargs": {"answer": answer},
+            }
+            self._bodies.append(body)
         self._names = frozenset(f"{t.id}.json" for t in self.tasks)
         self.written = 0
         #: The producer met a full filesystem at least once (and retried).
@@ -326,7 +338,9 @@ class Workload:
                     return
                 inbox = self.root / "inbox" / str(task.shard)
                 tmp = inbox / f".{task.id}.json.tmp"
-                while not self._write(tmp, body):
+                # Stamped when written, as the client stamps it: the worker's queue wait.
+                data = json.dumps({**body, "created_at": time.time()}).encode()
+                while not self._write(tmp, data):
                     self.full = True
                     if self._stop.wait(0.05):  # wait-ok: a trainer retries a full disk
                         return
@@ -418,12 +432,13 @@ class Workload:
             except (OSError, ValueError) as exc:
                 problems.append(f"task {task.id}: unreadable result: {exc}")
                 continue
-            if result.get("id") != task.id:
-                problems.append(f"task {task.id}: result names id {result.get('id')!r}")
-            elif result.get("error") is not None:
-                problems.append(f"task {task.id}: error result: {result['error']}")
-            elif result.get("reward") != task.reward:
-                problems.append(f"task {task.id}: reward {result.get('reward')} != {task.reward}")
+            if result.get("task_id") != task.id:
+                problems.append(f"task {task.id}: result names id {result.get('task_id')!r}")
+            elif result.get("status") != "ok":
+                status, error = result.get("status"), result.get("error")
+                problems.append(f"task {task.id}: status {status!r}: {error}")
+            elif result.get("score") != task.score:
+                problems.append(f"task {task.id}: score {result.get('score')} != {task.score}")
             elif result.get("shard") != task.shard:
                 problems.append(f"task {task.id}: served by shard {result.get('shard')}")
         extra = sorted(n for n in names if n.removesuffix(".json") not in legit)
@@ -432,10 +447,6 @@ class Workload:
         left = self.inbox_left()
         if left:
             problems.append(f"{len(left)} tasks left in the inbox, e.g. {left[:3]}")
-        for shard in range(self.shards):
-            bad = self.root / "inbox" / str(shard) / ".bad"
-            if bad.exists() and any(bad.iterdir()):
-                problems.append(f"shard {shard}: tasks quarantined in {bad}")
         return problems[:20]
 
     def assert_all_done_once(self) -> None:

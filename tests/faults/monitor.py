@@ -7,7 +7,9 @@ runs (``-m supervisor.demo.worker ... --root R --shard N`` with ``R`` under the 
 the same sample is a violation of the product's first promise, recorded with both command
 lines. It also keeps, per shard, every worker pid it ever saw and when, so a test can ask
 "was a second worker ever started while SSH was down?" of the record rather than of the
-daemon's own story. It only reads ``/proc``; ``finish()`` kills leftovers (the test fails).
+daemon's own story. A worker's child that has not exec'd yet (a pool process being spawned)
+carries its command line and is not counted. It only reads ``/proc``; ``finish()`` kills
+leftovers (the test fails).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class WorkerProcess:
     host: str | None
     state: str
     start_ticks: int
+    ppid: int = 0
 
 
 @dataclass(slots=True)
@@ -107,8 +110,8 @@ def parse_worker_argv(args: list[str]) -> tuple[str, int, str | None] | None:
     return values["--root"], shard, values.get("--host")
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start time in ticks)`` of ``pid``, or None when it is gone."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, start time in ticks, parent pid)`` of ``pid``, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -116,7 +119,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
     try:
         fields = data[data.rindex(b")") + 2 :].split()
-        return fields[0].decode("ascii"), int(fields[19])
+        return fields[0].decode("ascii"), int(fields[19]), int(fields[1])
     except (ValueError, IndexError):  # read as the process vanished: nothing usable
         return None
 
@@ -188,7 +191,7 @@ class Scanner:
                     self._skip[pid] = inode
         for pid in [p for p in self._skip if p not in present]:
             del self._skip[pid]
-        return found, cmdlines
+        return _without_unexeced_children(found), cmdlines
 
     def _look_at(self, pid: int) -> tuple[WorkerProcess | None, list[str]]:
         """``pid`` as a live worker of a watched run (or None), and its argv."""
@@ -211,7 +214,16 @@ class Scanner:
         stat = _stat(pid)
         if stat is None or is_dead_state(stat[0]):
             return None, args
-        return WorkerProcess(pid, real, shard, host, stat[0], stat[1]), args
+        return WorkerProcess(pid, real, shard, host, stat[0], stat[1], stat[2]), args
+
+
+def _without_unexeced_children(found: list[WorkerProcess]) -> list[WorkerProcess]:
+    """``found`` less the children of a worker that carry its command line because they have
+    not exec'd yet: a worker's pool processes (spawned: vfork, then exec; the worker waits in
+    state D meanwhile) and the subprocesses its reward fns run. A worker never starts another
+    worker of its own shard, so a "worker" whose parent is a worker of the same shard is one."""
+    workers = {(w.pid, w.root, w.shard) for w in found}
+    return [w for w in found if (w.ppid, w.root, w.shard) not in workers]
 
 
 #: Shells that exec a worker after forking (the old script's respawn loop does).

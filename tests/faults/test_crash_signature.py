@@ -1,6 +1,6 @@
-"""A bad deploy: every worker of 20 hosts exits 2 at start. One crash signature holds the
-fleet's restarts but for one canary; a reload with a working config brings every host up;
-kill -9 is no signature and keeps its ordinary restart."""
+"""A bad deploy: every worker of 20 hosts exits 1 at start (its module is not installed). One
+crash signature holds the fleet's restarts but for one canary; a reload with a working config
+brings every host up; kill -9 is no signature and keeps its ordinary restart."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.faults.harness import (
     wait_event,
     wall,
 )
-from tests.system.daemonproc import all_ready
+from tests.system.daemonproc import FAST_WORKER_ARGV, all_ready
 from tests.system.test_metrics import free_port, scrape
 
 pytestmark = [pytest.mark.faults, pytest.mark.system, pytest.mark.openssh]
@@ -39,8 +39,11 @@ HOLD_S = 6.0
 #: The harness's restart_cooldown_s, and how much later a log stamp may be than the core's clock.
 COOLDOWN_S = 0.5
 STAMP_SLACK_S = 0.05
-#: A reward module that is not installed: the reference worker exits 2 (EXIT_FATAL).
-BAD_REWARD_FN = "reward_v2.math_verify.reward_fn"
+#: A worker module that is not installed (a deploy that left it out of the venv): python
+#: exits 1 at once with "No module named ...". A reward fn that cannot be imported is no bad
+#: deploy of this kind: the worker (the real one as the reference one) answers every task
+#: with an error result and stays up.
+BAD_WORKER_MODULE = "supervisor.demo.worker_v2"
 
 
 def restarts_of(daemon: Any, *, after: int = 0) -> list[dict[str, Any]]:
@@ -61,23 +64,25 @@ def signatures(status: dict[str, Any]) -> list[dict[str, Any]]:
 async def test_bad_deploy_holds_restarts_on_one_signature_until_a_fixed_reload(
     fault_run: FaultRun,
 ) -> None:
-    """20 hosts whose workers all exit 2 at start: one ``fleet.crash_signature`` (exit 2 and
+    """20 hosts whose workers all exit 1 at start: one ``fleet.crash_signature`` (exit 1 and
     the worker's last log line), restarts only up to the threshold and then on the canary
-    alone, the signature shown in ``status``, ``STATUS=`` and the metrics; a reload with a
-    working reward fn releases it and every host becomes ready; then kill -9 of THRESHOLD
+    alone, the signature shown in ``status``, ``STATUS=`` and the metrics; a reload with the
+    working worker argv releases it and every host becomes ready; then kill -9 of THRESHOLD
     workers forms no signature, each is restarted once, and every task is done exactly once."""
     port = free_port()
     fleet = {"crash_signature_hosts": THRESHOLD, "crash_signature_window_s": 300.0}
     good = fault_run.raw(HOSTS, fleet=fleet, metrics={"listen": f"127.0.0.1:{port}"})
-    bad = {**good, "run": {**good["run"], "reward_fn": BAD_REWARD_FN}}
+    bad_argv = [BAD_WORKER_MODULE if a == "supervisor.demo.worker" else a for a in FAST_WORKER_ARGV]
+    assert bad_argv != FAST_WORKER_ARGV
+    bad = {**good, "worker": {**good["worker"], "argv": bad_argv}}
     fault_run.write(bad)
     daemon = await fault_run.start()
 
     found = await wait_event(daemon, "fleet.crash_signature", timeout_s=READY_S)
     signature, canary = found["signature"], found["canary"]
-    assert signature.startswith("exit 2: "), found
-    assert "worker.reward_fn_failed" in signature, found  # the worker's own last words
-    assert "reward_v2" in found["log_tail"], found
+    assert signature.startswith("exit 1: "), found
+    assert "No module named" in signature, found  # the worker's own last words
+    assert BAD_WORKER_MODULE in found["log_tail"], found
     assert len(found["hosts"]) == THRESHOLD
     assert canary in found["hosts"]
     mark = daemon.lines.index(found)
@@ -123,7 +128,7 @@ async def test_bad_deploy_holds_restarts_on_one_signature_until_a_fixed_reload(
     assert metrics["reward_supervisor_crash_signatures"] == 1
     assert metrics["reward_supervisor_restarts_held"] == HOSTS - 1
 
-    # The fix: a reload with a working reward fn releases every held host; all become ready.
+    # The fix: a reload with the working argv releases every held host; all become ready.
     fault_run.write(good)
     assert daemon.process is not None
     daemon.send_signal(signal.SIGHUP)

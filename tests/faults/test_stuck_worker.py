@@ -52,12 +52,13 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_once(
     fault_run: FaultRun, stacks: str, via: str
 ) -> None:
-    """One reward call hangs forever while heartbeats go on: once the other tasks are done
-    and nothing finishes for progress_stale_s, the host is stuck; the stacks (showing the
-    hung call) and the log tail are captured before the kill and land in the host.state
-    event and in status HOST; with the quarantine off, the replacement does the hung task,
-    exactly once. With the contract's kill_after_grace = false: a stuck worker is killed all
-    the same (kill_stuck)."""
+    """One reward call hangs forever in a pool process while heartbeats go on: once the
+    other tasks are done and nothing finishes for progress_stale_s, the host is stuck; the
+    stacks and the log tail are captured before the kill and land in the host.state event
+    and in status HOST (by the signal: the worker passes it to its pool, so the hung call
+    shows; py-spy reads the pool's processes too); the
+    replacement does the hung task (the quarantine off), exactly once. With the contract's
+    kill_after_grace = false: a stuck worker is killed all the same (kill_stuck)."""
     marker = fault_run.tmp_path / "hang.marker"
     fault = f"hang_call:task={HUNG_TASK}:marker={marker}"
     raw = fault_run.raw(
@@ -86,17 +87,21 @@ async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_on
     idle = re.fullmatch(r"stuck: no task finished in (\d+) s with 1 in flight", stale["reason"])
     assert idle is not None, stale["reason"]
     assert PROGRESS_STALE_S <= int(idle.group(1)) <= PROGRESS_STALE_S + 1
-    finished = [
-        json.loads((fault_run.root / "outbox" / name).read_text()) for name in work.results()
-    ]
-    last_before = max(r["finished_at"] for r in finished if r["pid"] == first)
+    results = {
+        name.removesuffix(".json"): json.loads((fault_run.root / "outbox" / name).read_text())
+        for name in work.results()
+    }
+    # The first worker did every task but the hung one (that call never returned).
+    last_before = max(r["finished_at"] for name, r in results.items() if name != HUNG_TASK)
     fault_run.record(f"hung call ({via}): last task done -> stuck", wall(stale) - last_before)
     fault_run.record(f"hung call ({via}): stuck -> restart", wall(restart) - wall(stale))
 
     evidence = restart.get("evidence")
     assert isinstance(evidence, dict), restart
     assert evidence["pid"] == first and evidence["via"] == via, evidence
-    assert "hung_reward_call" in evidence["stacks"]
+    # The signal reaches the pool (the worker passes it on); py-spy reads the worker's
+    # children too (--subprocesses): either way the hung call in the pool shows.
+    assert "hung_reward_call" in evidence["stacks"], evidence["stacks"]
     assert (
         '"kind": "hang_call"' in evidence["log_tail"]
     )  # the worker's own line, from before the kill
@@ -106,7 +111,9 @@ async def test_a_hung_reward_call_is_found_its_stacks_taken_and_its_task_done_on
     hung = json.loads((fault_run.root / "outbox" / f"{HUNG_TASK}.json").read_text())
     status = await daemon.status()
     replacement = pid_of(status, "worker-0")
-    assert hung["pid"] == replacement != first
+    assert replacement != first
+    assert (hung["status"], hung["worker_host"]) == ("ok", "worker-0")
+    assert hung["finished_at"] >= wall(restart)  # by the replacement: after the restart began
     assert fault_run.monitor.pids_seen(0) == [first, replacement]
 
     # status HOST, from the daemon over the socket and from the CLI with the log's lines.

@@ -1,6 +1,6 @@
 """The agent's ``evidence`` op against real processes: a reference worker whose reward call
-hangs, its stacks taken by py-spy and by the faulthandler signal, and each way of failing to
-take them said in a note rather than raised."""
+hangs in one of its pool processes, its stacks taken by py-spy and by the faulthandler
+signal, and each way of failing to take them said in a note rather than raised."""
 
 from __future__ import annotations
 
@@ -54,19 +54,34 @@ def spec_for(root: Path, python: str = sys.executable, path: str = "") -> dict[s
 
 @pytest.fixture
 def hung_worker(tmp_path: Path) -> Iterator[tuple[dict[str, Any], int]]:
-    """A reference worker with its stderr on ``ctl/HOST.log`` (as a shepherd starts it),
-    one task in its inbox whose reward call hangs; yields its spec and pid once it hangs."""
+    """A reference worker with its stderr on ``ctl/HOST.log`` (as a shepherd starts it, in
+    its own session), one task in its inbox whose reward call hangs in a pool process;
+    yields its spec and pid once it hangs."""
     root = tmp_path / "run"
     (root / "ctl").mkdir(parents=True)
     (root / "inbox" / "0").mkdir(parents=True)
-    (root / "inbox" / "0" / "t1.json").write_text(json.dumps({"id": "t1", "answer": "1"}))
+    task = {
+        "schema_version": 1,
+        "task_id": "t1",
+        "reward_fn": "supervisor.demo.worker.exact_match",
+        "args": ["q", "1", [], []],
+        "kwargs": {"answer": "1"},
+        "created_at": time.time(),
+    }
+    (root / "inbox" / "0" / "t1.json").write_text(json.dumps(task))
     log = root / "ctl" / f"{HOST}.log"
     env = {**os.environ, "REWARD_WORKER_FAULT": "hang_call:task=t1"}
     argv = [sys.executable, "-m", "supervisor.demo.worker", "--root", str(root), "--shard", "0"]
     argv += ["--host", HOST, "--concurrency", "2", "--heartbeat-interval", "0.1"]
     with log.open("ab") as out:
         worker = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=tmp_path
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=tmp_path,
+            start_new_session=True,
         )
     try:
         # The worker's own line just before the call hangs (its start line names the fault too).
@@ -76,7 +91,7 @@ def hung_worker(tmp_path: Path) -> Iterator[tuple[dict[str, Any], int]]:
         wait_for(lambda: beat_seq(root) >= seq + 2, "two more heartbeats")
         yield spec_for(root), worker.pid
     finally:
-        worker.kill()
+        os.killpg(worker.pid, signal.SIGKILL)  # its pool too
         worker.wait()
 
 
@@ -91,9 +106,9 @@ def beat_seq(root: Path) -> int:
 def test_the_signal_path_reads_the_stacks_of_the_hung_call_back_from_the_log(
     hung_worker: tuple[dict[str, Any], int],
 ) -> None:
-    """SIGUSR1 makes the reference worker write every thread's stack to its log; the agent
-    reads back just what was appended, showing the hung reward call, and the log tail from
-    before it; the worker lives on."""
+    """SIGUSR1 makes the reference worker write every thread's stack to its log and pass
+    the signal on to its pool; the agent reads back just what was appended, showing the
+    reward call hung in the pool, and the log tail from before it; the worker lives on."""
     spec, pid = hung_worker
     reply = op_evidence(EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S, stacks="signal"))
     assert reply.via == "faulthandler", reply.notes
@@ -104,20 +119,32 @@ def test_the_signal_path_reads_the_stacks_of_the_hung_call_back_from_the_log(
     assert agent.proc_stat(pid) is not None and not agent.is_dead(agent.proc_stat(pid))
 
 
-def test_py_spy_beside_the_worker_s_python_is_preferred_and_shows_the_hung_call(
+def test_py_spy_beside_the_worker_s_python_is_preferred(
     hung_worker: tuple[dict[str, Any], int],
 ) -> None:
-    """In "auto", py-spy found beside the worker's interpreter takes the stacks (as root it
-    can attach here); no signal is sent, so nothing is appended to the log."""
+    """In "auto", py-spy found beside the worker's interpreter takes the stacks of the
+    worker's process (as root it can attach here): its heartbeat thread among them; no
+    signal is sent, so nothing is appended to the log."""
     spec, pid = hung_worker
     assert PY_SPY.exists(), "py-spy is a test extra (pyproject.toml): ./dev setup installs it"
     log = Path(spec["log"])
     before = log.stat().st_size
     reply = op_evidence(EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S, stacks="auto"))
     assert reply.via == "py-spy", reply.notes
-    assert reply.stacks is not None and "hung_reward_call" in reply.stacks
-    assert f"Process {pid}" in reply.stacks
+    assert reply.stacks is not None and f"Process {pid}" in reply.stacks
+    assert "_Worker._heartbeat_loop" in reply.stacks
     assert log.stat().st_size == before
+
+
+def test_py_spy_shows_the_hung_call_in_the_worker_s_pool(
+    hung_worker: tuple[dict[str, Any], int],
+) -> None:
+    """py-spy's stacks show the reward call hung in a pool process of the worker, as the
+    signal's do."""
+    spec, pid = hung_worker
+    reply = op_evidence(EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S, stacks="py-spy"))
+    assert reply.via == "py-spy", reply.notes
+    assert reply.stacks is not None and "hung_reward_call" in reply.stacks
 
 
 def test_a_stopped_worker_s_stacks_are_read_by_py_spy_as_they_are(
@@ -130,7 +157,7 @@ def test_a_stopped_worker_s_stacks_are_read_by_py_spy_as_they_are(
     wait_for(lambda: (agent.proc_stat(pid) or ("?",))[0] in ("T", "t"), "the worker to stop")
     reply = op_evidence(EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S))
     assert reply.via == "py-spy", reply.notes
-    assert reply.stacks is not None and "hung_reward_call" in reply.stacks
+    assert reply.stacks is not None and "_Worker._heartbeat_loop" in reply.stacks
     assert (agent.proc_stat(pid) or ("?",))[0] in ("T", "t")
     signal_only = op_evidence(
         EvidenceRequest(spec=spec, pid=pid, timeout_s=EVIDENCE_S, stacks="signal")

@@ -116,6 +116,7 @@ def test_the_last_exit_and_evidence_are_shown_in_full_and_escaped(tmp_path: Path
         "what": "exited with code 3",
         "exit_code": 3,
         "signal": None,
+        "reaped": None,
         "age_s": 15.0,
         "log_tail": None,
     }
@@ -124,7 +125,7 @@ def test_the_last_exit_and_evidence_are_shown_in_full_and_escaped(tmp_path: Path
     assert detail["restart"]["in_window"] == 1 and detail["restart"]["total"] == 2
     detail["log"] = {"path": "/r/ctl/worker-0.log", "lines": ["one", "two\x07"], "error": None}
     text = view.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
-    assert "last exit: pid 6 exited with code 3, 15.0s ago" in text
+    assert "last exit: pid 6 exited with code 3, 15.0s ago\n" in text  # nothing said reaped
     assert "      Thread 0x1 (most recent call first):" in text
     assert "in hung\\x1b[2J" in text and "\x1b" not in text and "\x07" not in text
     assert "note: py-spy: not found" in text
@@ -164,7 +165,7 @@ def test_without_a_daemon_status_host_reads_progress_and_the_exit_record(
     status = {"ready": True, "pid": 9, "heartbeat_at": now - 1, "processed": 12, "in_flight": 2}
     (root / "status" / "worker-0.json").write_text(json.dumps(status))
     os.utime(root / "status" / "worker-0.json", (now - 1, now - 1))
-    record = {"pid": 8, "exit_code": None, "signal": 9, "exited_at": now - 30}
+    record = {"pid": 8, "exit_code": None, "signal": 9, "exited_at": now - 30, "reaped": 1}
     (root / "ctl" / "worker-0.exit.json").write_text(json.dumps(record))
     detail = view.offline_host_detail(cfg, "worker-0", now_wall=now)
     assert detail["daemon"]["running"] is False and detail["verdict"] == "ok"
@@ -173,5 +174,33 @@ def test_without_a_daemon_status_host_reads_progress_and_the_exit_record(
     assert detail["last_exit"]["age_s"] == 30.0 and detail["evidence"] is None
     text = view.render_host(detail)
     assert "verdict ok" in text and "last exit: pid 8 killed by signal 9 (SIGKILL)" in text
+    assert "30.0s ago; 1 process of its session reaped" in text
     with pytest.raises(KeyError):
         view.offline_host_detail(cfg, "worker-9")
+
+
+@pytest.mark.parametrize(
+    ("reaped", "said"),
+    [
+        (49, "; 49 processes of its session reaped"),
+        (1, "; 1 process of its session reaped"),
+        (0, "; 0 processes of its session reaped"),
+    ],
+)
+def test_the_last_exit_says_how_many_processes_of_its_session_were_reaped(
+    tmp_path: Path, reaped: int, said: str
+) -> None:
+    """The count the sweeps reported rides the last exit, in the JSON and in the text."""
+    cfg = a_config(tmp_path)
+    host = replace(
+        ready_host(0, 0),
+        last_exit="killed by signal 9 (SIGKILL)",
+        last_exit_at=16.9,
+        last_exit_pid=4711,
+        last_exit_signal=9,
+        last_exit_reaped=reaped,
+    )
+    detail = view.host_detail(host, cfg.hosts[0], 20.0, POLICY)
+    assert detail["last_exit"]["reaped"] == reaped
+    text = view.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
+    assert f"last exit: pid 4711 killed by signal 9 (SIGKILL), 3.1s ago{said}\n" in text

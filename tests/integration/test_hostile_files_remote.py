@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from supervisor import agent as agent_module
+from supervisor import remote
 from supervisor.config import Config
 from supervisor.errors import RemoteError
 from supervisor.layout import LaunchSpec, launch_spec
@@ -34,6 +36,7 @@ from tests.integration.test_hostile_files import (
     plant_symlink,
     swap_for_symlink,
 )
+from tests.integration.test_launcher import make_spec
 from tests.integration.test_remote import Reaper, maintained, make_config, read_json, wait_until
 from tests.sshd import OpenSsh
 
@@ -253,7 +256,30 @@ async def test_a_ctl_swapped_for_a_symlink_is_refused_and_nothing_lands_outside(
     ctl = Path(spec.lock).parent
     swap_for_symlink(ctl, outside)
     error = await refused_launch(config)
-    assert f"{ctl} is a symbolic link, not a directory" in error
+    assert f"{ctl}: not a directory (a symbolic link)" in error
+    assert list(outside.iterdir()) == []
+
+
+def test_a_record_directory_swapped_for_a_symlink_kills_the_unrecorded_worker(
+    tmp_path: Path,
+) -> None:
+    """The pidfile's directory is a symlink when the shepherd records the worker it started:
+    the write is refused, the worker is killed rather than left running unrecorded beside
+    the next launch, and nothing lands where the symlink points."""
+    root = tmp_path / "run"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    spec = make_spec(root)
+    (root / "records").symlink_to(outside)
+    spec["pidfile"] = str(root / "records" / "worker-0.pid")
+    with pytest.raises(agent_module.OpError, match="cannot record the worker's pid"):
+        agent_module._start(spec, "test")
+    said = re.search(
+        r"cannot record worker pid (\d+): (.*); killed it", Path(spec["log"]).read_text()
+    )
+    assert said is not None
+    assert said.group(2) == f"{root / 'records'}: not a directory (a symbolic link)"
+    assert agent_module.is_dead(agent_module.proc_stat(int(said.group(1))))
     assert list(outside.iterdir()) == []
 
 
@@ -357,15 +383,14 @@ def test_agent_as_nobody_refuses_links_to_files_nobody_owns(nobody_root: Path) -
     os.link(victims[1].path, ctl / "shard-0.lock")
     replies += run_agent_as_nobody([{"id": 2, "op": "launch", "spec": spec}])
     assert [r["ok"] for r in replies] == [False, False], replies
-    assert f"{ctl / 'h.log'} is a symbolic link" in replies[0]["error"]
-    assert f"{ctl / 'shard-0.lock'} is hard-linked" in replies[1]["error"]
+    assert replies[0]["error"] == f"{ctl / 'h.log'}: a symbolic link (not followed)"
+    assert replies[1]["error"] == f"{ctl / 'shard-0.lock'}: hard-linked (2 links)"
     for victim in victims:
         victim.assert_unchanged()
 
 
 def run_agent_as_nobody(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Serve ``requests`` with an agent running as user nobody; its replies (not the hello)."""
-    source = Path(agent_module.__file__).read_text(encoding="utf-8")
     with subprocess.Popen(
         [
             "setpriv",
@@ -377,7 +402,7 @@ def run_agent_as_nobody(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "utf8",
             "-u",
             "-c",
-            source,
+            remote.agent_program(),
             "agent",
         ],
         stdin=subprocess.PIPE,

@@ -28,13 +28,13 @@ from typing import IO, Any
 import pytest
 
 from supervisor import agent as agent_module
-from supervisor.measured import remote_program
+from supervisor import remote
 from tests import pythons
 from tests.sshd import children
 
-AGENT_SOURCE = Path(agent_module.__file__).read_text(encoding="utf-8")
-#: What the daemon sends: the source, measured when ./dev test measures coverage.
-AGENT_PROGRAM = remote_program(AGENT_SOURCE, Path(agent_module.__file__))
+#: What the daemon sends: the agent and safefiles packed, measured when ./dev test measures
+#: coverage.
+AGENT_PROGRAM = remote.agent_program()
 #: Polling interval of the waits below; every wait has a deadline.
 POLL_S = 0.01
 #: Generous: a loaded 2-core box starts python and forks in well under this.
@@ -676,9 +676,9 @@ def test_agent_as_nobody_launches_through_its_launcher(cleanup: Cleanup) -> None
 
 @pytest.fixture
 def in_process() -> Iterator[None]:
-    """``agent.answer`` usable in this process (its source set, as ``bench/fleetsim.py``
+    """``agent.answer`` usable in this process (its program set, as ``bench/fleetsim.py``
     does); any launcher it starts is killed at the end."""
-    agent_module._SOURCE[:] = [AGENT_SOURCE]
+    agent_module._SOURCE[:] = [AGENT_PROGRAM]
     try:
         yield
     finally:
@@ -872,14 +872,19 @@ def test_the_watch_keeps_at_most_its_limit_dropping_the_oldest(tmp_path: Path) -
 
 
 #: Run by each host Python: watch ``n`` sleeps, kill them in reverse order, print each
-#: pushed exit line as it comes, then the pids still watched. ``agent.py`` is loaded from
-#: its file as the daemon sends it (a host has no ``supervisor`` package).
+#: pushed exit line as it comes, then the pids still watched. ``agent.py`` and
+#: ``safefiles.py`` are loaded from their files as the daemon sends them (a host has no
+#: ``supervisor`` package).
 _WATCH_MANY = """
 import importlib.util, json, os, signal, subprocess, sys, threading, time
-spec = importlib.util.spec_from_file_location("agent", sys.argv[1])
-agent = importlib.util.module_from_spec(spec)
-sys.modules["agent"] = agent  # as the daemon's ``-c`` program runs it: a module of its own
-spec.loader.exec_module(agent)
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as the daemon's ``-c`` program runs it: a module of its own
+    spec.loader.exec_module(module)
+    return module
+load(sys.argv[3], sys.argv[4])
+agent = load("agent", sys.argv[1])
 n = int(sys.argv[2])
 lines, lock = [], threading.Lock()
 def send(line):
@@ -909,8 +914,9 @@ def test_the_watch_pushes_each_of_many_exits_once_on_every_host_python(python: s
     """On every host Python (pidfds from 3.9, /proc looks before), each of many watched
     workers' exits is pushed once, in the order they died, and leaves the watch empty."""
     agent_path = Path(agent_module.__file__)
+    [(module, module_path)] = remote.AGENT_MODULES
     done = subprocess.run(
-        [python, "-c", _WATCH_MANY, str(agent_path), "8"],
+        [python, "-c", _WATCH_MANY, str(agent_path), "8", module, str(module_path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,6 +19,7 @@ import coverage
 import pytest
 
 from supervisor import measured
+from supervisor.remote import AGENT_MODULES
 from tests import pythons
 
 DEADLINE_S = 60.0
@@ -138,11 +139,11 @@ def test_outside_the_test_suite_the_source_is_sent_unchanged(
 def test_the_wrapper_parses_as_the_oldest_host_python(
     monkeypatch: pytest.MonkeyPatch, program_dir: Path
 ) -> None:
-    """The measured agent must start on every host python the agent itself supports, and
-    stays far below Linux's 128 KiB limit on one argv string."""
+    """The measured agent (with the safefiles sent with it) must start on every host python
+    the agent itself supports, and stays far below Linux's 128 KiB limit on one argv string."""
     measured_env(monkeypatch, program_dir)
     agent = Path(measured.__file__).with_name("agent.py")
-    program = measured.remote_program(agent.read_text(encoding="utf-8"), agent)
+    program = measured.remote_program(agent.read_text(encoding="utf-8"), agent, AGENT_MODULES)
     major, minor = (int(n) for n in pythons.OLDEST_HOST.split("."))
     ast.parse(program, feature_version=(major, minor))
     assert len(program.encode()) < 100_000
@@ -168,6 +169,39 @@ def test_the_wrapper_runs_the_source_measured_under_its_own_path(
     assert {line_of('return "positive"'), line_of("print(sys.argv")} <= lines
     # Only the forked child took this branch, and it ended with os._exit.
     assert line_of('return "not positive"') in lines
+
+
+# A module sent with the program, which it imports by the name it is registered under.
+MODULE = """\
+def twice(n):
+    return 2 * n
+"""
+# No file of that name is on the path (the host runs it from /): only sys.modules has it.
+USES_MODULE = """\
+import _hostmod
+
+print(_hostmod.twice(21), _hostmod.__name__, _hostmod.__file__)
+"""
+
+
+def test_the_wrapper_runs_modules_sent_with_the_source_measured_under_their_own_paths(
+    monkeypatch: pytest.MonkeyPatch, program_dir: Path
+) -> None:
+    """A module sent with the source is run first, as a module registered under its name
+    (which the source imports), compiled under its own real path: coverage.py measures it
+    there."""
+    path = program_dir / "usesmod.py"
+    path.write_text(USES_MODULE, encoding="utf-8")
+    module = program_dir / "hostmod.py"
+    module.write_text(MODULE, encoding="utf-8")
+    measured_env(monkeypatch, program_dir)
+    program = measured.remote_program(USES_MODULE, path, [("_hostmod", module)])
+    done = run_on_host([sys.executable, "-X", "utf8", "-c", program])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"42 _hostmod {module}\n"
+    assert done.stderr == ""
+    assert 2 in lines_measured(program_dir, module)  # return 2 * n
+    assert 3 in lines_measured(program_dir, path)  # print(...)
 
 
 @pytest.mark.skipif(

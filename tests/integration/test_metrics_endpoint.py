@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -14,21 +14,24 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from supervisor.metrics import Endpoint, Metrics, snapshot_on_loop
+from supervisor.metrics import Endpoint, Metrics, Reply, snapshot_on_loop
 
 WAIT_S = 10.0
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
 
 
-def render(accept: str, accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
-    """A fixed exposition naming the request's Accept header."""
-    return f"up 1\n# accept {accept}\n".encode(), [("Content-Type", "text/plain")]
+def handle(path: str, fields: Mapping[str, str]) -> Reply:
+    """A fixed exposition at /metrics naming the request's Accept header; 404 elsewhere."""
+    if path != "/metrics":
+        return "404 Not Found", [("Content-Type", "text/plain")], b"not here\n"
+    body = f"up 1\n# accept {fields.get('accept', '')}\n".encode()
+    return "200 OK", [("Content-Type", "text/plain")], body
 
 
 @contextlib.contextmanager
 def endpoint(**options: Any) -> Iterator[Endpoint]:
     """A started endpoint on a free loopback port, stopped at the end."""
-    server = Endpoint(render, "127.0.0.1", 0, **options)
+    server = Endpoint(handle, "127.0.0.1", 0, **options)
     server.start()
     try:
         yield server
@@ -104,13 +107,15 @@ async def test_an_oversized_request_gets_431() -> None:
         (b"POST /metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 405 Method Not Allowed"),
         (b"GET /other HTTP/1.1\r\n\r\n", "HTTP/1.1 404 Not Found"),
         (b"GET /metrics?name[]=up HTTP/1.0\r\n\r\n", "HTTP/1.1 200 OK"),
-        (b"GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 200 OK"),
+        (b"HEAD /other HTTP/1.1\r\n\r\n", "HTTP/1.1 404 Not Found"),
+        (b"PUT / HTTP/1.1\r\n\r\n", "HTTP/1.1 405 Method Not Allowed"),
         (b"GET /metrics\r\n\r\n", "HTTP/1.1 400 Bad Request"),
         (b"\x00\xff\r\n\r\n", "HTTP/1.1 400 Bad Request"),
     ],
 )
 async def test_requests_get_the_status_they_deserve(request_: bytes, status: str) -> None:
-    """Only GET and HEAD of /metrics (or /) render; anything else gets its 4xx."""
+    """Only GET and HEAD reach the routes (which answer 200 or 404); anything else gets its
+    4xx from the endpoint itself."""
     with endpoint() as server:
         assert (await fetch(server.port, request_))[0] == status
 
@@ -214,3 +219,24 @@ def test_role_and_epoch_gauges_and_a_standby_exports_no_host_series() -> None:
     assert "reward_supervisor_epoch 7.0" in standby
     assert "reward_supervisor_up 1.0" in standby
     assert "worker-0" not in standby
+
+
+async def test_making_the_metrics_on_the_loop_takes_no_snapshot() -> None:
+    """The daemon makes its Metrics on its loop's thread: registering the snapshot collector
+    must not ask that loop for a snapshot (it would wait for itself until the deadline and
+    log a failed snapshot); the first scrape, from the endpoint's thread, builds it."""
+    loop = asyncio.get_running_loop()
+    builds: list[int] = []
+
+    def build() -> dict[str, Any]:
+        """Count the build."""
+        builds.append(1)
+        return {"hosts": {}, "daemon": {}}
+
+    with capture_logs() as logs:
+        metrics = Metrics(snapshot_on_loop(loop, build))
+    assert builds == []
+    assert [e for e in logs if e["event"] == "metrics.snapshot_failed"] == []
+    body, _ = await asyncio.to_thread(metrics.render, "text/plain", "")
+    assert b"reward_supervisor_up 1.0" in body
+    assert builds == [1]

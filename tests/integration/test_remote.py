@@ -39,6 +39,7 @@ from supervisor.remote import (
     Started,
 )
 from tests import ports, pythons
+from tests.family_worker import alive, families
 from tests.sshd import OpenSsh
 
 pytestmark = pytest.mark.openssh
@@ -48,6 +49,8 @@ POLL_S = 0.02
 #: Generous: a loaded 2-core CI box starts a python worker in well under this.
 DEADLINE_S = 30.0
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+#: A worker stand-in with two children and a grandchild in a group of its own.
+FAMILY_WORKER = Path(__file__).parents[1] / "family_worker.py"
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -621,6 +624,36 @@ async def test_sigterm_ignoring_worker_survives_without_kill_and_dies_with_it(
         assert record["signal"] == signal.SIGKILL
 
 
+async def test_terminate_with_no_grace_kills_and_counts_the_worker_s_whole_session(
+    openssh: OpenSsh, run_root: Path, tmp_path: Path, reaper: Reaper
+) -> None:
+    """Over SSH, terminate with grace 0 and kill: no SIGTERM, the worker's group SIGKILLed
+    and the grandchild in a group of its own swept; it returns the three killed, once none
+    lives, and the agent's push of the exit counts what its own sweep killed."""
+    record = tmp_path / "families.jsonl"
+    argv = ["{python}", str(FAMILY_WORKER), str(record), "--term-file", str(tmp_path / "term")]
+    config = make_config(openssh, run_root, worker={"argv": argv})
+    family: list[list[int]] = []
+    try:
+        async with maintained(config) as h:
+            started = reaper.add(await h.remote.launch(h.spec))
+            await wait_until(lambda: families(record), "the family recorded")
+            [line] = families(record)
+            family = line["family"]
+            assert line["worker"] == started.pid and len(family) == 3
+            reaped = await h.remote.terminate(h.spec, started.pid, grace_s=0, kill=True)
+            assert reaped == 3
+            assert [m for m in family if alive(m)] == []
+            assert not (tmp_path / "term").exists(), "the worker got a SIGTERM"
+            await wait_until(lambda: h.exits, "the pushed exit")
+            [news] = h.exits
+            assert news.pid == started.pid and news.reaped is not None and news.reaped <= 3
+    finally:
+        for member in family:
+            if alive(member):
+                os.kill(member[0], signal.SIGKILL)
+
+
 async def test_log_is_rotated_before_launch(
     openssh: OpenSsh, run_root: Path, reaper: Reaper
 ) -> None:
@@ -796,14 +829,18 @@ async def test_agent_death_fails_in_flight_requests_and_agent_restarts(
 
 
 def test_agent_source_is_old_host_python_syntax_and_fits_one_argument() -> None:
-    """agent.py parses as the oldest host Python the README promises, and is far below
-    Linux's 128 KiB limit on one argv string."""
+    """agent.py and the modules sent with it (safefiles.py) parse as the oldest host Python
+    the README promises, and what is sent of them (compressed) stays at most half of Linux's
+    128 KiB limit on one argv string."""
     import ast
 
-    source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
+    supervisor = Path(__file__).parents[2] / "supervisor"
+    assert [path for _, path in remote.AGENT_MODULES] == [supervisor / "safefiles.py"]
     major, minor = (int(n) for n in pythons.OLDEST_HOST.split("."))
-    ast.parse(source, feature_version=(major, minor))
-    assert len(source.encode()) < 100_000
+    for path in (supervisor / "agent.py", supervisor / "safefiles.py"):
+        ast.parse(path.read_text(), filename=str(path), feature_version=(major, minor))
+    program = remote.packed_program(remote.agent_source(), remote.agent_modules())
+    assert len(program.encode()) <= remote.MAX_ARG_STRLEN // 2
 
 
 @pytest.mark.optional_env  # Debian ships no such old Python; pyenv builds of them may be here
@@ -855,7 +892,6 @@ def test_agent_running_as_another_user_says_it_may_not_signal(
         Path(spec["launch_record"]).write_text(
             json.dumps({"pid": stranger.pid, "start_time": stat[1], "boot_id": boot_id()})
         )
-        source = Path(__file__).parents[2].joinpath("supervisor", "agent.py").read_text()
         requests = [
             {"id": 1, "op": "probe", "spec": spec, "pid": stranger.pid},
             {
@@ -879,7 +915,7 @@ def test_agent_running_as_another_user_says_it_may_not_signal(
                 "utf8",
                 "-u",
                 "-c",
-                source,
+                remote.agent_program(),
                 "agent",
             ],
             stdin=subprocess.PIPE,
@@ -1054,7 +1090,10 @@ async def test_a_flood_of_empty_lines_never_holds_up_the_event_loop(
                 ticker.cancel()
             assert h.remote.connected
     assert gaps
-    assert max(gaps) < 0.5, f"the loop worked {max(gaps):.2f}s of CPU without a turn"
+    # The readline reader this replaced worked 1.6-1.7 s without a turn; ours well under
+    # 0.1 s alone. Under coverage, with two other interpreters' suites on the same two cores,
+    # CPU time itself stretches (0.6 s seen once), hence the margin.
+    assert max(gaps) < 0.9, f"the loop worked {max(gaps):.2f}s of CPU without a turn"
 
 
 async def test_noise_log_reports_what_it_dropped_once_per_interval() -> None:

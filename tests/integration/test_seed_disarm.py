@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import agent
+from supervisor import agent, safefiles
 
 DEADLINE_S = 30.0
 POLL_S = 0.01
@@ -189,7 +189,10 @@ def test_a_loop_respawning_as_fast_as_it_can_is_still_stopped(
     done = disarm(loop)
     assert done["wrappers"], done
     assert loop.loops() == []
-    stays_true(lambda: loop.workers() == [], "no worker started after the disarm")
+    # A worker the loop started just before it was frozen may still be ending (its sleep of
+    # 0 s, on a loaded machine): only a worker that was not there at the end counts.
+    there = set(loop.workers())
+    stays_true(lambda: set(loop.workers()) <= there, "no worker started after the disarm")
 
 
 def test_a_relative_path_two_loops_and_an_unrecorded_worker(
@@ -243,7 +246,7 @@ def stays_true(predicate: Callable[[], bool], what: str) -> None:
 
 def _pidfile(loop: Loop) -> int | None:
     """The pid the loop recorded."""
-    return agent.read_pidfile(str(loop.pidfile))
+    return safefiles.read_pid(loop.pidfile)
 
 
 def _pids() -> list[int]:

@@ -12,13 +12,8 @@ from typing import Any
 import pytest
 
 from supervisor.config import parse
-from supervisor.remote import (
-    DEFAULT_ALGS,
-    ENCRYPTION_ALGS,
-    RemoteHost,
-    connect_options,
-    is_weak_algorithm,
-)
+from supervisor.remote import RemoteHost, connect_options
+from supervisor.sshalgs import DEFAULT_ALGS, ENCRYPTION_ALGS, is_weak_algorithm
 from tests.sshd import OpenSsh
 
 pytestmark = pytest.mark.openssh

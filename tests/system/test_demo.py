@@ -12,7 +12,8 @@ pytestmark = pytest.mark.system
 
 
 def test_demo_runs_to_completion_with_zero_lost_tasks() -> None:
-    """``reward-supervisor demo`` exits 0, reports every task done and both faults healed."""
+    """``reward-supervisor demo`` exits 0, reports every task done (ok, rightly scored) and
+    both faults healed."""
     result = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "demo", "--duration", "8"],
         capture_output=True,
@@ -30,6 +31,11 @@ def test_demo_runs_to_completion_with_zero_lost_tasks() -> None:
     assert int(completed.group(1)) == submitted > 0
     assert completed.group(2) == "0"
     assert completed.group(3) == "0"
+    # Every result the real record, ok, with the score the task's answer calls for.
+    scored = re.search(r"results: (\d+) ok \((\d+) scored 1\.0\), (\d+) errors, (\d+) wrong", out)
+    assert scored is not None, out
+    assert int(scored.group(1)) == submitted and int(scored.group(2)) > 0
+    assert (scored.group(3), scored.group(4)) == ("0", "0")
     assert re.search(r"fault kill -9 on demo-\d: recovered in [\d.]+s", out), out
     assert re.search(r"fault hang \(SIGSTOP\) on demo-\d: recovered in [\d.]+s", out), out
     assert "result: OK" in out

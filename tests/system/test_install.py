@@ -133,13 +133,17 @@ def test_alone_in_its_venv_the_command_runs(venv: Venv, wheels: Wheels) -> None:
     assert "--shard" in worker.stdout
 
 
-def test_the_alert_rules_are_installed_with_the_package(venv: Venv, wheels: Wheels) -> None:
-    """The wheel carries ``supervisor/alerts.yml``; the installed command prints it as is."""
+def test_the_alert_rules_and_the_dashboard_are_installed_with_the_package(
+    venv: Venv, wheels: Wheels
+) -> None:
+    """The wheel carries ``supervisor/alerts.yml`` and ``supervisor/dashboard.json``; the
+    installed commands print them as they are."""
     venv.install(wheels.ours)
-    assert (venv.site_packages / "supervisor" / "alerts.yml").is_file()
-    result = venv.command("alert-rules", env=clean_env())
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == (REPO / "supervisor" / "alerts.yml").read_text(encoding="utf-8")
+    for command, name in (("alert-rules", "alerts.yml"), ("dashboard", "dashboard.json")):
+        assert (venv.site_packages / "supervisor" / name).is_file()
+        result = venv.command(command, env=clean_env())
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == (REPO / "supervisor" / name).read_text(encoding="utf-8")
 
 
 def test_supervisord_installed_into_the_same_venv_is_refused(venv: Venv, wheels: Wheels) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import control
-from tests import ports
+from supervisor import cli, control
+from tests import ports, promql
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
     FAST_HEALTH,
@@ -225,3 +226,33 @@ async def test_200_half_open_connections_leave_scrapes_and_the_fleet_alone(
         h: r["pid"] for h, r in before["hosts"].items()
     }
     assert [line for line in proc.lines[mark:] if line.get("event") == "host.state"] == []
+
+
+async def test_the_dashboard_reads_only_what_the_live_daemon_serves(
+    daemon: tuple[DaemonProcess, int],
+) -> None:
+    """After a restart and a reload, every metric the shipped Grafana dashboard reads is one
+    the running daemon declares, and every label it matches on a metric with samples is one
+    those samples carry (or a scrape's job and instance)."""
+    proc, port = daemon
+    status = await proc.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    os.kill(status["hosts"]["worker-0"]["pid"], signal.SIGKILL)
+    await proc.wait_status(
+        lambda s: all_ready(s, 2) and s["hosts"]["worker-0"]["restarts"] == 1, 60, "restarted"
+    )
+    await control.request(proc.socket, "reload")
+
+    def exposition() -> str:
+        """One scrape's text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            return str(reply.read().decode())
+
+    text = await asyncio.to_thread(exposition)
+    names, samples = promql.declared(text), promql.served(text)
+    dashboard = json.loads(cli.dashboard_text())
+    for query in promql.dashboard_queries(dashboard):
+        reads = promql.used(promql.without_variables(query.expr))
+        assert reads.metrics <= names | promql.PROMETHEUS_SERIES, (query.where, reads.metrics)
+        for name, labels in reads.selector_labels.items():
+            if name in samples:
+                assert labels <= samples[name] | promql.SCRAPE_LABELS, (query.where, labels)

@@ -226,6 +226,8 @@ def test_a_pushed_exit_reads_back_as_written() -> None:
         protocol.WorkerExit(pid=7, exit_code=3),
         protocol.WorkerExit(pid=7),
         protocol.WorkerExit(pid=7, exit_code=2, log_tail="Traceback ...\nImportError: x\n"),
+        protocol.WorkerExit(pid=7, signal=9, reaped=49),
+        protocol.WorkerExit(pid=7, signal=9, reaped=0),
     ):
         assert parse_push(protocol.push_line(news)) == news
 
@@ -256,6 +258,11 @@ def test_a_pushed_log_tail_is_bounded_and_safe_to_encode() -> None:
         {"pid": 7, "signal": 999},
         {"pid": 7, "exited_at": 1e999},
         {"pid": 7, "start_time": -1},
+        {"pid": 7, "reaped": -1},
+        {"pid": 7, "reaped": protocol.PID_MAX + 1},
+        {"pid": 7, "reaped": 1e3},
+        {"pid": 7, "reaped": "49"},
+        {"pid": 7, "reaped": True},
         {},
         [7],
         "7",
@@ -277,7 +284,9 @@ def test_a_malformed_push_is_named_never_raised(body: object) -> None:
             lambda children: (
                 st.lists(children, max_size=4)
                 | st.dictionaries(
-                    st.sampled_from(["pid", "exit_code", "signal", "start_time", "exited_at", "x"]),
+                    st.sampled_from(
+                        ["pid", "exit_code", "signal", "start_time", "exited_at", "reaped", "x"]
+                    ),
                     children,
                     max_size=6,
                 )
@@ -373,3 +382,25 @@ def test_any_evidence_result_reads_or_is_a_protocol_error(result: dict[str, obje
     assert len(evidence.stacks or "") <= protocol.STACKS_MAX
     assert len(evidence.notes) <= protocol.NOTES_MAX
     assert all(isinstance(note, str) for note in evidence.notes)
+
+
+@pytest.mark.parametrize("reaped", [-1, protocol.PID_MAX + 1, True, "3", 3.0, [3]])
+def test_a_terminate_reply_s_reaped_count_out_of_range_is_a_protocol_error(
+    reaped: object,
+) -> None:
+    """A terminate's count of processes reaped is an int from 0 to PID_MAX or null; anything
+    else is a protocol error, never trusted."""
+    with pytest.raises(protocol.ProtocolError, match="reaped"):
+        protocol.read_reply(
+            {"ok": True, "result": {"outcome": "killed", "reaped": reaped}},
+            protocol.TerminateReply,
+        )
+
+
+def test_a_terminate_reply_reads_with_or_without_its_reaped_count() -> None:
+    """A count, null, or none at all (an agent from before sweeps): all read."""
+    for result, reaped in (({"reaped": 49}, 49), ({"reaped": None}, None), ({}, None)):
+        reply = protocol.read_reply(
+            {"ok": True, "result": {"outcome": "killed", **result}}, protocol.TerminateReply
+        )
+        assert reply == protocol.TerminateReply(outcome="killed", reaped=reaped)

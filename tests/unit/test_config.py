@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -551,3 +554,122 @@ def test_open_file_limit_warning_names_what_the_fleet_needs() -> None:
     assert event == "daemon.open_file_limit_low"
     assert (fields["limit"], fields["needed"], fields["hosts"]) == (needed - 1, needed, 10)
     assert "LimitNOFILE" in fields["advice"]
+
+
+def test_the_daemon_shutdown_bound_and_the_stop_wait_come_from_stop_grace() -> None:
+    """The fleet gives up on stopping hosts 15 s past stop_grace_s, and ``stop`` waits for
+    the daemon's exit 15 s past that."""
+    c = config.parse(minimal(health={"stop_grace_s": 40}), Path("/etc/x.toml"))
+    assert c.fleet.shutdown_timeout_s == config.shutdown_timeout_s(40) == 55
+    assert config.exit_wait_s(40) == 70
+
+
+#: The field types a kind of key may fill (a choice fills a ``str`` or a ``Literal`` of its
+#: choices, checked apart).
+KIND_TYPES: dict[str, set[object]] = {
+    "seconds": {float},
+    "count": {int},
+    "integer": {int},
+    "rate": {float},
+    "fraction": {float},
+    "flag": {bool},
+    "text": {str, str | None},
+    "choice": {str},
+    "path": {Path, Path | None},
+    "strings": {tuple[str, ...], tuple[str, ...] | None},
+    "paths": {tuple[Path, ...]},
+    "algorithms": {tuple[str, ...] | None},
+    "exit_codes": {frozenset[int]},
+    "env": {Mapping[str, str]},
+}
+
+
+def schema_mismatches(name: str, section: config.Section) -> list[str]:
+    """How a table of the schema and its dataclass disagree: a field that is neither a key
+    nor filled by the validator, a key that is no field, or a key whose kind cannot fill
+    its field's type."""
+    hints = typing.get_type_hints(section.result)
+    fields = {f.name for f in dataclasses.fields(section.result)}
+    out = [
+        f"{name}.{f}: a field with no key" for f in fields - set(section.keys) - section.not_keys
+    ]
+    out += [f"{name}.{k}: a key with no field" for k in set(section.keys) - fields]
+    out += [f"{name}.{k}: a key and not a key" for k in set(section.keys) & section.not_keys]
+    for key_name, key in section.keys.items():
+        hint = hints.get(key_name)
+        if typing.get_origin(hint) is typing.Literal:
+            if key.kind != "choice" or typing.get_args(hint) != key.choices:
+                out.append(f"{name}.{key_name}: {hint} but {key.kind} {key.choices}")
+        elif key_name in hints and hint not in KIND_TYPES[key.kind]:
+            out.append(f"{name}.{key_name}: {hint} cannot hold a {key.kind}")
+    return out
+
+
+def test_the_schema_and_the_dataclasses_name_the_same_keys_with_fitting_kinds() -> None:
+    """Every field of a table's dataclass is a key of the schema (or one the validator fills
+    from elsewhere), every key is a field, and each key's kind fits its field's type."""
+    assert [m for name, s in config.SCHEMA.items() for m in schema_mismatches(name, s)] == []
+
+
+def test_a_field_missing_from_the_schema_or_a_key_without_a_field_is_a_mismatch() -> None:
+    """The schema check finds a dataclass field with no key, a key with no field, and a kind
+    that does not fit its field."""
+    ha = config.SCHEMA["ha"]
+    keys = dict(ha.keys)
+    del keys["standby"]
+    keys["standbye"] = config.Key("flag")
+    keys["poll_interval_s"] = config.Key("count")
+    assert sorted(schema_mismatches("ha", config.Section(config.HaConfig, keys))) == [
+        "ha.poll_interval_s: <class 'float'> cannot hold a count",
+        "ha.standby: a field with no key",
+        "ha.standbye: a key with no field",
+    ]
+
+
+def test_an_empty_host_address_or_port_zero_is_a_problem_not_a_silent_default() -> None:
+    """``address = ""`` once left its host out without a word, and ``port = 0`` became 22:
+    each is now a problem naming the key."""
+    hosts = [{"name": "worker-0", "shard": 0, "address": "", "port": 0}]
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(hosts=hosts), Path("/etc/x.toml"))
+    assert [(p.key, p.reason) for p in caught.value.problems] == [
+        ("hosts[0].address", "'' is not a host name or IP address"),
+        ("hosts[0].port", "must be in 1..65535, not 0"),
+    ]
+
+
+def test_every_ssh_key_is_read_when_known_hosts_is_missing() -> None:
+    """A missing known_hosts hides no other [ssh] problem (the keys after the algorithm lists
+    were once left unread), and a bad client key is named by its index in the file."""
+    ssh = {"connect_timeout_s": 0, "client_keys": [1, "rel"], "max_concurrent_handshakes": 0}
+    with pytest.raises(ConfigError) as caught:
+        config.parse(minimal(ssh=ssh), Path("/etc/x.toml"))
+    assert [(p.key, p.reason) for p in caught.value.problems] == [
+        ("ssh.known_hosts", "required: host keys are always verified"),
+        ("ssh.client_keys[0]", "must be a string, not an integer"),
+        ("ssh.client_keys[1]", "must be an absolute path, not 'rel'"),
+        ("ssh.connect_timeout_s", "must be a positive number of seconds, not 0.0"),
+        ("ssh.max_concurrent_handshakes", "must be at least 1, not 0"),
+    ]
+
+
+def test_a_bad_value_is_one_problem_under_its_own_key() -> None:
+    """A bad trainer limit is not echoed by the health defaults derived from it, nor a
+    wrong-typed python by a second problem."""
+    doc = minimal(trainer={"heartbeat_stale_s": 0}, worker={"python": 3})
+    with pytest.raises(ConfigError) as caught:
+        config.parse(doc, Path("/etc/x.toml"))
+    assert sorted((p.key, p.reason) for p in caught.value.problems) == [
+        ("trainer.heartbeat_stale_s", "must be a positive number of seconds, not 0.0"),
+        ("worker.python", "must be a string, not an integer"),
+    ]
+
+
+def test_a_huge_shard_count_is_reported_without_listing_every_shard() -> None:
+    """A shard count of a billion (a typo) names the first ten unserved shards, quickly and
+    in little memory."""
+    doc = minimal(run={"root": "/shared/reward/run-1", "shard_count": 10**9})
+    with pytest.raises(ConfigError) as caught:
+        config.parse(doc, Path("/etc/x.toml"))
+    [problem] = caught.value.problems
+    assert problem.reason.startswith("no host serves shard(s) 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 ...")

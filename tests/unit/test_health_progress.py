@@ -335,10 +335,18 @@ def test_tasks_per_minute_need_a_minute_of_reports() -> None:
 
 
 def areal_beat(
-    stamp: float, done: int, in_flight: int, queue: int, slots: int = 4
+    stamp: float,
+    done: int,
+    in_flight: int,
+    queue: int,
+    slots: int = 4,
+    verify_ms: float | None = None,
 ) -> h.HeartbeatSeen:
-    """A heartbeat of pid 7 with the AReaL worker's figures: queue depth and slots."""
-    stats = h.WorkerStats(queue_depth=queue, concurrency=slots, completed=done, errors=0)
+    """A heartbeat of pid 7 with the AReaL worker's figures: queue depth, slots, and its
+    calls' p95 time when given."""
+    stats = h.WorkerStats(
+        queue_depth=queue, concurrency=slots, completed=done, errors=0, verify_ms_p95=verify_ms
+    )
     return h.HeartbeatSeen(
         pid=7,
         ready=True,
@@ -349,7 +357,9 @@ def areal_beat(
     )
 
 
-def _backlogged(old_tasks: int | None) -> tuple[h.Host, list[h.Action]]:
+def _backlogged(
+    old_tasks: int | None, verify_ms: float | None = None
+) -> tuple[h.Host, list[h.Action]]:
     """A worker that keeps finishing new tasks but leaves two in its inbox with slots free,
     until the core asks for a fresh read (and the shard's old tasks), answered with
     ``old_tasks``."""
@@ -360,11 +370,12 @@ def _backlogged(old_tasks: int | None) -> tuple[h.Host, list[h.Action]]:
         if any(isinstance(a, h.RecheckStatus) for a in more):
             [ask] = [a for a in more if isinstance(a, h.RecheckStatus)]
             assert ask.tasks_older_than_s == POLICY.progress_stale_s
-            answer = h.StatusRechecked(beat=areal_beat(1000.0 + t - 1, int(t) - 1, 1, 3),
-                                       old_tasks=old_tasks)  # fmt: skip
+            beat = areal_beat(1000.0 + t - 1, int(t) - 1, 1, 3, verify_ms=verify_ms)
+            answer = h.StatusRechecked(beat=beat, old_tasks=old_tasks)
             host, more = h.step(host, answer, t, POLICY)
             return host, actions + more
-        host, more = h.step(host, areal_beat(1000.0 + t, int(t), 1, 3), t, POLICY)
+        beat = areal_beat(1000.0 + t, int(t), 1, 3, verify_ms=verify_ms)
+        host, more = h.step(host, beat, t, POLICY)
         actions += more
         t += 1.0
     raise AssertionError("no recheck asked")
@@ -383,6 +394,16 @@ def test_tasks_left_waiting_with_slots_free_make_a_worker_not_taking_and_replace
     ]
 
 
+def test_a_worker_whose_calls_are_quick_is_not_taking_with_one_old_file_beside_a_new_call() -> None:
+    """The broken pool's one abandoned task, and one new call in flight: a worker whose calls
+    take 30 ms (p95) has no call in flight as old as the stuck limit, so the old file is one
+    it left."""
+    host, _ = _backlogged(old_tasks=1, verify_ms=30.0)
+    assert host.state is S.STALE and host.cause_code is h.Cause.NOT_TAKING
+    slow, _ = _backlogged(old_tasks=1, verify_ms=400_000.0)
+    assert slow.state is S.READY  # its call in flight may be that old: not confirmed
+
+
 @pytest.mark.parametrize("old_tasks", [None, 0, 1])
 def test_a_backlog_the_inbox_does_not_confirm_only_starts_the_clock_again(
     old_tasks: int | None,
@@ -393,6 +414,23 @@ def test_a_backlog_the_inbox_does_not_confirm_only_starts_the_clock_again(
     assert host.state is S.READY and not [a for a in actions if isinstance(a, h.Terminate)]
     # Asked at 302 s (300 s of backlog from 2 s): timed again from there.
     assert host.recheck_at is None and host.backlog_since_at == 302.0
+
+
+def test_tasks_waiting_while_every_slot_is_busy_are_judged_once_a_slot_is_free() -> None:
+    """A broken pool's task waits while new calls keep both slots busy: no verdict while the
+    slots are full, and the wait counts from when it began, so the first heartbeat with a
+    slot free past the limit asks for the check."""
+    host = ready()
+    asked = None
+    for t in range(2, 400):
+        full = t < 350
+        beat = areal_beat(1000.0 + t, t, 4 if full else 1, 5, verify_ms=20.0)
+        host, actions = h.step(host, beat, float(t), POLICY)
+        host, more = h.step(host, h.DeadlinePassed(), float(t), POLICY)
+        if any(isinstance(a, h.RecheckStatus) for a in actions + more):
+            asked = t
+            break
+    assert asked == 350 and host.backlog_since_at == 2.0
 
 
 def test_a_backlog_that_clears_or_a_full_pool_is_never_not_taking() -> None:

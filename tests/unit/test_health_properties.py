@@ -364,6 +364,45 @@ def test_an_exit_told_by_push_and_by_record_launches_once(
     assert launches == (0 if gave_up else 1)
 
 
+@given(
+    policy=policies,
+    reports=st.lists(
+        st.tuples(st.sampled_from(["exit", "terminate"]), st.none() | st.integers(0, 100)),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_the_last_exit_keeps_the_largest_count_of_processes_reaped(
+    policy: h.Policy, reports: list[tuple[str, int | None]]
+) -> None:
+    """One exit told by the agent, the shepherd and a terminate, in any order, each with
+    what its own sweep killed (or nothing): the host keeps the largest count, and the first
+    report alone decided the exit."""
+    host, now = _ready_host(policy, pid=7)
+    for what, reaped in reports:
+        now += 0.1
+        event: h.Event = (
+            h.WorkerExited(pid=7, signal=9, reaped=reaped)
+            if what == "exit"
+            else h.TerminateConfirmed(pid=7, reaped=reaped)
+        )
+        host, _ = h.step(host, event, now, policy)
+    counts = [reaped for _, reaped in reports if reaped is not None]
+    assert host.last_exit_pid == 7
+    assert host.last_exit_reaped == (max(counts) if counts else None)
+    first = "killed by signal 9 (SIGKILL)" if reports[0][0] == "exit" else "confirmed dead"
+    assert host.last_exit == first
+
+
+def test_a_later_report_of_an_older_exit_changes_nothing() -> None:
+    """A count for a pid that is not the last exit's (an older worker's record) is old
+    news: the last exit's count stays."""
+    host, now = _ready_host(h.Policy(), pid=7)
+    host, _ = h.step(host, h.WorkerExited(pid=7, signal=9, reaped=2), now + 0.1, h.Policy())
+    again, _ = h.step(host, h.WorkerExited(pid=6, signal=9, reaped=40), now + 0.2, h.Policy())
+    assert again == host
+
+
 def _ready_host(policy: h.Policy, pid: int = 7) -> tuple[h.Host, float]:
     """A host whose worker ``pid`` is ready at t=0."""
     host = h.new_host("w", 0.0)

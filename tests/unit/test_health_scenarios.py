@@ -462,5 +462,5 @@ def test_a_fresh_read_that_failed_gives_the_verdict_at_once() -> None:
     so the silence stands."""
     host = ready_host()
     host, _ = h.step(host, h.DeadlinePassed(), 11.0, POLICY)
-    host, actions = h.step(host, h.StatusRechecked(beat=None), 11.5, POLICY)
+    host, _ = h.step(host, h.StatusRechecked(beat=None), 11.5, POLICY)
     assert host.state is S.STALE and host.cause_code is h.Cause.HEARTBEAT_STALE

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from supervisor.health import WorkerStats
 from supervisor.statusfiles import (
     MAX_FILE_BYTES,
+    MAX_REAPED,
     ExitRecord,
     StatusProblem,
     StatusRecord,
@@ -258,6 +259,31 @@ def test_an_exit_record_s_log_tail_is_kept_to_its_last_characters() -> None:
     assert record.log_tail.endswith("No module named 'x'\n") and len(record.log_tail) == 4096
     record = parse_exit(_dump({"pid": 5, "exit_code": 2, "log_tail": ["no"]}))
     assert record is not None and record.log_tail is None
+
+
+@pytest.mark.parametrize(
+    ("reaped", "read"),
+    [
+        (49, 49),
+        (0, 0),
+        (MAX_REAPED, MAX_REAPED),
+        (MAX_REAPED + 1, None),
+        (-1, None),
+        (True, None),
+        ("49", None),
+        (49.0, None),
+        (None, None),
+        (10**400, None),
+    ],
+)
+def test_an_exit_record_s_reaped_count_is_kept_when_it_is_a_count_of_pids(
+    reaped: object, read: int | None
+) -> None:
+    """How many processes of its session the shepherd killed: an int from 0 to the most pids
+    there can be; anything else is not said (None), and the exit still counts."""
+    record = parse_exit(_dump({"pid": 5, "signal": 9, "reaped": reaped}))
+    assert record is not None and record.pid == 5
+    assert record.reaped == read
 
 
 def test_exit_record_with_odd_optional_fields_still_confirms_the_pid() -> None:

@@ -15,13 +15,17 @@ def test_required_flags_parse_into_worker_args() -> None:
         ["--root", "/r", "--shard", "3", "--host", "w-3", "--concurrency", "8"]
     )
     assert args == worker.WorkerArgs(
-        root=Path("/r"), shard=3, host="w-3", concurrency=8, heartbeat_interval_s=1.0
+        root=Path("/r"),
+        shard=3,
+        host="w-3",
+        concurrency=8,
+        heartbeat_interval_s=1.0,
+        drain_timeout_s=30.0,
     )
-    assert args.reward_fn is None
 
 
-def test_optional_flags_override_interval_and_reward_fn() -> None:
-    """--heartbeat-interval and --reward-fn are carried through unchanged."""
+def test_optional_flags_override_interval_and_drain_timeout() -> None:
+    """--heartbeat-interval and --drain-timeout (0 allowed: no drain) are carried through."""
     args = worker.parse_args(
         [
             "--root=/r",
@@ -29,11 +33,19 @@ def test_optional_flags_override_interval_and_reward_fn() -> None:
             "--host=h",
             "--concurrency=1",
             "--heartbeat-interval=0.25",
-            "--reward-fn=pkg.mod:fn",
+            "--drain-timeout=0",
         ]
     )
-    assert args.heartbeat_interval_s == 0.25
-    assert args.reward_fn == "pkg.mod:fn"
+    assert (args.heartbeat_interval_s, args.drain_timeout_s) == (0.25, 0.0)
+
+
+def test_the_reward_fn_is_no_longer_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each task names its reward fn: --reward-fn is refused like any unknown flag."""
+    with pytest.raises(SystemExit):
+        worker.parse_args(
+            ["--root", "/r", "--shard", "0", "--host", "h", "--concurrency", "1", "--reward-fn=m.f"]
+        )
+    assert "unrecognized arguments: --reward-fn" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -69,6 +81,18 @@ def test_optional_flags_override_interval_and_reward_fn() -> None:
             "1",
             "--heartbeat-interval",
             "nan",
+        ],
+        [
+            "--root",
+            "/r",
+            "--shard",
+            "0",
+            "--host",
+            "h",
+            "--concurrency",
+            "1",
+            "--drain-timeout",
+            "-1",
         ],
     ],
 )
