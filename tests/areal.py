@@ -1,9 +1,12 @@
 """The real AReaL files (``../shared/areal-fs``) for tests and benchmarks: where they are, the
-trainer's load on a fleet (the real ``FSRewardClient``), and what a fleet's processes left.
+trainer's load on a fleet (the real ``FSRewardClient``, or ``ContractClient`` where areal-fs is
+absent), and what a fleet's processes left.
 
 Nothing of AReaL is copied here: the client is imported from the areal-fs directory, the
 workers run ``python -m areal.reward.fs_worker`` from it (``worker_env``), and their reward
-functions are ``tests/rewardfns.py``.
+functions are ``tests/rewardfns.py``. Without areal-fs the same fleet runs the reference worker
+(``python -m supervisor.demo.worker``) and the trainer calls ``ContractClient``, written here
+from the client's contract as areal-fs's README states it.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
 import importlib
 import itertools
+import json
 import logging
 import math
 import os
@@ -20,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +41,10 @@ AREAL_ENV: Final = "REWARD_SUPERVISOR_AREAL"
 REPO: Final = Path(__file__).resolve().parent.parent
 #: The worker module our config's default ``worker.argv`` runs, and the old script too.
 WORKER_MODULE: Final = "areal.reward.fs_worker"
+#: The reference worker, which stands in for it where areal-fs is absent (same flags).
+REFERENCE_WORKER_MODULE: Final = "supervisor.demo.worker"
+#: A coordinator of a fleet runs one of these modules.
+COORDINATOR_MODULES: Final = (WORKER_MODULE, REFERENCE_WORKER_MODULE)
 
 #: Reward functions of ``tests/rewardfns.py`` as the client names them (the workers import them
 #: with the repository root on their ``PYTHONPATH``).
@@ -89,11 +99,21 @@ def areal_missing_reason() -> str:
     )
 
 
-def worker_env(areal: Path, **extra: str) -> dict[str, str]:
+def worker_env(areal: Path | None, **extra: str) -> dict[str, str]:
     """``worker.env`` for the real worker: areal-fs, then the repository root (for
     ``tests.rewardfns``) on ``PYTHONPATH``; areal-fs first, so its ``areal`` package is the
-    one imported whatever the rest of the path holds."""
-    return {"PYTHONPATH": f"{areal}{os.pathsep}{REPO}", **extra}
+    one imported whatever the rest of the path holds. ``areal`` None: the reference worker,
+    the repository root alone."""
+    path = str(REPO) if areal is None else f"{areal}{os.pathsep}{REPO}"
+    return {"PYTHONPATH": path, **extra}
+
+
+def reference_worker_argv() -> list[str]:
+    """``worker.argv`` running the reference worker with the real worker's flags (and its
+    defaults: the heartbeat every second, 30 s of drain)."""
+    from supervisor.demo.worker import argv_template
+
+    return argv_template()
 
 
 def shipped_config(
@@ -101,7 +121,7 @@ def shipped_config(
     root: Path,
     names: Sequence[str],
     *,
-    areal: Path,
+    areal: Path | None,
     socket: Path,
     concurrency: int = 4,
     env: Mapping[str, str] | None = None,
@@ -111,7 +131,8 @@ def shipped_config(
     """A raw config (as TOML would parse it) for real workers on the OpenSSH fixture, with
     the shipped defaults: only the run root, ssh, hosts (``names[i]`` on shard i),
     ``worker.python``/``worker.env`` and the control socket; no ``[health]``, no metrics, and
-    the default ``worker.argv`` (``python -m areal.reward.fs_worker``). ``trainer_table`` adds
+    the default ``worker.argv`` (``python -m areal.reward.fs_worker``; ``areal`` None: the
+    reference worker's, ``reference_worker_argv``, its one departure). ``trainer_table`` adds
     ``[trainer]`` with the client's own tolerances, for a daemon that knows that table;
     ``health`` a ``[health]`` table (for a bench of a setting, not the defaults)."""
     raw: dict[str, Any] = {
@@ -134,6 +155,8 @@ def shipped_config(
             for i, name in enumerate(names)
         ],
     }
+    if areal is None:
+        raw["worker"]["argv"] = reference_worker_argv()
     if trainer_table:
         raw["trainer"] = {"heartbeat_stale_s": 15, "task_timeout_s": 30}
     if health:
@@ -199,6 +222,201 @@ def classify(message: str) -> str:
     return OTHER
 
 
+# --- our client, from the contract -------------------------------------------------------
+
+#: The contract's numbers (areal-fs README): a heartbeat older than this fails every call, a
+#: task without a result this long after the call began fails, results are looked for this often.
+CONTRACT_HEARTBEAT_STALE_S: Final = 15.0
+CONTRACT_TIMEOUT_S: Final = 30.0
+CONTRACT_POLL_S: Final = 0.05
+#: The task and result records' protocol version.
+CONTRACT_SCHEMA_VERSION: Final = 1
+# Run-directory files are read with a bound: a status or result file is a few hundred bytes.
+_MAX_FILE_BYTES: Final = 1 << 20
+
+
+class ContractCallFailed(RuntimeError):
+    """A failed call of :class:`ContractClient`; ``kind`` is one of ``KINDS``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def contract_shard(task_id: str, shard_count: int) -> int:
+    """The shard a task goes to: blake2b of its id (8-byte digest, big-endian) modulo
+    ``shard_count``."""
+    digest = hashlib.blake2b(task_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shard_count
+
+
+def _read_json_file(path: Path) -> object:
+    """``path`` as JSON, read without following a symlink and bounded; raises OSError or
+    ValueError (not JSON, or too big to be a record)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(_MAX_FILE_BYTES + 1)
+    if len(data) > _MAX_FILE_BYTES:
+        raise ValueError(f"more than {_MAX_FILE_BYTES} bytes")
+    return json.loads(data)
+
+
+def _write_json_atomic(path: Path, record: Mapping[str, Any]) -> None:
+    """Write ``record`` to ``path`` whole or not at all: a dot-named temp file beside it (which
+    workers skip), fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(json.dumps(record).encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _unlink(path: Path) -> None:
+    """Remove ``path`` if it is there (a worker or another reader may race us)."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
+class ContractClient:
+    """The trainer's reward client as areal-fs's README states its contract, for a fleet
+    without areal-fs (the real one is ``areal.reward.fs_client.FSRewardClient``).
+
+    ``await client(*args, **kwargs)`` scores one completion: before every call it checks every
+    host's ``status/<host>.json`` (missing or unreadable, a ``heartbeat_at`` more than
+    ``heartbeat_stale_s`` old by the wall clock, ``ready: false``: the call fails), writes the
+    task record atomically into ``inbox/<contract_shard(task_id)>/<task_id>.json`` and polls
+    ``outbox/<task_id>.json`` every ``poll_s``: a result whose ``status`` is not ``ok`` fails
+    the call, one that is ``ok`` is the score; no result within ``timeout_s`` of the call's
+    start fails it and deletes its inbox file. A result read is deleted. A failure raises
+    :class:`ContractCallFailed` with its kind (``on_error="raise"``, the default). Like the real
+    client it also refuses to call while ``manifest.json`` is missing or names another shard
+    count (checked until it once passes).
+    """
+
+    def __init__(
+        self,
+        reward_fn: str,
+        *,
+        root: Path,
+        shard_count: int,
+        worker_hosts: Sequence[str],
+        heartbeat_stale_s: float = CONTRACT_HEARTBEAT_STALE_S,
+        timeout_s: float = CONTRACT_TIMEOUT_S,
+        poll_s: float = CONTRACT_POLL_S,
+    ) -> None:
+        self.reward_fn = reward_fn
+        self.root = Path(root)
+        self.shard_count = shard_count
+        self.worker_hosts = list(worker_hosts)
+        self.heartbeat_stale_s = heartbeat_stale_s
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._manifest_ok = False
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> float:
+        """The score of one task; raises ContractCallFailed (see the class docstring)."""
+        started = time.monotonic()
+        self._check_manifest()
+        self._check_hosts()
+        task_id = _draw_task_id()
+        inbox = self.root / "inbox" / str(contract_shard(task_id, self.shard_count))
+        task_path = inbox / f"{task_id}.json"
+        result_path = self.root / "outbox" / f"{task_id}.json"
+        record = {
+            "schema_version": CONTRACT_SCHEMA_VERSION,
+            "task_id": task_id,
+            "reward_fn": self.reward_fn,
+            "args": list(args),
+            "kwargs": dict(kwargs),
+            "created_at": time.time(),
+        }
+        try:
+            _write_json_atomic(task_path, record)
+        except (OSError, TypeError, ValueError) as exc:
+            raise ContractCallFailed(OTHER, f"cannot submit task {task_id}: {exc}") from exc
+        while True:
+            if result_path.exists():
+                return self._take_result(task_id, result_path)
+            if time.monotonic() - started >= self.timeout_s:
+                _unlink(task_path)
+                _unlink(result_path)
+                raise ContractCallFailed(
+                    TIMEOUT, f"timeout: no result for task {task_id} in {self.timeout_s:g} s"
+                )
+            await asyncio.sleep(self.poll_s)  # wait-ok: the contract's poll interval
+
+    def _check_manifest(self) -> None:
+        """Fail unless ``manifest.json`` names this client's shard count (once it did, it is
+        not read again)."""
+        if self._manifest_ok:
+            return
+        try:
+            manifest = _read_json_file(self.root / "manifest.json")
+        except (OSError, ValueError) as exc:
+            raise ContractCallFailed(OTHER, f"no usable manifest.json: {exc}") from exc
+        count = manifest.get("shard_count") if isinstance(manifest, dict) else None
+        if count != self.shard_count:
+            raise ContractCallFailed(
+                OTHER, f"manifest.json says shard_count {count!r}, the client {self.shard_count}"
+            )
+        self._manifest_ok = True
+
+    def _check_hosts(self) -> None:
+        """Fail unless every host's status file is readable, fresh and not ``ready: false``."""
+        now = time.time()
+        for host in self.worker_hosts:
+            try:
+                status = _read_json_file(self.root / "status" / f"{host}.json")
+            except (OSError, ValueError) as exc:
+                raise ContractCallFailed(OTHER, f"status of {host} unreadable: {exc}") from exc
+            if not isinstance(status, dict):
+                raise ContractCallFailed(OTHER, f"status of {host} is not a JSON object")
+            beat = status.get("heartbeat_at", 0)
+            if isinstance(beat, bool) or not isinstance(beat, int | float):
+                raise ContractCallFailed(OTHER, f"status of {host}: heartbeat_at {beat!r}")
+            if now - beat > self.heartbeat_stale_s:
+                raise ContractCallFailed(
+                    HEARTBEAT_STALE,
+                    f"heartbeat stale: {host} is {now - beat:.1f} s old"
+                    f" (> {self.heartbeat_stale_s:g} s)",
+                )
+            if status.get("ready") is False:
+                raise ContractCallFailed(NOT_READY, f"not ready: {host}")
+
+    def _take_result(self, task_id: str, path: Path) -> float:
+        """Read and delete the result of ``task_id``: its score, or the failure it says."""
+        try:
+            result = _read_json_file(path)
+        except (OSError, ValueError) as exc:
+            raise ContractCallFailed(OTHER, f"result of {task_id} unreadable: {exc}") from exc
+        finally:
+            _unlink(path)
+        if not isinstance(result, dict):
+            raise ContractCallFailed(OTHER, f"result of {task_id} is not a JSON object")
+        status = result.get("status")
+        if status != "ok":
+            raise ContractCallFailed(
+                TASK_FAILED, f"task {task_id} failed: {result.get('error') or status}"
+            )
+        try:
+            return float(result.get("score", 0.0))
+        except (TypeError, ValueError) as exc:
+            raise ContractCallFailed(OTHER, f"result of {task_id}: score {exc}") from exc
+
+
+def _draw_task_id() -> str:
+    """A new task id, remembered for the calling task (as ``_hook_task_ids`` does for the
+    real client), so a rollout loop learns which shard its call went to."""
+    task_id = uuid.uuid4().hex
+    _TASK_ID.set(task_id)
+    return task_id
+
+
 # --- the trainer's load ------------------------------------------------------------------
 
 
@@ -248,7 +466,8 @@ class LoadSummary:
 class TrainerLoad:
     """``loops`` concurrent rollout loops calling the real ``FSRewardClient`` with its defaults
     (``heartbeat_stale_seconds=15``, ``timeout_seconds=30``, ``on_error="raise"``), every host
-    in ``worker_hosts``, as a trainer does; every call is recorded.
+    in ``worker_hosts``, as a trainer does; every call is recorded. ``areal`` None: they call
+    :class:`ContractClient` (the same contract, the same defaults) instead.
 
     Each loop: ``await client(PROMPT, COMPLETIONS, answer=ANSWER, **call_kwargs)``; a
     ``RewardInfraError`` is a failed call, after which the loop pauses ``FAILURE_PAUSE_S`` (see
@@ -263,7 +482,7 @@ class TrainerLoad:
         hosts: Sequence[str],
         shard_count: int,
         *,
-        areal: Path,
+        areal: Path | None,
         reward_fn: str = SLOWISH,
         loops: int = 16,
         client_options: Mapping[str, Any] | None = None,
@@ -277,18 +496,34 @@ class TrainerLoad:
         self.loops = loops
         #: More keyword arguments of every call, passed on to the reward fn (``hang_marker``).
         self.call_kwargs = dict(call_kwargs or {})
-        module = client_module(areal)
-        self._error: type[BaseException] = module.RewardInfraError
-        self.client: Any = module.FSRewardClient(
-            reward_fn,
-            root=str(root),
-            shard_count=shard_count,
-            worker_hosts=list(hosts),
-            **dict(client_options or {}),
-        )
-        self._shard_of: Callable[[str], int] = lambda task_id: int(
-            importlib.import_module("areal.reward.fs_protocol").stable_shard(task_id, shard_count)
-        )
+        self._error: type[BaseException]
+        self.client: Any
+        self._shard_of: Callable[[str], int]
+        if areal is None:
+            self._error = ContractCallFailed
+            self.client = ContractClient(
+                reward_fn,
+                root=root,
+                shard_count=shard_count,
+                worker_hosts=list(hosts),
+                **dict(client_options or {}),
+            )
+            self._shard_of = lambda task_id: contract_shard(task_id, shard_count)
+        else:
+            module = client_module(areal)
+            self._error = module.RewardInfraError
+            self.client = module.FSRewardClient(
+                reward_fn,
+                root=str(root),
+                shard_count=shard_count,
+                worker_hosts=list(hosts),
+                **dict(client_options or {}),
+            )
+            self._shard_of = lambda task_id: int(
+                importlib.import_module("areal.reward.fs_protocol").stable_shard(
+                    task_id, shard_count
+                )
+            )
         self.calls: list[Call] = []
         self.started_at: float | None = None
         self.stopped_at: float | None = None
@@ -344,7 +579,8 @@ class TrainerLoad:
             except self._error as exc:
                 del self._in_progress[index]
                 message = str(exc)
-                self._record(start, ok=False, kind=classify(message), message=message)
+                kind = exc.kind if isinstance(exc, ContractCallFailed) else classify(message)
+                self._record(start, ok=False, kind=kind, message=message)
                 await asyncio.sleep(FAILURE_PAUSE_S)  # wait-ok: the trainer's pause, see above
             else:
                 del self._in_progress[index]
@@ -516,7 +752,7 @@ class Proc:
     def role(self) -> str:
         """``coordinator``, ``pool`` (a spawned pool process), ``resource tracker``, ``other``."""
         text = " ".join(self.argv)
-        if WORKER_MODULE in self.argv:
+        if any(module in self.argv for module in COORDINATOR_MODULES):
             return "coordinator"
         if "resource_tracker" in text:
             return "resource tracker"
@@ -574,11 +810,13 @@ def all_procs() -> dict[int, Proc]:
 class FleetProcesses:
     """The AReaL worker processes of one run directory, sampled from /proc over a run.
 
-    A coordinator is ``python -m areal.reward.fs_worker ... --root ROOT``. Its pool processes
-    and resource tracker are its children while it lives; sampling (``sample()``, a few times
-    a second) remembers them, so they are still known once a dead coordinator's children have
-    been re-parented. Supervisors start the worker in a session of its own (ours) or inside
-    the session of an ssh command (the old script), so a session id alone cannot find them.
+    A coordinator is ``python -m areal.reward.fs_worker ... --root ROOT`` (or the reference
+    worker's ``-m supervisor.demo.worker``, which has the same shape: a spawned pool). Its
+    pool processes and resource tracker are its children while it lives; sampling
+    (``sample()``, a few times a second) remembers them, so they are still known once a dead
+    coordinator's children have been re-parented. Supervisors start the worker in a session
+    of its own (ours) or inside the session of an ssh command (the old script), so a session
+    id alone cannot find them.
     """
 
     root: Path
@@ -591,7 +829,7 @@ class FleetProcesses:
     def _is_coordinator(self, proc: Proc) -> bool:
         """``proc`` is a coordinator of this run."""
         argv = proc.argv
-        if WORKER_MODULE not in argv or "--root" not in argv:
+        if not any(module in argv for module in COORDINATOR_MODULES) or "--root" not in argv:
             return False
         i = argv.index("--root")
         return i + 1 < len(argv) and Path(argv[i + 1]) == self.root

@@ -1,17 +1,22 @@
 """What the trainer sees when a real AReaL worker fails, under the shipped defaults: the real
-``FSRewardClient`` (16 rollout loops, its own defaults) against real ``areal.reward.fs_worker``
+``FSRewardClient`` (rollout loops, its own defaults) against real ``areal.reward.fs_worker``
 workers on the real sshd, through kill -9, SIGSTOP, stuck reward calls and a dead pool process.
 
 The goal (issue 29): the trainer's calls do not fail because a worker crashed or hung (only a
-task that is itself stuck may fail), and nothing of a replaced worker is left running. The
-trainer's client comes from areal-fs, so without it there is nothing to measure: the tests skip
-(the reference worker does not speak the client's task protocol today).
+task that is itself stuck may fail), and nothing of a replaced worker is left running.
+
+Each scenario runs on two stacks (the ``stack`` parameter): ``real``, the worker and client of
+areal-fs (skipped, with its reason, where areal-fs is absent; it is present in CI), and
+``reference``, the reference worker (``python -m supervisor.demo.worker``, same flags) called
+by ``tests.areal.ContractClient``, which runs everywhere. Where the two workers differ by
+design (a broken pool) the assertions say which is which.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -45,6 +50,37 @@ SETTLE_S = 40.0
 #: How long every slot of the stuck host stays stuck: past the client's 30 s timeout, so the
 #: stuck calls fail as they would in training.
 STUCK_HOLD_S = 33.0
+
+
+#: The two stacks: areal-fs's worker and client, or the reference worker and our client.
+REAL = "real"
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """Which worker the fleet runs and which client the trainer calls."""
+
+    name: str
+    #: The areal-fs directory (the real worker and client); None: the reference worker and
+    #: ``ContractClient``.
+    areal: Path | None
+
+    @property
+    def real(self) -> bool:
+        """The real worker and client, from areal-fs."""
+        return self.areal is not None
+
+
+@pytest.fixture(params=[REAL, REFERENCE])
+def stack(request: pytest.FixtureRequest) -> Stack:
+    """The stack of this run: ``real`` skips where areal-fs is absent."""
+    if request.param == REAL:
+        areal = A.areal_dir()
+        if areal is None:
+            pytest.skip(A.areal_missing_reason())
+        return Stack(REAL, areal)
+    return Stack(REFERENCE, None)
 
 
 @dataclass
@@ -119,13 +155,11 @@ async def _sample(processes: A.FleetProcesses) -> None:
 
 
 @contextlib.asynccontextmanager
-async def real_fleet(fault_run: FaultRun) -> AsyncIterator[Scene]:
-    """Four real workers under ``reward-supervisor run`` with the shipped defaults, every one
-    ready and serving the trainer's load; at the end the load stops, the marker goes, and
-    whatever lingers is killed (the daemon itself is stopped by the fixture)."""
-    areal = A.areal_dir()
-    if areal is None:
-        pytest.skip(A.areal_missing_reason())
+async def real_fleet(fault_run: FaultRun, stack: Stack) -> AsyncIterator[Scene]:
+    """Four workers of ``stack`` under ``reward-supervisor run`` with the shipped defaults,
+    every one ready and serving the trainer's load; at the end the load stops, the marker
+    goes, and whatever lingers is killed (the daemon itself is stopped by the fixture)."""
+    areal = stack.areal
     tag = uuid.uuid4().hex[:6]
     names = [f"tr{tag}-{i}" for i in range(HOSTS)]
     root = fault_run.root
@@ -155,6 +189,9 @@ async def real_fleet(fault_run: FaultRun) -> AsyncIterator[Scene]:
         async with load:
             for shard in range(HOSTS):
                 await load.wait_ok(WARM_CALLS, READY_S, shards=[shard])
+            # The lingering check knows this stack's workers (else it could find nothing).
+            procs = await asyncio.to_thread(processes.sample)
+            assert len(processes.live_coordinators(procs)) == HOSTS, processes.coordinators
             yield Scene(daemon, load, processes, root, names, marker)
     finally:
         marker.unlink(missing_ok=True)
@@ -170,11 +207,11 @@ async def real_fleet(fault_run: FaultRun) -> AsyncIterator[Scene]:
 
 
 async def test_kill9_of_a_real_worker_fails_no_trainer_call_and_leaves_nothing(
-    fault_run: FaultRun,
+    fault_run: FaultRun, stack: Stack
 ) -> None:
     """kill -9 of one real worker's coordinator: the trainer's client sees no failed call, and
     once the replacement is ready nothing of the killed worker (pool, resource tracker) runs."""
-    async with real_fleet(fault_run) as scene:
+    async with real_fleet(fault_run, stack) as scene:
         victim = scene.pid(TARGET)
         fault_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
@@ -190,12 +227,12 @@ async def test_kill9_of_a_real_worker_fails_no_trainer_call_and_leaves_nothing(
 
 
 async def test_sigstop_of_a_real_worker_fails_no_trainer_call_and_leaves_nothing(
-    fault_run: FaultRun,
+    fault_run: FaultRun, stack: Stack
 ) -> None:
     """SIGSTOP of one real worker's coordinator (hung: alive, no heartbeat): it is replaced
     before the trainer's client fails any call (its limit: a heartbeat 15 s old), and nothing
     of the hung worker is left once the replacement is ready."""
-    async with real_fleet(fault_run) as scene:
+    async with real_fleet(fault_run, stack) as scene:
         victim = scene.pid(TARGET)
         fault_at = time.monotonic()
         os.kill(victim, signal.SIGSTOP)
@@ -211,13 +248,13 @@ async def test_sigstop_of_a_real_worker_fails_no_trainer_call_and_leaves_nothing
 
 
 async def test_stuck_slots_of_a_real_worker_fail_only_the_stuck_tasks(
-    fault_run: FaultRun,
+    fault_run: FaultRun, stack: Stack
 ) -> None:
     """Every pool slot of one real worker stuck in a reward call for longer than the client's
     task timeout (heartbeat going on): only calls routed to that shard fail, by their own
     timeout (or an error result for the stuck task), never a call to a healthy shard nor a
     fleet-wide refusal; nothing of a replaced worker is left running at the end."""
-    async with real_fleet(fault_run) as scene:
+    async with real_fleet(fault_run, stack) as scene:
         fault_at = time.monotonic()
         scene.marker.write_text("stuck\n")
         await scene.load.wait_until(
@@ -245,15 +282,16 @@ async def test_stuck_slots_of_a_real_worker_fail_only_the_stuck_tasks(
 
 
 async def test_a_dead_pool_process_of_a_real_worker_fails_only_the_call_it_was_computing(
-    fault_run: FaultRun,
+    fault_run: FaultRun, stack: Stack
 ) -> None:
-    """kill -9 of one of two busy pool processes of a real worker: its pool breaks, the worker
+    """kill -9 of one of two busy pool processes of a worker: its pool breaks. The real worker
     answers the call that process was computing with an error result itself (before anything
     outside it can act: the one failed call) and never takes the other one again; the daemon
     sees tasks left waiting with slots free and replaces it (not taking), and the successor
-    does the abandoned call: it does not time out. Nothing is left running that no current
-    worker accounts for."""
-    async with real_fleet(fault_run) as scene:
+    does the abandoned call: it does not time out. The reference worker, by design, runs each
+    task of the broken pool again alone in a new pool itself: no call fails and it is not
+    replaced. Nothing is left running that no current worker accounts for."""
+    async with real_fleet(fault_run, stack) as scene:
         coordinator = scene.pid(TARGET)
         busy: list[A.Proc] = []
 
@@ -271,11 +309,35 @@ async def test_a_dead_pool_process_of_a_real_worker_fails_only_the_call_it_was_c
         summary = scene.load.summary(fault_at)
         failed = [c for c in scene.load.calls if not c.ok and c.end >= fault_at]
         replaced = events(scene.daemon, "host.state", host=scene.names[TARGET], to="stale")
+        serving = scene.pid(TARGET)
+        breaks = worker_events(scene.root, scene.names[TARGET], "pool.broken")
         report = scene.report(fault_at, lingering)
     print(report)  # the numbers, for -rP and for the issue, pass or fail
-    assert summary.failed_total <= 1, report
-    assert all(c.kind == A.TASK_FAILED and c.shard == TARGET for c in failed), report
-    assert A.TIMEOUT not in summary.failed, report
-    if summary.failed_total == 1:  # the call it was computing: the other one was abandoned
-        assert [e.get("cause") for e in replaced] == ["not_taking"], report
+    if stack.real:
+        assert summary.failed_total <= 1, report
+        assert all(c.kind == A.TASK_FAILED and c.shard == TARGET for c in failed), report
+        assert A.TIMEOUT not in summary.failed, report
+        if summary.failed_total == 1:  # the call it was computing: the other one was abandoned
+            assert [e.get("cause") for e in replaced] == ["not_taking"], report
+    else:
+        # By design the reference worker does not drop a broken pool's tasks: each runs again
+        # alone in a new pool, and only one whose own process dies a second time gets an
+        # error result (pool_broken). A pool process killed from outside dies once: every
+        # call succeeds, and the worker is never replaced (no not_taking).
+        assert len(breaks) == 1, f"the pool did not break once: {breaks}\n{report}"
+        assert summary.failed_total == 0, report
+        assert replaced == [], report
+        assert serving == coordinator, report
     assert lingering == [], report
+
+
+def worker_events(root: Path, host: str, event: str) -> list[dict[str, object]]:
+    """The reference worker's JSON log lines named ``event`` in ``ctl/<host>.log`` (where
+    the supervisor appends the worker's stderr), every worker of the host so far."""
+    found = []
+    for line in (root / "ctl" / f"{host}.log").read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("event") == event:
+                found.append(record)
+    return found
