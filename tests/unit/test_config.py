@@ -619,7 +619,7 @@ def test_a_field_missing_from_the_schema_or_a_key_without_a_field_is_a_mismatch(
     del keys["standby"]
     keys["standbye"] = config.Key("flag")
     keys["poll_interval_s"] = config.Key("count")
-    assert sorted(schema_mismatches("ha", config.Section(config.HaPolicy, keys))) == [
+    assert sorted(schema_mismatches("ha", config.Section(leadership.Policy, keys))) == [
         "ha.poll_interval_s: <class 'float'> cannot hold a count",
         "ha.standby: a field with no key",
         "ha.standbye: a key with no field",

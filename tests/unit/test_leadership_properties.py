@@ -268,7 +268,7 @@ class TwoDaemonsOneLock(RuleBasedStateMachine):
 
 
 TwoDaemonsOneLock.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=60, deadline=None
+    max_examples=150, stateful_step_count=60, deadline=None
 )
 test_two_daemons_against_one_lock = TwoDaemonsOneLock.TestCase
 test_two_daemons_against_one_lock.__doc__ = (
