@@ -1595,7 +1595,10 @@ def grant(budget: Budget, now: float, policy: FleetPolicy) -> tuple[Budget, list
     """Begin as many waiting launches as the budget allows, longest-waiting first."""
     if not budget.waiting:
         return budget, []
-    recent = tuple(t for t in budget.started_at if now - t < BUDGET_WINDOW_S)
+    # ``now < t + window``, the very sum ``next_grant_at`` wakes the fleet at: written as
+    # ``now - t < window`` it can hold at that instant by a rounding error, and the timer
+    # would fire with nothing granted.
+    recent = tuple(t for t in budget.started_at if now < t + BUDGET_WINDOW_S)
     waiting = list(budget.waiting)
     in_flight = set(budget.in_flight)
     granted: list[str] = []

@@ -106,7 +106,7 @@ class FleetWorld(RuleBasedStateMachine):
                 self.launch_starts.append(self.now)
                 in_flight = sum(1 for op in self.ops.values() if isinstance(op, f.Launch))
                 assert in_flight <= POLICY.max_concurrent_launches
-                recent = [t for t in self.launch_starts if self.now - t < f.BUDGET_WINDOW_S]
+                recent = [t for t in self.launch_starts if self.now < t + f.BUDGET_WINDOW_S]
                 assert len(recent) <= POLICY.max_launches_per_minute
             case f.Terminate(host=host):
                 assert host not in self.ops, "two operations in flight for one host"
