@@ -678,7 +678,8 @@ def _event_line(event: dict[str, Any]) -> str:
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> int:
-    """``wait-ready -c CONFIG``: exit 0 once every host is ready; 1 at the timeout (after
+    """``wait-ready -c CONFIG``: exit 0 once the fleet is all ready (every host ready but the
+    ones an operator stopped); 1 at the timeout (after
     stopping everything with ``--stop-on-timeout``); 3 if no daemon answered at all."""
     from supervisor import control
 
@@ -697,7 +698,9 @@ def cmd_wait_ready(args: argparse.Namespace) -> int:
             if args.json:
                 _print_phase(_manifest_phase(cfg_path, status))
         hosts = status.get("hosts", {})
-        if hosts and all(row.get("state") == "ready" for row in hosts.values()):
+        # The fleet core's one meaning of "all ready" (``Fleet.all_ready``): a host an
+        # operator stopped is not waited for. A standby's status has none: it leads nothing.
+        if status.get("daemon", {}).get("all_ready") is True:
             root = status.get("daemon", {}).get("root")
             if args.json:
                 _print_phase({"ok": True, "phase": "ready", "root": root})

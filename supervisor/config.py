@@ -898,7 +898,9 @@ SCHEMA: Final[Mapping[str, Section]] = {
             "crash_signature_window_s": Key("seconds"),
         },
         # The fleet's own deadlines and the pointer file come from other tables.
-        not_keys=frozenset({"startup_timeout_s", "shutdown_timeout_s", "pointer_file"}),
+        not_keys=frozenset(
+            {"startup_timeout_s", "shutdown_timeout_s", "pointer_file", "detach_on_exit"}
+        ),
     ),
     "metrics": Section(MetricsConfig, {"listen": Key("text", check=_listen_problem)}),
     "ha": Section(
@@ -1191,7 +1193,8 @@ class _Validator:
         ssh = self.ssh(self.table(raw, "ssh"), given)
         control = self.control(self.table(raw, "control"), given)
         pointer_file = run.pointer_file if run is not None else None
-        fleet = self.fleet(self.table(raw, "fleet"), given, health, ssh, pointer_file)
+        detach = run is not None and run.on_exit == "detach"
+        fleet = self.fleet(self.table(raw, "fleet"), given, health, ssh, pointer_file, detach)
         metrics = MetricsConfig(**self.read(self.table(raw, "metrics"), "metrics", given))
         ha = self.ha(self.table(raw, "ha"), given)
         if run is None or ssh is None or hosts is None:
@@ -1290,10 +1293,12 @@ class _Validator:
         health: Policy,
         ssh: SshConfig | None,
         pointer_file: Path | None,
+        detach_on_exit: bool,
     ) -> FleetPolicy:
         connect_timeout_s = ssh.connect_timeout_s if ssh is not None else 0.0
         return FleetPolicy(
             **self.read(t, "fleet", given),
+            detach_on_exit=detach_on_exit,
             pointer_file=None if pointer_file is None else str(pointer_file),
             startup_timeout_s=connect_timeout_s + STARTUP_SLACK_S,
             shutdown_timeout_s=shutdown_timeout_s(health.stop_grace_s),

@@ -76,6 +76,13 @@ from supervisor.health import WANT_RUNNING_STATES, Host, HostState
 
 S = HostState
 
+#: The state ``status`` shows for a configured host that waits for its shard or its name to
+#: be free (a reload moved a shard while its old host still stops): not a ``HostState``, as
+#: such a host has no health yet.
+WAITING: Final = "waiting"
+#: Why such a host waits, as ``status`` says it.
+WAITING_REASON: Final = "shard busy"
+
 #: The budget counts launches over this sliding window (the per-minute limit).
 BUDGET_WINDOW_S: Final = 60.0
 
@@ -93,6 +100,8 @@ class FleetPolicy:
     startup_timeout_s: float = 30.0
     #: Shutdown gives up on hosts still stopping after this long.
     shutdown_timeout_s: float = 75.0
+    #: A stop leaves the workers running (``run.on_exit = "detach"``) unless it says otherwise.
+    detach_on_exit: bool = False
     #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
     pointer_file: str | None = None
     #: This many hosts crashing the same way within the window hold restarts (0: never).
@@ -193,9 +202,10 @@ class UnfreezeRequested:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShutdownRequested:
-    """The daemon is to stop: stop every worker first, or leave them running (``detach``)."""
+    """The daemon is to stop: stop every worker first, or leave them running (``detach``;
+    None: as ``FleetPolicy.detach_on_exit`` says, the operator's ``run.on_exit``)."""
 
-    detach: bool
+    detach: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -608,6 +618,27 @@ class Fleet:
             if name not in self._joining and (name not in self._members or name in self._retiring)
         }
 
+    def shown(self, now: float) -> dict[str, Host | Member]:
+        """Every configured host as ``status`` shows it: a joined host's health; a joining one
+        (its files are being read) as the host it is about to become; one that waits for its
+        shard or name to be free as its ``Member``, shown in state ``WAITING``."""
+        shown: dict[str, Host | Member] = dict(self._hosts)
+        for name in self._joining:
+            shown[name] = health.new_host(name, now, history=self._histories.get(name))
+        shown.update(self.waiting)
+        return shown
+
+    @property
+    def all_ready(self) -> bool:
+        """The fleet is up: every host not stopped on purpose is ``ready`` (at least one),
+        and none is still joining or waiting for its shard. The one meaning of "all ready":
+        the pointer, ``wait-ready``, the status's ``all_ready`` and the demo use it."""
+        return not self._joining and not self.waiting and fleet_all_ready(self._hosts.values())
+
+    def held_by(self, signature: str) -> list[str]:
+        """The hosts whose restarts ``signature`` holds, by name."""
+        return sorted(name for name, held in self.held.items() if held == signature)
+
     def history(self, name: str) -> health.History | None:
         """The restart history a previous daemon left for ``name``, if it has not joined."""
         return self._histories.get(name)
@@ -715,12 +746,12 @@ class Fleet:
                 if change is not None:
                     self._apply_freeze(change, now, out)
                 out.append(Reply(token=event.token, result={"frozen": False, "was_frozen": was}))
-            case ShutdownRequested() if not self._booted and not event.detach:
+            case ShutdownRequested() if not self._booted and not self._detaches(event):
                 # Before the boot (a signal while the shell read the history): the stop
                 # comes once the members are known, so their workers are found and stopped.
                 self._stop_at_boot = True
             case ShutdownRequested():
-                self._shutdown(event.detach, now, out)
+                self._shutdown(self._detaches(event), now, out)
             case PointerWritten():
                 self._pointer_written(event, now, out)
             case FilesystemDiagnosed():
@@ -1080,6 +1111,10 @@ class Fleet:
         self._settled = True
         self._unsettled.clear()
         out.append(Settled(slow=slow))
+
+    def _detaches(self, event: ShutdownRequested) -> bool:
+        """Whether this stop leaves the workers running."""
+        return self._policy.detach_on_exit if event.detach is None else event.detach
 
     def _shutdown(self, detach: bool, now: float, out: list[Action]) -> None:
         if self._shutting_down:

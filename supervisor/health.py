@@ -93,6 +93,12 @@ UNHEALTHY_STATES: Final = frozenset({S.STALE, S.COOLING_DOWN, S.FAILED})
 #: States reached on purpose: no restarts happen from here.
 STOP_STATES: Final = frozenset({S.STOPPING, S.STOPPED})
 
+
+def is_unhealthy(state: HostState) -> bool:
+    """A host in ``state`` needs attention (its change is logged as a warning)."""
+    return state in UNHEALTHY_STATES
+
+
 Op = Literal["launch", "terminate", "probe"]
 
 

@@ -144,6 +144,28 @@ def host_detail(
     return detail
 
 
+def waiting_row(member: fleet.Member) -> dict[str, Any]:
+    """A configured host that waits for its shard or name to be free (``fleet.WAITING``)."""
+    return {"state": fleet.WAITING, "shard": member.shard, "last_reason": fleet.WAITING_REASON}
+
+
+def shown_row(
+    shown: health.Host | fleet.Member,
+    cfg: HostConfig,
+    now: float,
+    policy: health.Policy,
+    *,
+    detail: bool = False,
+    wall_now: float | None = None,
+) -> dict[str, Any]:
+    """A host as ``Fleet.shown`` gives it: its row (``detail``: in full), or a waiting one's."""
+    if isinstance(shown, fleet.Member):
+        return waiting_row(shown)
+    if detail:
+        return host_detail(shown, cfg, now, policy, wall_now=wall_now)
+    return host_row(shown, cfg, now, policy)
+
+
 def _wall(wall_now: float, seconds: float | None, *, ahead: bool) -> float | None:
     """Unix time ``seconds`` after (``ahead``) or before ``wall_now``."""
     if seconds is None:
@@ -282,7 +304,7 @@ def status_line(core: fleet.Fleet) -> str:
         finding = f"{core.finding}; " if core.finding else ""
         text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
     for signature in core.signatures.values():
-        held = sum(1 for s in core.held.values() if s == signature.signature)
+        held = len(core.held_by(signature.signature))
         text = (
             f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
             f" {held} hosts, canary {signature.canary}; {text}"

@@ -197,7 +197,7 @@ async def _produce(cfg: config_mod.Config, tally: Tally, duration_s: float) -> N
 
 
 async def _inject(daemon: Daemon, tally: Tally, kind: str, host: str, signum: int) -> None:
-    pid = daemon.status()["hosts"][host]["pid"]
+    pid = daemon.commands.status()["hosts"][host]["pid"]
     if pid is None:
         print(f"demo: {host} has no worker to {kind}", file=sys.stderr)
         return
@@ -209,14 +209,14 @@ async def _inject(daemon: Daemon, tally: Tally, kind: str, host: str, signum: in
 
 async def _follow(daemon: Daemon, tally: Tally, live: bool) -> None:
     """Print the fleet as it changes; note restarts and recoveries."""
-    events = daemon.subscribe()
+    events = daemon.commands.subscribe()
     tty = live and sys.stdout.isatty()
     last_table = 0.0
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_count_events(events, tally, live and not tty))
             while True:
-                status = daemon.status()
+                status = daemon.commands.status()
                 _note_recoveries(status, tally)
                 if tty and time.monotonic() - last_table >= REFRESH_S:
                     last_table = time.monotonic()
@@ -263,12 +263,11 @@ def _note_recoveries(status: dict[str, Any], tally: Tally) -> None:
 
 
 def _all_ready(daemon: Daemon) -> bool:
-    hosts = daemon.status()["hosts"]
-    return bool(hosts) and all(row["state"] == "ready" for row in hosts.values())
+    return daemon.commands.status()["daemon"].get("all_ready") is True
 
 
 def _results_count(daemon: Daemon) -> int:
-    outbox = Path(daemon.status()["daemon"]["root"]) / "outbox"
+    outbox = Path(daemon.commands.status()["daemon"]["root"]) / "outbox"
     try:
         return sum(1 for n in os.listdir(outbox) if n.endswith(".json") and not n.startswith("."))
     except OSError:

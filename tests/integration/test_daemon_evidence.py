@@ -1,25 +1,26 @@
-"""The daemon's side of evidence before a kill: whatever the host's agent does (hangs, fails,
-answers), the terminate goes ahead within ``health.evidence_timeout_s`` plus a round trip, and
-its result carries what was captured. The host is a stand-in behind the daemon's own
-``RemoteLike`` protocol: the point is the daemon's bound, not SSH."""
+"""The daemon's side of evidence before a kill (the SSH links adapter, ``links.Links``):
+whatever the host's agent does (hangs, fails, answers), the terminate goes ahead within
+``health.evidence_timeout_s`` plus a round trip, and its result carries what was captured.
+The host is a stand-in behind the adapter's own ``RemoteLike`` protocol, and the daemon a
+``shell.Shell`` that records what the adapter emits: the point is the bound, not SSH."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor import config as config_mod
-from supervisor import fleet, health
-from supervisor.config import HostConfig, SshConfig
-from supervisor.daemon import EVIDENCE_SLACK_S, Daemon, _Link
+from supervisor import fleet, health, leadership
+from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.errors import RemoteError
 from supervisor.layout import LaunchSpec
-from supervisor.notify import Notifier
+from supervisor.links import EVIDENCE_SLACK_S, Links
 
 EVIDENCE_S = 0.5
 
@@ -78,49 +79,71 @@ class StandIn:
         """Nothing to close."""
 
 
-class NoWatcher:
-    """A watcher that watches nothing (the daemon's run loop is not started here)."""
+class RecordingShell:
+    """The daemon as the adapter sees it: the config, an epoch, and every event it emits."""
 
-    mode = None
-    changes_seen = 0
-    parse_errors = 0
+    def __init__(self, config: Config) -> None:
+        """Record into empty lists."""
+        self.config = config
+        self.epoch = 1
+        self.events: list[fleet.Event] = []
+        self.led: list[leadership.Event] = []
+        self.tasks: list[asyncio.Task[None]] = []
 
-    async def run(self, sink: Callable[[list[Any]], None]) -> None:
-        """Never called."""
+    def emit(self, event: fleet.Event) -> None:
+        """Recorded."""
+        self.events.append(event)
 
-    async def scan_all(self) -> list[Any]:
-        """Nothing."""
-        return []
+    def emit_all(self, events: Iterable[fleet.Event]) -> None:
+        """Recorded, in order."""
+        self.events.extend(events)
 
-    async def scan(self, hosts: Any) -> list[Any]:
-        """Nothing."""
-        return []
+    def lead(self, event: leadership.Event) -> None:
+        """Recorded."""
+        self.led.append(event)
 
-    def set_hosts(self, hosts: Any) -> None:
-        """Ignored."""
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task, kept to be awaited or cancelled by the test."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.append(task)
+        return task
 
-    def healthy(self, now: float) -> bool:
-        """Always."""
-        return True
 
-
-def a_daemon(tmp_path: Path, stand_in: StandIn) -> Daemon:
-    """A daemon for one host, worker-0, whose link goes to ``stand_in``."""
+@contextlib.asynccontextmanager
+async def linked(tmp_path: Path, stand_in: StandIn) -> AsyncIterator[tuple[Links, RecordingShell]]:
+    """The links adapter for one host, worker-0, connected to ``stand_in``."""
     raw = {
         "run": {"root": str(tmp_path / "run")},
         "ssh": {"known_hosts": str(tmp_path / "known_hosts")},
         "health": {"evidence_timeout_s": EVIDENCE_S},
         "hosts": [{"name": "worker-0", "shard": 0}],
     }
-    cfg = config_mod.parse(raw, tmp_path / "rs.toml")
-    daemon = Daemon(
-        cfg,
-        notifier=Notifier({}),
+    shell = RecordingShell(config_mod.parse(raw, tmp_path / "rs.toml"))
+
+    async def nothing_after(action: fleet.Terminate, cfg: HostConfig) -> None:
+        """No quarantine here."""
+
+    links = Links(
+        shell,
         remote_factory=lambda *args: stand_in,
-        watcher_factory=lambda config: NoWatcher(),
+        after_terminate=nothing_after,
+        timed=lambda op, seconds: None,
     )
-    daemon._links["worker-0"] = _Link(cfg=cfg.hosts[0], remote=stand_in)
-    return daemon
+    links.connect(fleet.Connect(host="worker-0", shard=0, added=False))
+    try:
+        yield links, shell
+    finally:
+        for task in shell.tasks:
+            task.cancel()
+        await asyncio.gather(*shell.tasks, return_exceptions=True)
+
+
+async def terminated(links: Links, shell: RecordingShell, action: fleet.Terminate) -> float:
+    """Perform ``action`` and wait for its task; the seconds it took."""
+    started = time.monotonic()
+    links.terminate(action)
+    await shell.tasks[-1]
+    return time.monotonic() - started
 
 
 @pytest.mark.parametrize("how", ["hang", "fail", "answer"])
@@ -131,12 +154,10 @@ async def test_the_terminate_goes_ahead_within_the_bound_whatever_the_agent_does
     that fails is a note; one that answers hands its stacks on: in every case the terminate
     follows and its confirmation carries the evidence."""
     stand_in = StandIn(how)
-    daemon = a_daemon(tmp_path, stand_in)
     action = fleet.Terminate(host="worker-0", pid=41, grace_s=1.0, kill=True, collect_evidence=True)
-    started = time.monotonic()
-    await daemon._terminate(action)
-    elapsed = time.monotonic() - started
-    [observed] = await daemon._inbox.take()
+    async with linked(tmp_path, stand_in) as (links, shell):
+        elapsed = await terminated(links, shell, action)
+    [observed] = shell.events
     assert isinstance(observed, fleet.HostObserved)
     event = observed.event
     assert isinstance(event, health.TerminateConfirmed) and event.pid == 41
@@ -156,8 +177,9 @@ async def test_the_terminate_goes_ahead_within_the_bound_whatever_the_agent_does
 async def test_no_evidence_is_taken_when_the_core_does_not_ask(tmp_path: Path) -> None:
     """A terminate without ``collect_evidence`` (an operator's stop) asks the host nothing."""
     stand_in = StandIn("fail")
-    daemon = a_daemon(tmp_path, stand_in)
-    await daemon._terminate(fleet.Terminate(host="worker-0", pid=41, grace_s=1.0, kill=True))
-    [observed] = await daemon._inbox.take()
+    action = fleet.Terminate(host="worker-0", pid=41, grace_s=1.0, kill=True)
+    async with linked(tmp_path, stand_in) as (links, shell):
+        await terminated(links, shell, action)
+    [observed] = shell.events
     assert isinstance(observed, fleet.HostObserved)
     assert observed.event == health.TerminateConfirmed(pid=41)

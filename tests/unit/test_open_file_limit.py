@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from supervisor import daemon
-from supervisor.daemon import OPEN_FILE_LIMIT_WANTED
+from supervisor import process
+from supervisor.process import OPEN_FILE_LIMIT_WANTED
 
 # Prints what raise_open_file_limit returned, then the limits the process then has.
 _PROBE = (
-    "import resource; from supervisor.daemon import raise_open_file_limit as r; "
+    "import resource; from supervisor.process import raise_open_file_limit as r; "
     "print(r(), *resource.getrlimit(resource.RLIMIT_NOFILE))"
 )
 
@@ -83,8 +83,8 @@ def test_the_raise_stops_at_our_cap_and_never_lowers(
     """The raise goes up to our cap at most, never lowers a limit set higher, and copes
     with unlimited limits."""
     fake = FakeLimits(soft, hard)
-    monkeypatch.setattr(daemon, "resource", fake)
-    returned = daemon.raise_open_file_limit()
+    monkeypatch.setattr(process, "resource", fake)
+    returned = process.raise_open_file_limit()
     assert fake.limits == expected
     assert returned == (OPEN_FILE_LIMIT_WANTED if soft == resource.RLIM_INFINITY else expected[0])
 
@@ -92,6 +92,6 @@ def test_the_raise_stops_at_our_cap_and_never_lowers(
 def test_a_refused_raise_keeps_the_limit_it_had(monkeypatch: pytest.MonkeyPatch) -> None:
     """A raise the system refuses leaves the limit as it was, and says so by returning it."""
     fake = FakeLimits(1024, 524288, refuse=True)
-    monkeypatch.setattr(daemon, "resource", fake)
-    assert daemon.raise_open_file_limit() == 1024
+    monkeypatch.setattr(process, "resource", fake)
+    assert process.raise_open_file_limit() == 1024
     assert fake.limits == (1024, 524288)
