@@ -88,7 +88,6 @@ def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replace
     host, actions = beats(ready(), 2.0, 400.0, lambda t: (10 if t >= 50 else int(t) // 5, 4))
     stuck = [a for a in actions if isinstance(a, h.StateChanged) and a.to is S.STALE]
     assert len(stuck) == 1
-    assert stuck[0].reason == "stuck: no task finished in 300 s with 4 in flight"
     assert host.cause_code is h.Cause.STUCK
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
     # Killed after the grace although kill_after_grace is off: the hung call ignores SIGTERM.
@@ -388,7 +387,6 @@ def test_tasks_left_waiting_with_slots_free_make_a_worker_not_taking_and_replace
     nothing quarantined (the tasks were never taken: the successor does them)."""
     host, actions = _backlogged(old_tasks=3)
     assert host.state is S.STALE and host.cause_code is h.Cause.NOT_TAKING
-    assert host.reason == "not taking tasks: 2 waited 300 s in its inbox with 3 of 4 slots free"
     assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
         h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)
     ]

@@ -181,7 +181,7 @@ def test_worker_reporting_not_ready_too_long_is_restarted() -> None:
         host, _ = run(host, (beat(4, float(i), ready=False), now), (h.DeadlinePassed(), now))
         if host.state is not S.READY:
             break
-    assert host.state is S.STALE and "not ready for" in host.reason
+    assert host.state is S.STALE and host.cause_code is h.Cause.NOT_READY
     assert now >= 2.0 + POLICY.ready_timeout_s
 
 
@@ -199,7 +199,7 @@ def test_early_wakeups_in_cooling_down_change_nothing() -> None:
     assert host.state is S.COOLING_DOWN and host.next_restart_at == 0.4 + 5
     host, actions = run(host, (h.DeadlinePassed(), 1.0), (h.DeadlinePassed(), 2.0))
     assert host.state is S.COOLING_DOWN and not actions
-    assert host.reason == "killed by signal 9 (SIGKILL); restart in 5s"
+    assert host.cause_code is h.Cause.KILLED and host.next_restart_at == 0.4 + 5
 
 
 def test_operator_start_gives_a_surviving_worker_a_chance() -> None:
