@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import rss_bytes  # noqa: E402 - after the path tweak that makes the checkout importable
+from supervisor import control  # noqa: E402
+from supervisor.errors import ControlError  # noqa: E402
 from tests.faults.harness import (  # noqa: E402
     FaultRun,
     Workload,
@@ -77,6 +79,7 @@ FAULTS = (
     "sighup",
     "garbage",
     "status_dir",
+    "stop_start",
 )
 
 
@@ -166,6 +169,20 @@ class Soak:
             case "status_dir":
                 remove_busy_dir(self.run.root / "status")
                 (self.run.root / "status").mkdir()
+            case "stop_start":
+                # The lost command's sequence: stop-host and start-host sent together, a
+                # stop-host right before a daemon SIGKILL and restart, then start-host
+                # answered. The fleet is whole only if the last start-host's host runs.
+                victim_host = self.rng.choice(sorted(before))
+                untouched = False
+                await stop_start_storm(daemon, victim_host)
+                stop = asyncio.create_task(host_command(daemon, "stop-host", victim_host))
+                await asyncio.sleep(self.rng.uniform(0, 0.05))  # wait-ok: near the kill
+                daemon.send_signal(signal.SIGKILL)
+                await daemon.wait_exit()
+                await stop
+                self.daemon = daemon = await self.run.start()
+                await stop_start_storm(daemon, victim_host)
             case _:
                 raise ValueError(fault)
         injected_at = time.monotonic()
@@ -255,6 +272,29 @@ class Soak:
             await self.run.aclose()
             self.failures += self.monitor.finish(30.0)
             self.openssh.stop()
+
+
+async def host_command(daemon: DaemonProcess, cmd: str, host: str) -> bool:
+    """``cmd`` for ``host`` on the daemon's socket; whether it was answered with success."""
+    try:
+        await control.request(daemon.socket, cmd, host=host)
+    except ControlError:
+        return False
+    return True
+
+
+async def stop_start_storm(daemon: DaemonProcess, host: str, pairs: int = 4) -> None:
+    """``pairs`` stop-host/start-host sent at once, then start-host until it is answered
+    (a daemon still starting refuses it)."""
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(pairs):
+            tg.create_task(host_command(daemon, "stop-host", host))
+            tg.create_task(host_command(daemon, "start-host", host))
+    deadline = time.monotonic() + RECOVERY_LIMIT_S
+    answered = await host_command(daemon, "start-host", host)
+    while not answered and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # wait-ok: a retry's pause
+        answered = await host_command(daemon, "start-host", host)
 
 
 def remove_busy_dir(path: Path, attempts: int = 100) -> None:

@@ -565,6 +565,10 @@ class Fleet:
         self._shutting_down = False
         self._finished = False
         self._stop_pending: set[str] = set()
+        #: Hosts with a stop sentinel written or removed now, and the stop-host/start-host
+        #: commands that wait for it, in the order they came: one file operation per host
+        #: at a time, so the last command is the one whose effect stays.
+        self._sentinel_queues: dict[str, list[StopHostRequested | StartHostRequested]] = {}
         self._shutdown_deadline_at: float | None = None
         # Per-host deadlines: a heap of (when, host); ``_armed[host]`` is the live entry.
         self._timers: list[tuple[float, str]] = []
@@ -727,18 +731,14 @@ class Fleet:
                 self._reconfigure(event, now, out)
             case RestartHostRequested():
                 self._restart_host(event, now, out)
-            case StopHostRequested():
-                if self._refuse_unknown(event.host, event.token, out):
-                    return
-                out.append(WriteStopSentinel(host=event.host, token=event.token))
-            case StartHostRequested():
-                if self._refuse_unknown(event.host, event.token, out):
-                    return
-                out.append(DeleteStopSentinel(host=event.host, token=event.token))
+            case StopHostRequested() | StartHostRequested():
+                self._sentinel_command(event, out)
             case StopSentinelWritten():
                 self._sentinel_written(event, now, out)
+                self._next_sentinel_command(event.host, out)
             case StopSentinelDeleted():
                 self._sentinel_deleted(event, now, out)
+                self._next_sentinel_command(event.host, out)
             case UnfreezeRequested():
                 self._clear_signatures("operator unfreeze", now, out)
                 was = self.freeze.frozen
@@ -1083,6 +1083,34 @@ class Fleet:
             return
         self._feed(event.host, health.RestartRequested(reason="operator restart"), now, out)
         out.append(Reply(token=event.token))
+
+    def _sentinel_command(
+        self, event: StopHostRequested | StartHostRequested, out: list[Action]
+    ) -> None:
+        """stop-host writes the host's stop sentinel, start-host removes it; a command that
+        comes while the other's file operation is under way waits for its result. Run at
+        once, a remove could finish before an earlier write (two threads): start-host would
+        be answered, and the sentinel written after it would keep the host stopped."""
+        queue = self._sentinel_queues.get(event.host)
+        if queue is not None:
+            queue.append(event)
+            return
+        if self._refuse_unknown(event.host, event.token, out):
+            return
+        self._sentinel_queues[event.host] = []
+        if isinstance(event, StopHostRequested):
+            out.append(WriteStopSentinel(host=event.host, token=event.token))
+        else:
+            out.append(DeleteStopSentinel(host=event.host, token=event.token))
+
+    def _next_sentinel_command(self, host: str, out: list[Action]) -> None:
+        """The host's sentinel operation is done: the next command waiting for it, if any."""
+        waiting = self._sentinel_queues.pop(host, [])
+        for event in waiting:
+            if host in self._sentinel_queues:
+                self._sentinel_queues[host].append(event)
+            else:
+                self._sentinel_command(event, out)
 
     def _sentinel_written(self, event: StopSentinelWritten, now: float, out: list[Action]) -> None:
         if event.error is not None:

@@ -344,6 +344,50 @@ def test_stop_host_writes_the_sentinel_before_stopping_and_start_host_removes_it
     assert s.of(out, f.Reply) == [f.Reply(token=2)]
 
 
+def test_a_start_host_during_a_stop_host_s_write_waits_for_it_and_has_the_last_word() -> None:
+    """stop-host then start-host before the sentinel's write is done: the removal is issued
+    only once the write is over (two file operations at once could end in either order, and
+    a write landing after the removal would keep the host stopped after start-host was
+    answered); the host ends starting, each command answered in its turn."""
+    s = shell(("a", 0))
+    s.boot()
+    s.run_worker("a", 100)
+    assert s.feed(f.StopHostRequested(host="a", token=1)) == [
+        f.WriteStopSentinel(host="a", token=1)
+    ]
+    assert s.feed(f.StartHostRequested(host="a", token=2)) == []
+    assert s.feed(f.StopHostRequested(host="a", token=3)) == []
+    assert s.feed(f.StartHostRequested(host="a", token=4)) == []
+    out = s.feed(f.StopSentinelWritten(host="a", token=1))
+    assert s.of(out, f.Reply) == [f.Reply(token=1)]
+    assert s.of(out, f.DeleteStopSentinel) == [f.DeleteStopSentinel(host="a", token=2)]
+    out = s.feed(f.StopSentinelDeleted(host="a", token=2))
+    assert s.of(out, f.Reply) == [f.Reply(token=2)]
+    assert s.of(out, f.WriteStopSentinel) == [f.WriteStopSentinel(host="a", token=3)]
+    out = s.feed(f.StopSentinelWritten(host="a", token=3))
+    assert s.of(out, f.DeleteStopSentinel) == [f.DeleteStopSentinel(host="a", token=4)]
+    s.on("a", h.TerminateConfirmed(pid=100))
+    out = s.feed(f.StopSentinelDeleted(host="a", token=4))
+    assert s.of(out, f.Reply) == [f.Reply(token=4)]
+    assert s.state("a") is S.STARTING and not s.core.hosts["a"].stop_sentinel
+    assert s.feed(f.StopHostRequested(host="a", token=5)) == [
+        f.WriteStopSentinel(host="a", token=5)
+    ]
+
+
+def test_a_command_waiting_for_a_sentinel_operation_is_refused_if_its_host_left() -> None:
+    """A start-host queued behind a stop-host's write is refused with a code when its turn
+    comes and the host is no longer a member."""
+    s = shell(("a", 0), ("b", 1))
+    s.boot()
+    s.feed(f.StopHostRequested(host="a", token=1))
+    s.feed(f.StartHostRequested(host="a", token=2))
+    s.feed(f.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=3))
+    out = s.feed(f.StopSentinelWritten(host="a", token=1))
+    assert [r.refusal for r in s.of(out, f.Reply)] == [f.Refusal.UNKNOWN_HOST] * 2
+    assert s.of(out, f.DeleteStopSentinel) == []
+
+
 # --- shutdown -----------------------------------------------------------------------------
 
 
