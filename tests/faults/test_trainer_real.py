@@ -286,11 +286,12 @@ async def test_a_dead_pool_process_of_a_real_worker_fails_only_the_call_it_was_c
 ) -> None:
     """kill -9 of one of two busy pool processes of a worker: its pool breaks. The real worker
     answers the call that process was computing with an error result itself (before anything
-    outside it can act: the one failed call) and never takes the other one again; the daemon
-    sees tasks left waiting with slots free and replaces it (not taking), and the successor
-    does the abandoned call: it does not time out. The reference worker, by design, runs each
-    task of the broken pool again alone in a new pool itself: no call fails and it is not
-    replaced. Nothing is left running that no current worker accounts for."""
+    outside it can act: the one failed call). A sibling call still running when the pool
+    broke is abandoned and never taken again: the daemon sees tasks left waiting with slots
+    free and replaces the worker (not taking), and the successor does that call: it does not
+    time out (a sibling that finished first needs nothing). The reference worker, by design,
+    runs each task of the broken pool again alone in a new pool itself: no call fails and it
+    is not replaced. Nothing is left running that no current worker accounts for."""
     async with real_fleet(fault_run, stack) as scene:
         coordinator = scene.pid(TARGET)
         busy: list[A.Proc] = []
@@ -317,8 +318,10 @@ async def test_a_dead_pool_process_of_a_real_worker_fails_only_the_call_it_was_c
         assert summary.failed_total <= 1, report
         assert all(c.kind == A.TASK_FAILED and c.shard == TARGET for c in failed), report
         assert A.TIMEOUT not in summary.failed, report
-        if summary.failed_total == 1:  # the call it was computing: the other one was abandoned
-            assert [e.get("cause") for e in replaced] == ["not_taking"], report
+        # The other busy slot's call either finished before the pool broke, or was abandoned
+        # with the pool: then the worker is replaced as not taking its tasks, and the
+        # successor does that call (no timeout above). No other restart.
+        assert [e.get("cause") for e in replaced] in ([], ["not_taking"]), report
     else:
         # By design the reference worker does not drop a broken pool's tasks: each runs again
         # alone in a new pool, and only one whose own process dies a second time gets an
