@@ -390,5 +390,5 @@ FleetWorld.detached = False
 FleetWorld.stop_deadline = 0.0
 TestFleetWorld = FleetWorld.TestCase
 TestFleetWorld.settings = settings(
-    max_examples=examples(150), stateful_step_count=60, deadline=None
+    max_examples=examples(100), stateful_step_count=60, deadline=None
 )

@@ -725,7 +725,7 @@ beats = st.builds(
 )
 
 
-@settings(max_examples=examples(2000))
+@settings(max_examples=examples(1000))
 @given(
     host=hosts_near_routine,
     event=beats | st.just(h.DeadlinePassed()),

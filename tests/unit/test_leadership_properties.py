@@ -269,7 +269,7 @@ class TwoDaemonsOneLock(RuleBasedStateMachine):
 
 
 TwoDaemonsOneLock.TestCase.settings = settings(
-    max_examples=examples(150), stateful_step_count=60, deadline=None
+    max_examples=examples(100), stateful_step_count=60, deadline=None
 )
 test_two_daemons_against_one_lock = TwoDaemonsOneLock.TestCase
 test_two_daemons_against_one_lock.__doc__ = (
