@@ -54,6 +54,9 @@ CLOSE_TIMEOUT_S: Final = 2.0
 # Launches are dominated by the agent round trip and a fork; terminates by the grace period.
 LAUNCH_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TERMINATE_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+#: A reward probe is one task through the queue: tens of milliseconds when healthy, up to the
+#: trainer's task timeout (30 s) when not.
+PROBE_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 # A host's page reads the worker's log under the run root, which may hang (a hung mount):
 # the page waits this long, then shows the rest without it.
 LOG_READ_TIMEOUT_S: Final = 2.0
@@ -127,6 +130,21 @@ class Metrics:
             "reward_supervisor_terminate_seconds",
             "Time from issuing a terminate to the pid confirmed dead.",
             buckets=TERMINATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.probe_seconds = Histogram(
+            "reward_supervisor_probe_round_trip_seconds",
+            "Reward probe round trip, written to result read: a reward as the trainer waits"
+            " for it.",
+            ["host"],
+            buckets=PROBE_BUCKETS,
+            registry=self.registry,
+        )
+        self.probe_failures = Counter(
+            "reward_supervisor_probe_failures",
+            "Reward probes that failed, by host and cause (probe_failed, probe_wrong,"
+            " probe_timeout).",
+            ["host", "cause"],
             registry=self.registry,
         )
         self.registry.register(_SnapshotCollector(snapshot))

@@ -65,6 +65,22 @@ def host_row(
         "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
         "evidence_age_s": _age_of(host.evidence_at, now),
         "work": work_row(host.stats),
+        #: The last reward probe answered (``[probe]``), or None.
+        "last_probe": _last_probe(host, now),
+    }
+
+
+def _last_probe(host: health.Host, now: float) -> dict[str, Any] | None:
+    """What the last reward probe found: in words, its failure code (None: it scored), its
+    round trip and its age."""
+    if host.last_probe is None:
+        return None
+    cause = host.last_probe_cause
+    return {
+        "what": host.last_probe,
+        "cause": None if cause is None else cause.value,
+        "round_trip_s": _rounded(host.last_probe_round_trip_s, 3),
+        "age_s": _age_of(host.last_probe_at, now),
     }
 
 
@@ -719,6 +735,11 @@ def render_host(detail: Mapping[str, Any]) -> str:
         if restart.get("held"):
             text += f", held: {restart['held']}"
         say(text, 2)
+    probe = detail.get("last_probe")
+    if isinstance(probe, Mapping):
+        age = probe.get("age_s")
+        when = f", {_age(age)} ago" if age is not None else ""
+        say(f"last reward probe: {probe.get('what')}{when}", 2)
     last_exit = detail.get("last_exit")
     if isinstance(last_exit, Mapping):
         age = last_exit.get("age_s")
