@@ -589,11 +589,24 @@ class _SnapshotCollector(Collector):
             "Crash signatures holding restarts now (hosts crashing the same way).",
             len(signatures),
         )
+        probes = daemon.get("probe_signatures") or ()
+        yield _gauge(
+            "reward_supervisor_probe_signatures",
+            "Probe signatures holding restarts now (hosts failing the reward probe the same way).",
+            len(probes),
+        )
         yield _gauge(
             "reward_supervisor_restarts_held",
-            "Hosts whose automatic restarts a crash signature holds.",
-            sum(len(sig.get("held") or ()) for sig in signatures),
+            "Hosts whose automatic restarts a crash or probe signature holds.",
+            sum(len(sig.get("held") or ()) for sig in (*signatures, *probes)),
         )
+        if daemon.get("trainer_task_timeout_s") is not None:
+            yield _gauge(
+                "reward_supervisor_trainer_task_timeout_seconds",
+                "[trainer] task_timeout_s: the trainer's client fails a call without a result"
+                " within this long.",
+                float(daemon["trainer_task_timeout_s"]),
+            )
         yield _gauge(
             "reward_supervisor_launches_waiting",
             "Launches waiting for the budget.",
@@ -630,14 +643,30 @@ def _per_host(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         " progress_stale_s), has not been replaced.",
         labels=["host"],
     )
+    probe_ok = GaugeMetricFamily(
+        "reward_supervisor_host_probe_ok",
+        "1 when the host's last reward probe scored as expected, 0 when it failed (hosts"
+        " probed only: [probe]).",
+        labels=["host"],
+    )
+    probe_rtt = GaugeMetricFamily(
+        "reward_supervisor_host_probe_round_trip_seconds",
+        "The round trip of the host's last answered reward probe (written to result read).",
+        labels=["host"],
+    )
     for name, row in sorted(hosts.items()):
+        probe = row.get("last_probe")
+        if isinstance(probe, Mapping):
+            probe_ok.add_metric([name], 0 if probe.get("cause") else 1)
+            if probe.get("round_trip_s") is not None and probe.get("cause") != "probe_timeout":
+                probe_rtt.add_metric([name], float(probe["round_trip_s"]))
         state.add_metric([name, str(row.get("state"))], 1)
         stuck.add_metric([name], 1 if _stuck(row) else 0)
         if row.get("heartbeat_age_s") is not None:
             age.add_metric([name], float(row["heartbeat_age_s"]))
         ssh.add_metric([name], 1 if row.get("ssh") == "connected" else 0)
         restarts.add_metric([name], float(row.get("restarts") or 0))
-    yield from (state, age, ssh, restarts, stuck)
+    yield from (state, age, ssh, restarts, stuck, probe_ok, probe_rtt)
     yield from _work(hosts)
 
 

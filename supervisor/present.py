@@ -468,6 +468,8 @@ class Presenter:
                 for sig in core.signatures.values()
                 if sig.kind == "probe"
             ],
+            #: ``[trainer] task_timeout_s``, beside which a probe's round trip is judged.
+            "trainer_task_timeout_s": self._shell.config.trainer.task_timeout_s,
             "launches_waiting": len(core.budget.waiting),
             "launches_in_flight": len(core.budget.in_flight),
             "status_parse_errors": getattr(watcher, "parse_errors", 0),
