@@ -322,8 +322,8 @@ def status_line(core: fleet.Fleet) -> str:
     for signature in core.signatures.values():
         held = len(core.held_by(signature.signature))
         text = (
-            f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
-            f" {held} hosts, canary {signature.canary}; {text}"
+            f"{signature.kind.upper()} SIGNATURE ({terminal_text(signature.signature)}):"
+            f" restarts held on {held} hosts, canary {signature.canary}; {text}"
         )
     return text
 
@@ -423,15 +423,19 @@ def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
     """One line per crash signature that holds restarts (``status --json``'s
     ``crash_signatures``), with what releases it; unescaped (the signature quotes a log)."""
     lines = []
-    for sig in daemon.get("crash_signatures") or ():
-        held = sig.get("held") or []
-        lines.append(
-            f"CRASH SIGNATURE for {_duration(sig.get('since_s'))}:"
-            f" {len(sig.get('hosts') or [])} hosts crashed the same way"
-            f" ({sig.get('signature')}); restarts held on {len(held)},"
-            f" canary {sig.get('canary')}; a reload that changes the worker, or"
-            " `reward-supervisor unfreeze`, releases them"
-        )
+    for kind, how, fix in (
+        ("crash", "crashed", "the worker"),
+        ("probe", "failed their reward probe", "the worker or the probe's reward fn"),
+    ):
+        for sig in daemon.get(f"{kind}_signatures") or ():
+            held = sig.get("held") or []
+            lines.append(
+                f"{kind.upper()} SIGNATURE for {_duration(sig.get('since_s'))}:"
+                f" {len(sig.get('hosts') or [])} hosts {how} the same way"
+                f" ({sig.get('signature')}); restarts held on {len(held)},"
+                f" canary {sig.get('canary')}; a reload that changes {fix}, or"
+                " `reward-supervisor unfreeze`, releases them"
+            )
     return lines
 
 

@@ -49,10 +49,12 @@ def _drive(steps: list[tuple[h.Event, float]], host: h.Host | None = None) -> Sc
 
 
 def _beat(at: float, pid: int = PID) -> h.HeartbeatSeen:
+    """A ready heartbeat of ``pid`` whose stamp is new at ``at``."""
     return h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=5000.0 + at)
 
 
 def _scored(pid: int = PID) -> h.RewardProbeAnswered:
+    """A probe answer of ``pid`` that scored as expected."""
     return h.RewardProbeAnswered(pid=pid, status="ok", score=1.0, round_trip_s=0.1)
 
 
