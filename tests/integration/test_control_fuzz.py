@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from supervisor.control import ControlServer
+from tests.examples import examples
 from tests.integration.test_control import FakeDaemon
 
 WAIT_S = 10.0
@@ -121,7 +122,7 @@ async def serve_and_send(chunks: list[bytes]) -> tuple[list[dict[str, Any]], lis
         shutil.rmtree(directory)
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(st.lists(lines, max_size=12))
 @example([b'{"cmd": "restart-host", "host": "\\ud800"}'])
 @example([b'{"cmd": "\\udfff"}', b'{"cmd": "ping", "\\ud800": 1}'])

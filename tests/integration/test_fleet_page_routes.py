@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from supervisor import page
 from supervisor.errors import ControlError
 from supervisor.metrics import MAX_CONNECTIONS, Metrics, detail_on_loop
+from tests.examples import examples
 from tests.pageparse import parse_page
 
 WAIT_S = 10.0
@@ -257,7 +258,7 @@ async def test_host_details_within_a_second_share_one_build_on_the_loop() -> Non
     assert builds == [("a", threading.get_ident()), ("b", threading.get_ident())]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     path=st.text(max_size=60).map(lambda s: "/" + s)
     | st.sampled_from(["/host/", "/host/%", "/host/%ff%00", "/host/w-0%2F..", "/host/w-0?x"])

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from supervisor.metrics import Endpoint, Metrics, Reply, snapshot_on_loop
+from tests.examples import examples
 
 WAIT_S = 10.0
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
@@ -140,7 +141,7 @@ async def _fuzz(chunks: list[bytes]) -> tuple[list[str], str, list[Any]]:
     return statuses, final, logs
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(
     st.lists(
         st.binary(max_size=200) | st.sampled_from([GET[:n] for n in range(len(GET))]),

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from supervisor import runfiles
 from supervisor.health import Policy
 from supervisor.statusfiles import ExitRecord, read_exit
+from tests.examples import examples
 
 POLICY = Policy()
 
@@ -57,7 +58,7 @@ def root() -> Iterator[Path]:
         yield path
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(data=hostile_bytes)
 def test_state_loader_never_raises_on_any_file_content(root: Path, data: bytes) -> None:
     """Whatever bytes ``supervisor-state.json`` holds, loading it returns a history (maybe
@@ -70,7 +71,7 @@ def test_state_loader_never_raises_on_any_file_content(root: Path, data: bytes) 
         assert h.next_restart_at is None or math.isfinite(h.next_restart_at)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(data=hostile_bytes)
 def test_exit_record_reader_never_raises_on_any_file_content(root: Path, data: bytes) -> None:
     """Whatever bytes an exit record holds, reading it gives a record with a positive pid or

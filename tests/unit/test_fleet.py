@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from supervisor import fleet
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.examples import examples
 
 POLICY = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30)
 #: Half of a 60 s stale threshold: when a ready host counts as silent.
@@ -133,7 +134,7 @@ def test_next_assessment_is_when_the_next_host_would_fall_silent() -> None:
     assert fleet.survey(fleet.Freeze(), hosts, 100.0, SILENT_S).next_at is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     n=st.integers(2, 40),
     silent=st.data(),
@@ -183,7 +184,7 @@ def test_budget_limits_launches_per_minute_and_says_when_to_retry() -> None:
     assert fleet.next_grant_at(budget, policy) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     ops=st.lists(
         st.tuples(st.sampled_from(["want", "done", "grant", "time"]), st.integers(0, 9)),
@@ -253,7 +254,7 @@ def ready_fleet(n: int) -> list[h.Host]:
     return hosts
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     n=st.integers(2, 12),
     stall_s=st.floats(0.0, 120.0),
@@ -303,7 +304,7 @@ def test_a_filesystem_stall_of_any_length_restarts_nobody(
     assert [(x.state, x.pid) for x in hosts] == [(S.READY, i + 1) for i in range(n)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     rows=st.lists(
         st.tuples(

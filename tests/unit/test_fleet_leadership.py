@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from supervisor import fleet as f
 from supervisor import health as h
+from tests.examples import examples
 from tests.unit.test_fleet_core import Shell, shell
 
 
@@ -114,7 +115,7 @@ fleet_events = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     batches=st.lists(st.lists(fleet_events, min_size=1, max_size=4), max_size=30),
     steps=st.lists(st.floats(0.0, 20.0), min_size=30, max_size=30),

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from supervisor import health, page, view
 from supervisor.config import HostConfig
 from supervisor.health import Cause, HostState
+from tests.examples import examples
 from tests.pageparse import Page, parse_page
 
 S = HostState
@@ -360,7 +361,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @example(
     hosts={"h": {"state": "ready", "tasks_per_min": math.inf, "heartbeat_age_s": math.nan}},
     daemon={

@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from supervisor import fleet as f
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.examples import examples
 
 HEALTH = h.Policy(
     heartbeat_stale_s=10.0,
@@ -388,4 +389,6 @@ class FleetWorld(RuleBasedStateMachine):
 FleetWorld.detached = False
 FleetWorld.stop_deadline = 0.0
 TestFleetWorld = FleetWorld.TestCase
-TestFleetWorld.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+TestFleetWorld.settings = settings(
+    max_examples=examples(150), stateful_step_count=60, deadline=None
+)

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from supervisor import health as h
 from supervisor.health import HostState as S
+from tests.examples import examples
 from tests.unit.freshread import fresh_read
 
 #: Causes that leave the worker alive: only its terminate captures evidence.
@@ -368,7 +369,9 @@ class FleetOfOne(RuleBasedStateMachine):
 
 
 TestFleetOfOne = FleetOfOne.TestCase
-TestFleetOfOne.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+TestFleetOfOne.settings = settings(
+    max_examples=examples(200), stateful_step_count=50, deadline=None
+)
 
 
 # --- focused properties ----------------------------------------------------------------------
@@ -769,7 +772,7 @@ beats = st.builds(
 )
 
 
-@settings(max_examples=2000)
+@settings(max_examples=examples(2000))
 @given(
     host=hosts_near_routine,
     event=beats | st.just(h.DeadlinePassed()),

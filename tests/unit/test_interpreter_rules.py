@@ -46,6 +46,7 @@ CONFIG_TABLES = frozenset(
 
 
 def _name_of(node: ast.AST) -> str | None:
+    """The name a node stands for: a variable's, or an attribute's last part."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):

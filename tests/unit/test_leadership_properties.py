@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from supervisor import leadership as ld
 from supervisor.leadership import Role as R
+from tests.examples import examples
 
 POLICY = ld.Policy(standby=True, poll_interval_s=0.5, check_interval_s=2.0, handover_hold_s=1.0)
 DAEMONS = 2
@@ -268,7 +269,7 @@ class TwoDaemonsOneLock(RuleBasedStateMachine):
 
 
 TwoDaemonsOneLock.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=60, deadline=None
+    max_examples=examples(150), stateful_step_count=60, deadline=None
 )
 test_two_daemons_against_one_lock = TwoDaemonsOneLock.TestCase
 test_two_daemons_against_one_lock.__doc__ = (
@@ -307,7 +308,7 @@ events = st.one_of(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     standby=st.booleans(),
     script=st.lists(st.tuples(events, st.floats(0.0, 40.0)), max_size=60),
