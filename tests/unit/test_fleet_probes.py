@@ -122,3 +122,16 @@ def test_probe_failures_that_differ_or_come_too_few_make_no_signature() -> None:
     off.on("w0", h.HeartbeatSeen(pid=100, ready=True, remote_heartbeat_at=1.0))
     off.on("w0", h.RewardProbeAnswered(pid=100, status="error", error=MISSING))
     assert off.state("w0") is S.STALE and not off.core.signatures
+
+
+def test_an_unfreeze_releases_a_probe_signature() -> None:
+    """An operator's unfreeze ends a probe signature's hold, as it ends a crash signature's."""
+    s = probed_fleet(3)
+    for i in range(3):
+        fail_probe(s, i)
+    assert s.core.held
+    s.feed(f.UnfreezeRequested(token=1))
+    cleared = s.last(f.CrashSignatureCleared)
+    assert cleared is not None and cleared.kind == "probe" and cleared.reason == "operator unfreeze"
+    assert not s.core.signatures and not s.core.held
+    assert all(host.held is None for host in s.core.hosts.values())
