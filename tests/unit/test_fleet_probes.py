@@ -135,3 +135,18 @@ def test_an_unfreeze_releases_a_probe_signature() -> None:
     assert cleared is not None and cleared.kind == "probe" and cleared.reason == "operator unfreeze"
     assert not s.core.signatures and not s.core.held
     assert all(host.held is None for host in s.core.hosts.values())
+
+
+def test_a_reload_that_changes_only_the_probe_keeps_a_crash_signature() -> None:
+    """Hosts crashing alike are not mended by another probe task: the crash signature and
+    its hold stay through a reload that changes the probe alone."""
+    s = probed_fleet(3)
+    tail = "Traceback (most recent call last):\nImportError: libfoo.so\n"
+    for i in range(3):
+        s.on(f"w{i}", h.WorkerExited(pid=100 + i, exit_code=2, log_tail=tail))
+    [signature] = s.core.signatures.values()
+    assert signature.kind == "crash" and s.core.held
+    members = tuple(f.Member(name=f"w{i}", shard=i) for i in range(3))
+    fixed = replace(PROBED, probe_task='{"reward_fn":"pkg.fixed.fn"}')
+    s.feed(f.Reconfigured(members=members, health=fixed, policy=POLICY, token=1))
+    assert list(s.core.signatures.values()) == [signature] and s.core.held
