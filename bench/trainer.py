@@ -5,6 +5,8 @@ reward-supervisor and under the old script, through the same faults, side by sid
                                       [--only ours|old] [--hosts 4] [--concurrency 4]
                                       [--loops 16] [--quick] [--trainer-table]
                                       [--restart-stop kill|drain] [--out FILE]
+    .venv/bin/python -m bench.trainer --probes-ab [--faults none] [--rounds 3]
+                                      [--probe-interval 1]
 
 One OpenSSH sshd on loopback serves every "host". Each host runs the real worker
 (``python -m areal.reward.fs_worker``, from ``../shared/areal-fs`` or
@@ -21,6 +23,12 @@ One OpenSSH sshd on loopback serves every "host". Each host runs the real worker
   then ``watch`` with its defaults (heartbeat-stale 60 s, interval 10 s, restart-cooldown 30 s),
   its workers under its bash respawn loop.
 
+- **ours+probes** (``--probes-ab``, which runs it beside ``ours`` instead of ``old``): ours with
+  a ``[probe]`` table: the trainer's own call (``hang_if_marker``, answer 18, ``expect = 1``)
+  through every shard's queue every ``--probe-interval`` seconds (1 s: thirty times the
+  default rate, to make any disturbance show), ``timeout_s = 20``. ``--rounds N`` repeats the
+  pair, alternating, so drift of the machine falls on both.
+
 For each fault and supervisor a fresh fleet starts; the trainer load (``tests.areal.TrainerLoad``:
 16 rollout loops on the real ``FSRewardClient`` with its defaults) warms up until every shard has
 served calls, then the window starts; the fault comes ``--fault-at`` seconds in, on host 1 (shard
@@ -35,6 +43,7 @@ the fleet is stopped and everything it left is killed. Faults:
 - ``restart_host``: ours ``reward-supervisor restart-host -c CFG HOST``; old ``restart-host``;
 - ``stop_start``: ours ``stop-host`` then, once the host is stopped, ``start-host`` (a host
   taken out for maintenance and given back); the old script has no per-host stop (n/a);
+- ``none``: nothing is done (the healthy window, for ``--probes-ab``);
 - ``reload_worker``: every host gets a new worker: ours changes ``worker.env`` in the config
   and runs ``reward-supervisor reload``; the old script has no reload, so its way is ``stop``
   then ``start`` (and ``watch`` again, which ``stop`` ended).
@@ -87,10 +96,13 @@ FAULTS = (
     "restart_host",
     "stop_start",
     "reload_worker",
+    "none",
 )
 #: Faults the old script has no way to do (it has no per-host stop).
 OLD_CANNOT: Final = frozenset({"stop_start"})
 SUPERVISORS = ("ours", "old")
+#: ``--probes-ab``: ours without and with ``[probe]``, side by side.
+PROBES_AB = ("ours", "ours+probes")
 RESULTS = ROOT / "bench" / "results"
 #: The fleet is started and ready well within this on 2 cores (4 workers, 16 interpreters).
 READY_S = 180.0
@@ -197,6 +209,8 @@ class Ours:
     concurrency: int
     trainer_table: bool
     restart_stop: str | None = None
+    #: ``[probe]`` (None: no probes).
+    probe: Mapping[str, Any] | None = None
     name: str = "ours"
     process: asyncio.subprocess.Process | None = None
     generation: int = 1
@@ -218,7 +232,7 @@ class Ours:
 
     def raw(self) -> dict[str, Any]:
         """The config: only what a fleet needs; every threshold is the shipped default."""
-        return A.shipped_config(
+        raw = A.shipped_config(
             self.openssh,
             self.root,
             self.hosts,
@@ -230,6 +244,9 @@ class Ours:
             trainer_table=self.trainer_table,
             health=None if self.restart_stop is None else {"restart_stop": self.restart_stop},
         )
+        if self.probe is not None:
+            raw["probe"] = dict(self.probe)
+        return raw
 
     def write_config(self) -> None:
         """Write the config atomically (a reload must read the old file or the new one)."""
@@ -569,6 +586,7 @@ class Settings:
     fault_at_s: float
     trainer_table: bool
     restart_stop: str | None = None
+    probe_interval_s: float = 1.0
 
 
 async def inject(
@@ -603,6 +621,8 @@ async def inject(
         return await fleet.stop_start(host)
     if fault == "reload_worker":
         return await fleet.reload_worker()
+    if fault == "none":
+        return "nothing done"
     raise ValueError(f"unknown fault {fault!r}")
 
 
@@ -620,8 +640,18 @@ async def run_one(
     tmp = Path(tempfile.mkdtemp(prefix=f"tb-{supervisor}-{fault}-", dir=SCRATCH))
     tag = uuid.uuid4().hex[:6]
     fleet: Fleet
-    if supervisor == "ours":
+    if supervisor in PROBES_AB:
         names = [f"tb{tag}-{i}" for i in range(settings.hosts)]
+        probe = None
+        if supervisor == "ours+probes":
+            probe = {
+                "interval_s": settings.probe_interval_s,
+                "timeout_s": 20.0,
+                "reward_fn": A.HANG_IF_MARKER,
+                "args": [A.PROMPT, A.COMPLETIONS],
+                "kwargs": {"answer": A.ANSWER},
+                "expect": 1.0,
+            }
         fleet = Ours(
             tmp,
             openssh,
@@ -630,6 +660,7 @@ async def run_one(
             settings.concurrency,
             settings.trainer_table,
             settings.restart_stop,
+            probe,
         )
     else:
         assert seed is not None
@@ -828,6 +859,8 @@ async def main_async(args: argparse.Namespace) -> str:
         raise SystemExit(A.areal_missing_reason())
     seed = find_seed()
     supervisors = [args.only] if args.only else list(SUPERVISORS)
+    if args.probes_ab:
+        supervisors = list(PROBES_AB)
     if "old" in supervisors and seed is None:
         raise SystemExit(seed_missing_reason())
     settings = Settings(
@@ -838,6 +871,7 @@ async def main_async(args: argparse.Namespace) -> str:
         fault_at_s=args.fault_at,
         trainer_table=args.trainer_table,
         restart_stop=args.restart_stop,
+        probe_interval_s=args.probe_interval,
     )
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     t0 = time.monotonic()
@@ -845,8 +879,9 @@ async def main_async(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="tb-sshd-") as name:
         openssh = OpenSsh.create(Path(name) / "sshd")
         try:
-            for fault in args.faults:
-                for supervisor in supervisors:
+            rounds = [supervisors if r % 2 == 0 else supervisors[::-1] for r in range(args.rounds)]
+            for fault, order in ((f, o) for o in rounds for f in args.faults):
+                for supervisor in order:
                     if supervisor == "old" and fault in OLD_CANNOT:
                         continue
                     log(f"{supervisor} {fault}: start")
@@ -878,6 +913,11 @@ def main() -> None:
         "--restart-stop", choices=("kill", "drain"), help="ours: [health] restart_stop"
     )
     parser.add_argument("--out", type=Path, help="the report file (default bench/results/...)")
+    parser.add_argument(
+        "--probes-ab", action="store_true", help="ours without and with [probe], side by side"
+    )
+    parser.add_argument("--probe-interval", type=float, default=1.0, help="[probe] interval_s")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat, alternating the order")
     args = parser.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in args.faults if f not in FAULTS]

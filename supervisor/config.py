@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import itertools
+import json
 import os
 import re
 import stat
@@ -202,6 +203,32 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeConfig:
+    """``[probe]``: a known task sent through each shard's own queue, in the run's task
+    record (``reward_fn``, ``args``, ``kwargs``), whose answer says the worker can score;
+    absent: no probes."""
+
+    interval_s: float = 30.0
+    timeout_s: float = 20.0
+    #: Empty: ``run.reward_fn`` (the validator fills it in).
+    reward_fn: str = ""
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: The score the probe must have (None: any score; an error never passes).
+    expect: float | None = None
+
+    def task(self) -> str:
+        """The task record without its id, as JSON text (``fs_protocol.build_task``)."""
+        record = {
+            "schema_version": 1,
+            "reward_fn": self.reward_fn,
+            "args": list(self.args),
+            "kwargs": dict(self.kwargs),
+        }
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostConfig:
     """One ``[[hosts]]`` entry."""
 
@@ -230,6 +257,8 @@ class Config:
     #: ``[ha]``: the leadership core's own policy (docs/OPERATIONS.md §9).
     ha: HaPolicy = field(default_factory=HaPolicy)
     trainer: TrainerConfig = TrainerConfig()
+    #: ``[probe]``; None: the table is absent and no probe is ever sent.
+    probe: ProbeConfig | None = None
     #: The keys the file sets (``"health.heartbeat_stale_s"``...): a default derived from
     #: ``[trainer]`` is ours to answer for, a value set by hand the operator's.
     keys_set: frozenset[str] = frozenset()
@@ -657,6 +686,9 @@ Kind = Literal[
     "algorithms",  # a non-empty array of names this asyncssh supports for the key
     "exit_codes",  # an array of exit codes 0-255
     "env",  # a table of environment variables
+    "number",  # a finite float
+    "json_list",  # an array of JSON values
+    "json_table",  # a table of JSON values
 ]
 
 
@@ -846,6 +878,21 @@ SCHEMA: Final[Mapping[str, Section]] = {
             "evidence_stacks": Key("choice", choices=EVIDENCE_STACKS),
             "restart_stop": Key("choice", choices=RESTART_STOPS),
             "quarantine_stuck_tasks": Key("flag"),
+        },
+        # The reward probe's settings come from [probe].
+        not_keys=frozenset({"probe_interval_s", "probe_timeout_s", "probe_task", "probe_expect"}),
+    ),
+    "probe": Section(
+        ProbeConfig,
+        {
+            "interval_s": Key(
+                "seconds", minimum=1.0, why="each probe is a task in the trainer's own queue"
+            ),
+            "timeout_s": Key("seconds"),
+            "reward_fn": Key("text", blank_is_default=True),
+            "args": Key("json_list"),
+            "kwargs": Key("json_table"),
+            "expect": Key("number"),
         },
     ),
     "trainer": Section(
@@ -1162,6 +1209,29 @@ class _Validator:
                 codes.add(item)
         return frozenset(codes)
 
+    def number(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, float)
+        if value is not _UNSET and (value != value or value in (float("inf"), float("-inf"))):
+            self.problem(path, f"must be a finite number, not {value}")
+            return _UNSET
+        return value
+
+    def json_list(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, list)
+        return value if value is _UNSET else tuple(self._json(path, value))
+
+    def json_table(self, path: str, raw: object, key: Key, given: Given) -> Any:
+        value = self.typed(path, raw, dict)
+        return value if value is _UNSET else MappingProxyType(self._json(path, value))
+
+    def _json(self, path: str, value: Any) -> Any:
+        """``value`` as JSON can carry it (TOML dates cannot be): reported otherwise."""
+        try:
+            return json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            self.problem(path, f"must hold only JSON values: {exc}")
+            return [] if isinstance(value, list) else {}
+
     def env(self, path: str, raw: object, key: Key, given: Given) -> Any:
         value = self.typed(path, raw, dict)
         if value is _UNSET:
@@ -1190,6 +1260,15 @@ class _Validator:
         trainer = TrainerConfig(**self.read(self.table(raw, "trainer"), "trainer", given))
         given = Given(source=source, watch=watch, trainer=trainer)
         health = self.health(self.table(raw, "health"), given)
+        probe = self.probe(raw, run, given)
+        if probe is not None:
+            health = replace(
+                health,
+                probe_interval_s=probe.interval_s,
+                probe_timeout_s=probe.timeout_s,
+                probe_task=probe.task(),
+                probe_expect=probe.expect,
+            )
         ssh = self.ssh(self.table(raw, "ssh"), given)
         control = self.control(self.table(raw, "control"), given)
         pointer_file = run.pointer_file if run is not None else None
@@ -1212,6 +1291,7 @@ class _Validator:
             hosts=hosts,
             ha=ha,
             trainer=trainer,
+            probe=probe,
             keys_set=_keys_set(raw),
         )
 
@@ -1269,6 +1349,16 @@ class _Validator:
                 f" ({policy.restart_cooldown_s:g}s)",
             )
         return policy
+
+    def probe(
+        self, raw: Mapping[str, Any], run: RunConfig | None, given: Given
+    ) -> ProbeConfig | None:
+        if "probe" not in raw:
+            return None
+        values = self.read(self.table(raw, "probe"), "probe", given)
+        if not values["reward_fn"]:
+            values["reward_fn"] = run.reward_fn if run is not None else DEFAULT_REWARD_FN
+        return ProbeConfig(**values)
 
     def ssh(self, t: Mapping[str, Any], given: Given) -> SshConfig | None:
         values = self.read(t, "ssh", given)
@@ -1422,6 +1512,9 @@ _READERS: Final[Mapping[Kind, Callable[[_Validator, str, object, Key, Given], An
     "algorithms": _Validator.algorithms,
     "exit_codes": _Validator.exit_codes,
     "env": _Validator.env,
+    "number": _Validator.number,
+    "json_list": _Validator.json_list,
+    "json_table": _Validator.json_table,
 }
 
 

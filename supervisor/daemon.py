@@ -16,7 +16,8 @@ through the fleet's queue; the fleet hears of it by events (``Booted``, ``Leader
 
 The adapters, one per outside world, each given this daemon as its ``shell.Shell``:
 ``links.Links`` (SSH), ``rundir.RunDirectory`` (the run root and its watcher),
-``present.Presenter`` (logs, ``STATUS=``, metrics, events, status answers) and
+``present.Presenter`` (logs, ``STATUS=``, metrics, events, status answers),
+``probes.Prober`` (reward probes through the shards' queues) and
 ``commands.Operator`` (the control socket and reload). This module has no ``if`` about a
 host's state, a role or a policy: ``tests/unit/test_interpreter_rules.py`` checks it
 (docs/ARCHITECTURE.md).
@@ -44,6 +45,7 @@ from supervisor.errors import ControlError
 from supervisor.links import Links, RemoteFactory, default_remote_factory
 from supervisor.notify import Notifier, NotifierProtocol
 from supervisor.present import Facts, Presenter, __version__
+from supervisor.probes import Prober
 from supervisor.process import raise_open_file_limit, run_process
 from supervisor.rundir import RunDirectory
 from supervisor.watch import Watcher, WatcherProtocol
@@ -158,6 +160,7 @@ class Daemon:
             request_stop=self.request_stop,
             apply_config=self._apply_config,
         )
+        self.probes = Prober(self, answered=lambda host, a: self.present.probe_answered(host, a))
         self._routes = self._fleet_routes()
         self._lead_routes = self._leadership_routes()
 
@@ -173,6 +176,7 @@ class Daemon:
             fleet.PointerNotWritten: present.pointer_not_written,
             fleet.Probe: links.probe,
             fleet.RecheckStatus: rundir.recheck,
+            fleet.SendRewardProbe: self.probes.send,
             fleet.LaunchAsked: present.launch_asked,
             fleet.Launch: links.launch,
             fleet.Terminate: links.terminate,
@@ -409,6 +413,7 @@ class Daemon:
         """Lead: the restart history a previous daemon left, then the fleet and the tasks
         that serve it."""
         histories = await asyncio.to_thread(self.rundir.load_history)
+        await self.probes.sweep()  # what a daemon killed mid-probe left, before any probe
         self._inbox.put(fleet.Booted(histories=histories))
         self._background += [
             self.spawn(self.rundir.watcher.run(self.rundir.on_observations), "watcher"),

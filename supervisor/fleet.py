@@ -42,6 +42,9 @@ Rules (DESIGN §4); everything that decides across hosts lives in this file:
    canary runs again (ready), when a reload changes what the workers run, or when an
    operator unfreezes. Signals someone sends (SIGKILL, SIGTERM, SIGINT, SIGHUP: the OOM
    killer, an operator) are never a signature: a random ``kill -9`` is restarted as before.
+   Reward probes that fail the same way (the same cause and error text, numbers blurred) on
+   that many hosts within the window are a probe signature, held and released the same
+   way; a reload that changes the probe's task (its reward function) releases it too.
 9. Operator commands. An unknown or retiring host is refused by name; a restart of a host
    held by its stop sentinel is refused (start-host is the way); stop-host has the sentinel
    written before the host is stopped and start-host has it removed before the host starts,
@@ -337,6 +340,18 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SendRewardProbe:
+    """Write ``task`` (with a probe's id) into ``shard``'s inbox and await its result for
+    ``timeout_s``; answer with ``HostObserved(host, RewardProbeAnswered(pid=pid, ...))``."""
+
+    host: str
+    shard: int
+    pid: int
+    task: str
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecheckStatus:
     """Read ``host``'s status file again now, by content (and count its shard's task files
     this old, if ``tasks_older_than_s``); answer with
@@ -466,12 +481,15 @@ class PointerNotWritten:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CrashSignatureFound:
-    """Hosts crashed the same way: restarts on it are held but for the ``canary``."""
+    """Hosts crashed (or failed their reward probe) the same way: restarts on it are held
+    but for the ``canary``."""
 
     signature: str
     hosts: tuple[str, ...]
     canary: str
     log_tail: str | None
+    #: "crash" (exits) or "probe" (reward probes).
+    kind: str = "crash"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -481,6 +499,7 @@ class CrashSignatureCleared:
     signature: str
     reason: str
     released: tuple[str, ...]
+    kind: str = "crash"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -497,6 +516,7 @@ Action = (
     | Launch
     | Terminate
     | Probe
+    | SendRewardProbe
     | RecheckStatus
     | HostStateChanged
     | LaunchesWaiting
@@ -771,6 +791,8 @@ class Fleet:
         if type(event) is health.WorkerExited:
             # Decided before the exit is applied: a held host must not restart at once.
             self._crashed(name, event, now, out)
+        elif type(event) is health.RewardProbeAnswered:
+            self._probe_failed(name, event, now, out)
         if type(event) in _RESULTS_OF_LAUNCH and name in self.budget.in_flight:
             # The slot goes back before the result is applied: a relaunch the core asks for
             # at once (the first failure after a healthy spell) must find it free.
@@ -858,6 +880,16 @@ class Fleet:
                 out.append(Probe(host=name, pid=action.pid))
             case health.RecheckStatus():
                 out.append(RecheckStatus(host=name, tasks_older_than_s=action.tasks_older_than_s))
+            case health.SendRewardProbe():
+                out.append(
+                    SendRewardProbe(
+                        host=name,
+                        shard=self._members[name].shard,
+                        pid=action.pid,
+                        task=action.task,
+                        timeout_s=action.timeout_s,
+                    )
+                )
             case _:
                 assert_never(action)
 
@@ -1006,6 +1038,10 @@ class Fleet:
         old = self._configured
         new = {m.name: m for m in event.members}
         self._configured = new
+        probe_changed = (event.health.probe_task, event.health.probe_expect) != (
+            self._health.probe_task,
+            self._health.probe_expect,
+        )
         self._health = event.health
         # Another stale threshold moves every crossing: the next assessment looks at all.
         self._silent_bound = None
@@ -1030,6 +1066,8 @@ class Fleet:
                 out.append(Reconnect(host=name))
         if restarted:
             self._clear_signatures("a reload changed what the workers run", now, out)
+        elif probe_changed:
+            self._clear_signatures("a reload changed the reward probe", now, out, kind="probe")
         for name in restarted:
             if name in self._hosts and name not in self._retiring:
                 reason = "launch parameters changed by reload"
@@ -1213,6 +1251,30 @@ class Fleet:
         signature = crash_signature(event)
         if signature is None:
             return
+        self._failed_alike(name, signature, "crash", event.log_tail, now, out)
+
+    def _probe_failed(
+        self, name: str, event: health.RewardProbeAnswered, now: float, out: list[Action]
+    ) -> None:
+        """Count a failed reward probe of ``name`` by its signature, like a crash."""
+        if self._policy.crash_signature_hosts <= 0:
+            return
+        reason = health.probe_failure(self._hosts[name], event, self._health)
+        if reason is None:
+            return
+        self._failed_alike(name, f"probe: {_blurred(reason)}", "probe", None, now, out)
+
+    def _failed_alike(
+        self,
+        name: str,
+        signature: str,
+        kind: str,
+        log_tail: str | None,
+        now: float,
+        out: list[Action],
+    ) -> None:
+        """``name`` failed with ``signature``: a new signature once enough hosts have within
+        the window, and a hold on this host unless it is the signature's canary."""
         window = self._policy.crash_signature_window_s
         recent = [(t, h) for t, h in self._crashes.get(signature, ()) if now - t < window]
         recent.append((now, name))
@@ -1223,7 +1285,7 @@ class Fleet:
             if len(hosts) < self._policy.crash_signature_hosts:
                 return
             active = CrashSignature(
-                signature=signature, since_at=now, hosts=frozenset(hosts), canary=name
+                signature=signature, since_at=now, hosts=frozenset(hosts), canary=name, kind=kind
             )
             self.signatures[signature] = active
             out.append(
@@ -1231,7 +1293,8 @@ class Fleet:
                     signature=signature,
                     hosts=tuple(sorted(hosts)),
                     canary=name,
-                    log_tail=event.log_tail,
+                    log_tail=log_tail,
+                    kind=kind,
                 )
             )
             for other in sorted(hosts - {name}):
@@ -1248,7 +1311,10 @@ class Fleet:
     def _hold(self, name: str, signature: str, now: float, out: list[Action]) -> None:
         self.held[name] = signature
         count = len(self.signatures[signature].hosts)
-        reason = f"{count} hosts crashed the same way ({signature})"
+        how = (
+            "failed their reward probe" if self.signatures[signature].kind == "probe" else "crashed"
+        )
+        reason = f"{count} hosts {how} the same way ({signature})"
         self._feed(name, health.RestartHeld(reason=reason), now, out)
 
     def _ran_again(self, name: str, now: float, out: list[Action]) -> None:
@@ -1259,16 +1325,21 @@ class Fleet:
             if active.canary == name:
                 self._clear(signature, f"the canary {name} is ready", now, out)
 
-    def _clear_signatures(self, reason: str, now: float, out: list[Action]) -> None:
-        for signature in list(self.signatures):
-            self._clear(signature, reason, now, out)
+    def _clear_signatures(
+        self, reason: str, now: float, out: list[Action], kind: str | None = None
+    ) -> None:
+        for signature, active in list(self.signatures.items()):
+            if kind is None or active.kind == kind:
+                self._clear(signature, reason, now, out)
 
     def _clear(self, signature: str, reason: str, now: float, out: list[Action]) -> None:
-        del self.signatures[signature]
+        kind = self.signatures.pop(signature).kind
         self._crashes.pop(signature, None)
         released = sorted(n for n, s in self.held.items() if s == signature)
         out.append(
-            CrashSignatureCleared(signature=signature, reason=reason, released=tuple(released))
+            CrashSignatureCleared(
+                signature=signature, reason=reason, released=tuple(released), kind=kind
+            )
         )
         for name in released:
             del self.held[name]
@@ -1437,6 +1508,8 @@ class CrashSignature:
     hosts: frozenset[str]
     #: The one host that keeps restarting (under its own backoff) to find out if it is over.
     canary: str
+    #: "crash" (exits) or "probe" (reward probes).
+    kind: str = "crash"
 
 
 #: SIGHUP, SIGINT, SIGKILL, SIGTERM: sent to a worker by someone (the OOM killer, an operator,
@@ -1466,9 +1539,13 @@ def crash_signature(event: health.WorkerExited) -> str | None:
     line = health.last_log_line(event.log_tail)
     if not line:
         return head
-    # Pids, addresses, times and counts differ from host to host; the words do not.
-    blurred = _SPACE.sub(" ", _NUMBERS.sub(_blur, line)).strip()
-    return f"{head}: {blurred[:_SIGNATURE_LINE]}"
+    return f"{head}: {_blurred(line)}"
+
+
+def _blurred(line: str) -> str:
+    """``line`` alike on every host: pids, addresses, times and counts differ from host to
+    host; the words do not."""
+    return _SPACE.sub(" ", _NUMBERS.sub(_blur, line)).strip()[:_SIGNATURE_LINE]
 
 
 # --------------------------------------------------------------------------------------

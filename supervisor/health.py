@@ -44,7 +44,16 @@ Rules (DESIGN §4); everything that decides a host's health lives in this file:
    attribute cache can answer from memory: an NFS client may show a directory or a file's
    times up to a minute old, while the trainer's own read of the file is fresh. Only the
    answer (``StatusRechecked``), or ``RECHECK_TIMEOUT_S`` without one, gives the verdict.
-11. Odd input is an observation, not an error: an event that does not apply in a state is
+11. Reward probes (``[probe]``, ``probe_interval_s > 0``). A heartbeat says a worker lives,
+   not that it can score: with probes on, a known task goes through the shard's own queue
+   (``SendRewardProbe``) as soon as a new worker heartbeats and every ``probe_interval_s``
+   after, and a worker is ``ready`` only once a probe sent to it has scored. An answer that
+   is an error, none within ``probe_timeout_s`` or a score other than ``probe_expect``
+   makes it unhealthy (``PROBE_FAILED``, ``PROBE_TIMEOUT``, ``PROBE_WRONG``: "alive but
+   wrong") under the same backoff, freeze and holds as any failure; an unanswered probe
+   while the fleet is frozen is the filesystem's silence, not the worker's. A worker made
+   unhealthy by a probe recovers only when a later probe scores, not by heartbeating.
+12. Odd input is an observation, not an error: an event that does not apply in a state is
    recorded (stamps, pids, SSH) and otherwise ignored. Only impossible input raises.
 
 Theory of operation. The shell feeds every observation as an event with ``now`` (a
@@ -138,6 +147,12 @@ class Cause(StrEnum):
     #: Tasks waited in its inbox for ``progress_stale_s`` while it had slots free: it no
     #: longer takes them (the AReaL worker drops the tasks a broken process pool held).
     NOT_TAKING = "not_taking"
+    #: Its reward probe came back as an error (the worker's own error text is the reason).
+    PROBE_FAILED = "probe_failed"
+    #: Its reward probe scored, but not ``probe_expect``: alive but wrong.
+    PROBE_WRONG = "probe_wrong"
+    #: Its reward probe was not answered within ``probe_timeout_s``.
+    PROBE_TIMEOUT = "probe_timeout"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +193,15 @@ class Policy:
     #: The tasks a stuck worker hung on are quarantined before its successor starts, each
     #: answered with an error result, so one poison task cannot keep a shard restarting.
     quarantine_stuck_tasks: bool = True
+    #: Reward probes (``[probe]``): one every this long per worker (0: no probes, and a
+    #: worker is judged by its heartbeat alone).
+    probe_interval_s: float = 0.0
+    #: A probe not answered within this long failed.
+    probe_timeout_s: float = 20.0
+    #: The probe's task record without its id (JSON text, written as is); opaque here.
+    probe_task: str = ""
+    #: The score a probe must have (None: any score will do; an error never does).
+    probe_expect: float | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -404,6 +428,21 @@ class RestartReleased:
     """The fleet no longer holds this host's restarts."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewardProbeAnswered:
+    """The answer to ``SendRewardProbe``: the result the worker wrote for the probe, as it
+    wrote it (``status`` "ok", "error" or "timeout"), or ``status`` None when none came within
+    the timeout or it could not be read (``error`` says which)."""
+
+    #: The worker the probe was sent to (``SendRewardProbe.pid``).
+    pid: int
+    status: str | None
+    score: float | None = None
+    error: str | None = None
+    #: Written to result read, on our clock.
+    round_trip_s: float = 0.0
+
+
 Event = (
     HeartbeatSeen
     | StatusMissing
@@ -429,6 +468,7 @@ Event = (
     | RestartHeld
     | RestartReleased
     | StatusRechecked
+    | RewardProbeAnswered
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -488,11 +528,21 @@ class RecheckStatus:
     tasks_older_than_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendRewardProbe:
+    """Write the probe task into the shard's inbox, wait ``timeout_s`` for its result, take
+    both files away; answer RewardProbeAnswered exactly once."""
+
+    pid: int
+    task: str
+    timeout_s: float
+
+
 #: A fresh read of one small file that has not answered in this long will not: the verdict
 #: it holds back is given without it (a mount that hangs is the freeze's business).
 RECHECK_TIMEOUT_S: Final = 2.0
 
-Action = Launch | Terminate | Probe | StateChanged | RecheckStatus
+Action = Launch | Terminate | Probe | StateChanged | RecheckStatus | SendRewardProbe
 
 # --------------------------------------------------------------------------------------
 # The host.
@@ -588,6 +638,18 @@ class Host:
     #: When a verdict from silence asked for a fresh read of the status file (rule 10);
     #: None while none is awaited.
     recheck_at: float | None = None
+    #: The reward probe in flight: when it was sent (None: none is).
+    probe_at: float | None = None
+    #: The worker the last probe was sent to, and when the next one is due.
+    probe_for_pid: int | None = None
+    probe_next_at: float | None = None
+    #: The worker whose last answered probe scored (None: the last answer failed).
+    probe_scored_pid: int | None = None
+    #: What the last answered probe found, when, its round trip and its failure code.
+    last_probe: str | None = None
+    last_probe_at: float | None = None
+    last_probe_round_trip_s: float | None = None
+    last_probe_cause: Cause | None = None
     #: When ``DeadlinePassed`` should be fed next; None when only events can change things.
     deadline_at: float | None = None
 
@@ -765,6 +827,12 @@ def _step_in_full(
         changes.append(_recheck(host, now, policy))
     state = host.state
     host, actions = _reconcile(host, now, policy)
+    due = _probe_due(host, policy)
+    if due is not None and now >= due[0]:
+        actions.append(_send_probe(due[1], policy))
+        host = replace(
+            host, probe_at=now, probe_for_pid=due[1], probe_next_at=now + policy.probe_interval_s
+        )
     if host.state is not state:
         changes.append(
             StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
@@ -886,6 +954,21 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             elif isinstance(event.beat, StatusMissing):
                 host = replace(host, status_problem=event.beat.reason, status_seen=True)
             return host, True
+        case RewardProbeAnswered():
+            if host.probe_at is None:
+                return host, False  # not asked for: not trusted
+            verdict = probe_verdict(event, policy)
+            host = replace(
+                host,
+                probe_at=None,
+                last_probe=_probe_summary(event, verdict),
+                last_probe_at=now,
+                last_probe_round_trip_s=event.round_trip_s,
+                last_probe_cause=None if verdict is None else verdict[0],
+            )
+            if event.pid != host.pid:
+                return host, False  # an earlier worker's answer
+            return replace(host, probe_scored_pid=host.pid if verdict is None else None), True
         case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
             return host, True
         case _:
@@ -953,6 +1036,9 @@ def _early_deadline(host: Host, now: float, policy: Policy) -> Host | None:
     every heartbeat, so each ready host wakes once per stale period for nothing.
     """
     if not (_steady(host) and not host.frozen and now < _judged_at(host, policy)):
+        return None
+    due = _probe_due(host, policy)
+    if due is not None and now >= due[0]:
         return None
     deadline = _deadline(host, policy)
     return host if deadline == host.deadline_at else _evolve(host, deadline_at=deadline)
@@ -1189,6 +1275,8 @@ def _fail(host: Host, code: Cause, reason: str, now: float, policy: Policy) -> H
 def _maybe_ready(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if not _fresh_ready(host, now, policy):
         return host
+    if not _probe_scored(host, policy):
+        return replace(host, reason="heartbeat ready; waiting for its first reward probe to score")
     reason = "adopted running worker" if host.found_running else "heartbeat ready"
     return _enter(host, S.READY, reason, now)
 
@@ -1199,8 +1287,98 @@ def _recover(host: Host, event: Event, now: float, policy: Policy) -> Host:
     stuck_at = _stuck_at(host, policy)
     stuck = stuck_at is not None and now >= stuck_at
     if host.op is None and _fresh_ready(host, now, policy) and not stuck:
-        return _enter(host, S.READY, "recovered: heartbeat advancing again", now)
+        if not _probe_scored(host, policy):
+            return host  # a worker that heartbeats all along is not mended until it scores
+        how = "reward probe scored" if isinstance(event, RewardProbeAnswered) else "heartbeat"
+        return _enter(host, S.READY, f"recovered: {how} again", now)
     return host
+
+
+def _probe_judged(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    """A probe sent to the current worker came back: a failure is a failure like any other
+    (an unanswered one excepted while the fleet is frozen), a score may make it ready."""
+    verdict = probe_verdict(event, policy) if isinstance(event, RewardProbeAnswered) else None
+    if verdict is None:
+        return _maybe_ready(host, event, now, policy)
+    if verdict[0] is Cause.PROBE_TIMEOUT and host.frozen:
+        return host  # the shared filesystem stalls the queue; the freeze is its business
+    return _fail(host, *verdict, now, policy)
+
+
+def probe_verdict(event: RewardProbeAnswered, policy: Policy) -> tuple[Cause, str] | None:
+    """Why a probe's answer says the worker cannot score (cause and reason), or None when it
+    scored as it should."""
+    error = (event.error or "").strip().replace("\n", " ")[:MAX_REASON_LINE]
+    if event.status is None:
+        return Cause.PROBE_TIMEOUT, f"reward probe unanswered: {error or 'no result'}"
+    if event.status == "timeout":
+        return Cause.PROBE_TIMEOUT, f"reward probe timed out in the worker: {error or '?'}"
+    if event.status != "ok":
+        return Cause.PROBE_FAILED, f"reward probe failed: {error or event.status[:40]}"
+    score, expect = event.score, policy.probe_expect
+    if score is None or score != score:
+        return Cause.PROBE_WRONG, "alive but wrong: the reward probe scored no number"
+    if expect is not None and abs(score - expect) > PROBE_SCORE_TOLERANCE:
+        return Cause.PROBE_WRONG, f"alive but wrong: reward probe scored {score:g}, not {expect:g}"
+    return None
+
+
+#: Scores travel as JSON floats: an expected 1.0 read back as 0.9999999999 is still 1.0.
+PROBE_SCORE_TOLERANCE: Final = 1e-6
+
+
+def probe_failure(host: Host, event: RewardProbeAnswered, policy: Policy) -> str | None:
+    """The reason a probe's answer makes ``host`` unhealthy now (its current worker, in a
+    state where that counts), or None: what the fleet counts as a probe signature."""
+    if host.probe_at is None or event.pid != host.pid or host.state not in _STARTING_OR_READY:
+        return None
+    verdict = probe_verdict(event, policy)
+    if verdict is None or (verdict[0] is Cause.PROBE_TIMEOUT and host.frozen):
+        return None
+    return verdict[1]
+
+
+def _probe_summary(event: RewardProbeAnswered, verdict: tuple[Cause, str] | None) -> str:
+    """What the last probe found, in words, for ``status HOST``."""
+    took = f" in {event.round_trip_s:.2f}s"
+    if verdict is None:
+        return f"scored {event.score:g}{took}"
+    return verdict[1] + ("" if event.status is None else took)
+
+
+def _probe_scored(host: Host, policy: Policy) -> bool:
+    """Probes are off, or the current worker's last answered probe scored."""
+    return policy.probe_interval_s <= 0 or (
+        host.pid is not None and host.probe_scored_pid == host.pid
+    )
+
+
+#: States in which a live worker is probed: one being judged, one running, and one waiting
+#: out a backoff or a hold (a later score is how it recovers).
+_PROBED_STATES: Final = frozenset({S.STARTING, S.READY, S.COOLING_DOWN})
+
+
+def _probe_due(host: Host, policy: Policy) -> tuple[float, int] | None:
+    """When the next probe goes out and to which worker (None: none will until something
+    changes): at once to a worker that has heartbeated and was never probed, then every
+    ``probe_interval_s``."""
+    pid = host.pid
+    if (
+        policy.probe_interval_s <= 0
+        or host.probe_at is not None
+        or pid is None
+        or host.beat_pid != pid
+        or host.alive_at is None
+        or host.state not in _PROBED_STATES
+    ):
+        return None
+    if host.probe_for_pid != pid or host.probe_next_at is None:
+        return host.alive_at, pid
+    return host.probe_next_at, pid
+
+
+def _send_probe(pid: int, policy: Policy) -> SendRewardProbe:
+    return SendRewardProbe(pid=pid, task=policy.probe_task, timeout_s=policy.probe_timeout_s)
 
 
 def _worker_gone(host: Host, event: Event, now: float, policy: Policy) -> Host:
@@ -1475,6 +1653,8 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     (S.READY, StatusRechecked): _heartbeat_deadline_passed,
     (S.COOLING_DOWN, DeadlinePassed): _cooldown_passed,
     (S.COOLING_DOWN, RestartReleased): _cooldown_passed,
+    **_each(_STARTING_OR_READY, RewardProbeAnswered, _probe_judged),
+    (S.COOLING_DOWN, RewardProbeAnswered): _recover,
     # Thawing re-checks what the freeze held back; silence and readiness are timed anew from
     # the thaw (_stale_at, _ready_by), a ready worker's own ready: false report is not.
     (S.STARTING, FleetThawed): _ready_timeout_passed,
@@ -1550,7 +1730,15 @@ def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
 
 #: Causes that leave the worker alive: what it is doing is worth capturing before it dies.
 _LIVE_BUT_UNHEALTHY: Final = frozenset(
-    {Cause.STUCK, Cause.HEARTBEAT_STALE, Cause.NOT_READY, Cause.NOT_TAKING}
+    {
+        Cause.STUCK,
+        Cause.HEARTBEAT_STALE,
+        Cause.NOT_READY,
+        Cause.NOT_TAKING,
+        # A probe unanswered may be a hung reward call; an error or a wrong score is
+        # explained by the answer itself.
+        Cause.PROBE_TIMEOUT,
+    }
 )
 
 
@@ -1574,4 +1762,7 @@ def _deadline(host: Host, policy: Policy) -> float | None:
             candidates.append(host.next_restart_at)
         case _:
             pass
+    due = _probe_due(host, policy)
+    if due is not None:
+        candidates.append(due[0])
     return min(candidates) if candidates else None

@@ -54,6 +54,9 @@ CLOSE_TIMEOUT_S: Final = 2.0
 # Launches are dominated by the agent round trip and a fork; terminates by the grace period.
 LAUNCH_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TERMINATE_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+#: A reward probe is one task through the queue: tens of milliseconds when healthy, up to the
+#: trainer's task timeout (30 s) when not.
+PROBE_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 # A host's page reads the worker's log under the run root, which may hang (a hung mount):
 # the page waits this long, then shows the rest without it.
 LOG_READ_TIMEOUT_S: Final = 2.0
@@ -127,6 +130,21 @@ class Metrics:
             "reward_supervisor_terminate_seconds",
             "Time from issuing a terminate to the pid confirmed dead.",
             buckets=TERMINATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.probe_seconds = Histogram(
+            "reward_supervisor_probe_round_trip_seconds",
+            "Reward probe round trip, written to result read: a reward as the trainer waits"
+            " for it.",
+            ["host"],
+            buckets=PROBE_BUCKETS,
+            registry=self.registry,
+        )
+        self.probe_failures = Counter(
+            "reward_supervisor_probe_failures",
+            "Reward probes that failed, by host and cause (probe_failed, probe_wrong,"
+            " probe_timeout).",
+            ["host", "cause"],
             registry=self.registry,
         )
         self.registry.register(_SnapshotCollector(snapshot))
@@ -571,11 +589,24 @@ class _SnapshotCollector(Collector):
             "Crash signatures holding restarts now (hosts crashing the same way).",
             len(signatures),
         )
+        probes = daemon.get("probe_signatures") or ()
+        yield _gauge(
+            "reward_supervisor_probe_signatures",
+            "Probe signatures holding restarts now (hosts failing the reward probe the same way).",
+            len(probes),
+        )
         yield _gauge(
             "reward_supervisor_restarts_held",
-            "Hosts whose automatic restarts a crash signature holds.",
-            sum(len(sig.get("held") or ()) for sig in signatures),
+            "Hosts whose automatic restarts a crash or probe signature holds.",
+            sum(len(sig.get("held") or ()) for sig in (*signatures, *probes)),
         )
+        if daemon.get("trainer_task_timeout_s") is not None:
+            yield _gauge(
+                "reward_supervisor_trainer_task_timeout_seconds",
+                "[trainer] task_timeout_s: the trainer's client fails a call without a result"
+                " within this long.",
+                float(daemon["trainer_task_timeout_s"]),
+            )
         yield _gauge(
             "reward_supervisor_launches_waiting",
             "Launches waiting for the budget.",
@@ -612,14 +643,30 @@ def _per_host(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         " progress_stale_s), has not been replaced.",
         labels=["host"],
     )
+    probe_ok = GaugeMetricFamily(
+        "reward_supervisor_host_probe_ok",
+        "1 when the host's last reward probe scored as expected, 0 when it failed (hosts"
+        " probed only: [probe]).",
+        labels=["host"],
+    )
+    probe_rtt = GaugeMetricFamily(
+        "reward_supervisor_host_probe_round_trip_seconds",
+        "The round trip of the host's last answered reward probe (written to result read).",
+        labels=["host"],
+    )
     for name, row in sorted(hosts.items()):
+        probe = row.get("last_probe")
+        if isinstance(probe, Mapping):
+            probe_ok.add_metric([name], 0 if probe.get("cause") else 1)
+            if probe.get("round_trip_s") is not None and probe.get("cause") != "probe_timeout":
+                probe_rtt.add_metric([name], float(probe["round_trip_s"]))
         state.add_metric([name, str(row.get("state"))], 1)
         stuck.add_metric([name], 1 if _stuck(row) else 0)
         if row.get("heartbeat_age_s") is not None:
             age.add_metric([name], float(row["heartbeat_age_s"]))
         ssh.add_metric([name], 1 if row.get("ssh") == "connected" else 0)
         restarts.add_metric([name], float(row.get("restarts") or 0))
-    yield from (state, age, ssh, restarts, stuck)
+    yield from (state, age, ssh, restarts, stuck, probe_ok, probe_rtt)
     yield from _work(hosts)
 
 

@@ -130,27 +130,49 @@ class Presenter:
         self.publish_status(force=True)
 
     def crash_signature_found(self, action: fleet.CrashSignatureFound) -> None:
-        """Hosts crashed the same way: restarts held but for the canary."""
+        """Hosts crashed (or failed their reward probe) the same way: restarts held but for
+        the canary."""
+        event = f"fleet.{action.kind}_signature"
         log.error(
-            "fleet.crash_signature",
+            event,
             signature=action.signature,
             hosts=list(action.hosts),
             canary=action.canary,
             log_tail=action.log_tail,
         )
-        self.publish_event("fleet.crash_signature", reason=action.signature)
+        self.publish_event(event, reason=action.signature)
         self.publish_status(force=True)
 
     def crash_signature_cleared(self, action: fleet.CrashSignatureCleared) -> None:
-        """A crash signature no longer holds restarts."""
+        """A crash (or probe) signature no longer holds restarts."""
+        event = f"fleet.{action.kind}_signature_cleared"
         log.warning(
-            "fleet.crash_signature_cleared",
-            signature=action.signature,
-            reason=action.reason,
-            released=list(action.released),
+            event, signature=action.signature, reason=action.reason, released=list(action.released)
         )
-        self.publish_event("fleet.crash_signature_cleared", reason=action.reason)
+        self.publish_event(event, reason=action.reason)
         self.publish_status(force=True)
+
+    def probe_answered(self, host: str, answer: health.RewardProbeAnswered) -> None:
+        """``host.probe``: a reward probe came back (or did not); its round trip observed and
+        a failure counted by its cause."""
+        verdict = health.probe_verdict(answer, self._shell.config.health)
+        cause = None if verdict is None else verdict[0].value
+        fields: dict[str, Any] = {
+            "host": host,
+            "pid": answer.pid,
+            "status": answer.status,
+            "score": answer.score,
+            "round_trip_s": round(answer.round_trip_s, 4),
+        }
+        if verdict is not None:
+            log.warning("host.probe", cause=cause, error=verdict[1], **fields)
+        else:
+            log.info("host.probe", **fields)
+        if self._metrics is not None:
+            if answer.status is not None:  # an unanswered probe has no round trip
+                self._metrics.probe_seconds.labels(host=host).observe(answer.round_trip_s)
+            if cause is not None:
+                self._metrics.probe_failures.labels(host=host, cause=cause).inc()
 
     def settled(self, action: fleet.Settled) -> None:
         """Start-up is over: READY for systemd, ``daemon.ready`` in the journal."""
@@ -436,15 +458,18 @@ class Presenter:
             "frozen_reason": core.freeze.reason or None,
             "freeze_finding": core.finding,
             "crash_signatures": [
-                {
-                    "signature": sig.signature,
-                    "since_s": round(now - sig.since_at, 3),
-                    "hosts": sorted(sig.hosts),
-                    "canary": sig.canary,
-                    "held": core.held_by(sig.signature),
-                }
+                _signature_row(core, sig, now)
                 for sig in core.signatures.values()
+                if sig.kind == "crash"
             ],
+            #: Reward probes failing the same way on several hosts (``[probe]``).
+            "probe_signatures": [
+                _signature_row(core, sig, now)
+                for sig in core.signatures.values()
+                if sig.kind == "probe"
+            ],
+            #: ``[trainer] task_timeout_s``, beside which a probe's round trip is judged.
+            "trainer_task_timeout_s": self._shell.config.trainer.task_timeout_s,
             "launches_waiting": len(core.budget.waiting),
             "launches_in_flight": len(core.budget.in_flight),
             "status_parse_errors": getattr(watcher, "parse_errors", 0),
@@ -455,6 +480,16 @@ class Presenter:
                 now,
             ),
         }
+
+
+def _signature_row(core: fleet.Fleet, sig: fleet.CrashSignature, now: float) -> dict[str, Any]:
+    return {
+        "signature": sig.signature,
+        "since_s": round(now - sig.since_at, 3),
+        "hosts": sorted(sig.hosts),
+        "canary": sig.canary,
+        "held": core.held_by(sig.signature),
+    }
 
 
 def _utc_now() -> str:

@@ -162,6 +162,19 @@ def remove(path: Path, *, root: Path) -> None:
         os.close(dir_fd)
 
 
+def remove_existing(path: Path, *, root: Path) -> None:
+    """``remove``, but a missing name raises FileNotFoundError."""
+    dir_fd, name = _open_parent(path, root)
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise safefiles.named(exc, path) from None
+    finally:
+        os.close(dir_fd)
+
+
 def ensure_dirs(root: Path, dirs: Iterable[Path]) -> None:
     """Make ``root`` and each of ``dirs`` (paths under it) that is missing; an existing one
     must be a real directory, not a symlink to one."""

@@ -65,6 +65,22 @@ def host_row(
         "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
         "evidence_age_s": _age_of(host.evidence_at, now),
         "work": work_row(host.stats),
+        #: The last reward probe answered (``[probe]``), or None.
+        "last_probe": _last_probe(host, now),
+    }
+
+
+def _last_probe(host: health.Host, now: float) -> dict[str, Any] | None:
+    """What the last reward probe found: in words, its failure code (None: it scored), its
+    round trip and its age."""
+    if host.last_probe is None:
+        return None
+    cause = host.last_probe_cause
+    return {
+        "what": host.last_probe,
+        "cause": None if cause is None else cause.value,
+        "round_trip_s": _rounded(host.last_probe_round_trip_s, 3),
+        "age_s": _age_of(host.last_probe_at, now),
     }
 
 
@@ -306,8 +322,8 @@ def status_line(core: fleet.Fleet) -> str:
     for signature in core.signatures.values():
         held = len(core.held_by(signature.signature))
         text = (
-            f"CRASH SIGNATURE ({terminal_text(signature.signature)}): restarts held on"
-            f" {held} hosts, canary {signature.canary}; {text}"
+            f"{signature.kind.upper()} SIGNATURE ({terminal_text(signature.signature)}):"
+            f" restarts held on {held} hosts, canary {signature.canary}; {text}"
         )
     return text
 
@@ -407,15 +423,19 @@ def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
     """One line per crash signature that holds restarts (``status --json``'s
     ``crash_signatures``), with what releases it; unescaped (the signature quotes a log)."""
     lines = []
-    for sig in daemon.get("crash_signatures") or ():
-        held = sig.get("held") or []
-        lines.append(
-            f"CRASH SIGNATURE for {_duration(sig.get('since_s'))}:"
-            f" {len(sig.get('hosts') or [])} hosts crashed the same way"
-            f" ({sig.get('signature')}); restarts held on {len(held)},"
-            f" canary {sig.get('canary')}; a reload that changes the worker, or"
-            " `reward-supervisor unfreeze`, releases them"
-        )
+    for kind, how, fix in (
+        ("crash", "crashed", "the worker"),
+        ("probe", "failed their reward probe", "the worker or the probe's reward fn"),
+    ):
+        for sig in daemon.get(f"{kind}_signatures") or ():
+            held = sig.get("held") or []
+            lines.append(
+                f"{kind.upper()} SIGNATURE for {_duration(sig.get('since_s'))}:"
+                f" {len(sig.get('hosts') or [])} hosts {how} the same way"
+                f" ({sig.get('signature')}); restarts held on {len(held)},"
+                f" canary {sig.get('canary')}; a reload that changes {fix}, or"
+                " `reward-supervisor unfreeze`, releases them"
+            )
     return lines
 
 
@@ -719,6 +739,11 @@ def render_host(detail: Mapping[str, Any]) -> str:
         if restart.get("held"):
             text += f", held: {restart['held']}"
         say(text, 2)
+    probe = detail.get("last_probe")
+    if isinstance(probe, Mapping):
+        age = probe.get("age_s")
+        when = f", {_age(age)} ago" if age is not None else ""
+        say(f"last reward probe: {probe.get('what')}{when}", 2)
     last_exit = detail.get("last_exit")
     if isinstance(last_exit, Mapping):
         age = last_exit.get("age_s")

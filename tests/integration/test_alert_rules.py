@@ -31,7 +31,7 @@ def test_the_shipped_rules_are_valid(promtool: str) -> None:
     """``promtool check rules`` accepts the file the package ships."""
     result = promtool_run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 def test_the_rules_pass_their_promtool_unit_tests(promtool: str) -> None:
@@ -53,8 +53,10 @@ def exported() -> dict[str, set[str]]:
     host = health.Host(name="w", state=health.HostState.READY, reason="r", since_at=0.0)
     row = view.host_row(host, HostConfig(name="w", shard=0, address="a"), 1.0, health.Policy())
     row["heartbeat_age_s"] = 0.5
+    row["last_probe"] = {"what": "scored 1", "cause": None, "round_trip_s": 0.1, "age_s": 1.0}
     signature = {"signature": "exit 2", "hosts": ["w"], "canary": "w", "held": []}
-    metrics = Metrics(lambda: {"hosts": {"w": row}, "daemon": {"crash_signatures": [signature]}})
+    daemon = {"crash_signatures": [signature], "trainer_task_timeout_s": 30.0}
+    metrics = Metrics(lambda: {"hosts": {"w": row}, "daemon": daemon})
     metrics.restarts.labels(host="w", reason="stuck").inc()
     metrics.reloads.labels(result="ok").inc()
     metrics.launch_seconds.observe(0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -581,6 +582,9 @@ KIND_TYPES: dict[str, set[object]] = {
     "algorithms": {tuple[str, ...] | None},
     "exit_codes": {frozenset[int]},
     "env": {Mapping[str, str]},
+    "number": {float | None},
+    "json_list": {tuple[typing.Any, ...]},
+    "json_table": {Mapping[str, typing.Any]},
 }
 
 
@@ -673,3 +677,44 @@ def test_a_huge_shard_count_is_reported_without_listing_every_shard() -> None:
         config.parse(doc, Path("/etc/x.toml"))
     [problem] = caught.value.problems
     assert problem.reason.startswith("no host serves shard(s) 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 ...")
+
+
+def test_a_probe_table_turns_probes_on_with_the_run_reward_fn_by_default(tmp_path: Path) -> None:
+    """``[probe]`` sets the health policy's probe settings, its task names ``run.reward_fn``
+    unless it names its own, and without the table probes stay off."""
+    base = (
+        f'[run]\nroot = "{tmp_path}/run"\nreward_fn = "pkg.mod.fn"\n'
+        f'[ssh]\nknown_hosts = "{tmp_path}/kh"\n'
+        '[[hosts]]\nname = "w0"\nshard = 0\n'
+    )
+    off = tmp_path / "off.toml"
+    off.write_text(base)
+    assert config.load(off).probe is None
+    assert config.load(off).health.probe_interval_s == 0
+    on = tmp_path / "on.toml"
+    on.write_text(
+        base + '[probe]\ninterval_s = 5\nargs = ["q", 1]\nkwargs = {answer = "18"}\nexpect = 1\n'
+    )
+    loaded = config.load(on)
+    assert loaded.health.probe_interval_s == 5
+    assert loaded.health.probe_expect == 1.0
+    task = json.loads(loaded.health.probe_task)
+    assert task == {
+        "schema_version": 1,
+        "reward_fn": "pkg.mod.fn",
+        "args": ["q", 1],
+        "kwargs": {"answer": "18"},
+    }
+
+
+def test_a_probe_table_with_a_bad_value_is_refused_by_key(tmp_path: Path) -> None:
+    """A probe interval under a second and an expect that is not a number are each named."""
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        f'[run]\nroot = "{tmp_path}/run"\n[ssh]\nknown_hosts = "{tmp_path}/kh"\n'
+        '[[hosts]]\nname = "w0"\nshard = 0\n[probe]\ninterval_s = 0.5\nexpect = "one"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        config.load(path)
+    keys = {p.key for p in caught.value.problems}
+    assert {"probe.interval_s", "probe.expect"} <= keys

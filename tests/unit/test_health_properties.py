@@ -22,7 +22,13 @@ from tests.unit.freshread import fresh_read
 
 #: Causes that leave the worker alive: only its terminate captures evidence.
 LIVE_BUT_UNHEALTHY = frozenset(
-    {h.Cause.STUCK, h.Cause.HEARTBEAT_STALE, h.Cause.NOT_READY, h.Cause.NOT_TAKING}
+    {
+        h.Cause.STUCK,
+        h.Cause.HEARTBEAT_STALE,
+        h.Cause.NOT_READY,
+        h.Cause.NOT_TAKING,
+        h.Cause.PROBE_TIMEOUT,
+    }
 )
 
 policies = st.builds(
@@ -72,13 +78,22 @@ class FleetOfOne(RuleBasedStateMachine):
         self.restart_times: list[float] = []
         self.stamp_offset = 0.0
         self.frozen = False
+        #: The reward probe awaiting its answer, if any.
+        self.probe: h.SendRewardProbe | None = None
 
-    @rule(policy=policies, offset=st.floats(-1e6, 1e6))
-    @precondition(lambda self: self.now == 0.0 and self.pending is None)
-    def choose_policy(self, policy: h.Policy, offset: float) -> None:
-        """Before anything happens, pick timing rules and the worker clock's offset."""
+    @rule(
+        policy=policies,
+        offset=st.floats(-1e6, 1e6),
+        probe_interval_s=st.sampled_from([0.0, 5.0, 30.0]),
+        probe_expect=st.sampled_from([None, 1.0]),
+    )
+    @precondition(lambda self: self.now == 0.0 and self.pending is None and self.probe is None)
+    def choose_policy(
+        self, policy: h.Policy, offset: float, probe_interval_s: float, probe_expect: float | None
+    ) -> None:
+        """Before anything happens, pick timing rules, probes and the worker clock's offset."""
         assume(policy.backoff_max_s >= policy.restart_cooldown_s)
-        self.policy = policy
+        self.policy = replace(policy, probe_interval_s=probe_interval_s, probe_expect=probe_expect)
         self.stamp_offset = offset
 
     # --- feeding the core ----------------------------------------------------------------
@@ -123,6 +138,11 @@ class FleetOfOne(RuleBasedStateMachine):
                     self._take(action)
                 case h.Probe():
                     self._take(action)
+                case h.SendRewardProbe():
+                    # One probe at a time per host, only with probes on, only to its worker.
+                    assert self.probe is None and self.policy.probe_interval_s > 0
+                    assert action.pid == host.pid
+                    self.probe = action
                 case h.RecheckStatus():
                     # Rule 10: a verdict from silence asks for a fresh read, only in ready.
                     assert host.state is S.READY and host.recheck_at == self.now
@@ -281,6 +301,22 @@ class FleetOfOne(RuleBasedStateMachine):
         else:
             self.feed(h.LaunchFailed(reason="connection lost", uncertain=True))
 
+    @rule(outcome=st.sampled_from(["scored", "error", "wrong", "unanswered"]))
+    @precondition(lambda self: self.probe is not None)
+    def reward_probe_answered(self, outcome: str) -> None:
+        """The probe comes back; a dead or hung worker's is never answered."""
+        assert self.probe is not None
+        pid, self.probe = self.probe.pid, None
+        if pid not in self.world.alive or pid in self.world.hung:
+            outcome = "unanswered"
+        answer = {
+            "scored": h.RewardProbeAnswered(pid=pid, status="ok", score=1.0, round_trip_s=0.1),
+            "error": h.RewardProbeAnswered(pid=pid, status="error", error="KeyError: 'x'"),
+            "wrong": h.RewardProbeAnswered(pid=pid, status="ok", score=0.0),
+            "unanswered": h.RewardProbeAnswered(pid=pid, status=None, error="no result"),
+        }[outcome]
+        self.feed(answer)
+
     @rule(frozen=st.booleans())
     def fleet_freezes_or_thaws(self, frozen: bool) -> None:
         """The fleet policy freezes or thaws restarts for silence."""
@@ -305,6 +341,17 @@ class FleetOfOne(RuleBasedStateMachine):
     def at_most_one_live_worker(self) -> None:
         """The world never has two live workers for the shard."""
         assert len(self.world.alive) <= 1
+
+    @invariant()
+    def ready_only_once_a_probe_scored(self) -> None:
+        """With probes on, a ready host's current worker has scored its last probe."""
+        if self.policy.probe_interval_s > 0 and self.host.state is S.READY:
+            assert self.host.probe_scored_pid == self.host.pid
+
+    @invariant()
+    def probe_in_flight_matches_pending(self) -> None:
+        """The core's probe in flight and the probe awaiting an answer agree."""
+        assert (self.host.probe_at is not None) == (self.probe is not None)
 
     @invariant()
     def op_in_flight_matches_pending(self) -> None:

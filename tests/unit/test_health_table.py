@@ -140,6 +140,9 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
             remote_heartbeat_at=host.remote_heartbeat_at,
         )
     ),
+    h.RewardProbeAnswered: lambda host: h.RewardProbeAnswered(
+        pid=_pid(host), status="error", error="ModuleNotFoundError: No module named 'x'"
+    ),
 }
 
 E = h
@@ -170,6 +173,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STARTING, ()),
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -196,6 +200,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STARTING, ()),
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -222,6 +227,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STARTING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STARTING, ()),
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -248,6 +254,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.READY, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.READY, ()),
         E.StatusRechecked: (S.READY, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.READY, ()),  # probes off: none was asked for
     },
     "ready:rechecking": {
         E.HeartbeatSeen: (S.READY, ()),  # a fresh beat ends the silence before the verdict
@@ -274,6 +281,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.READY, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.READY, ()),
         E.StatusRechecked: (S.STALE, ("Terminate",)),  # the fresh read confirms the silence
+        E.RewardProbeAnswered: (S.READY, ()),  # probes off: none was asked for
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -300,6 +308,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STALE, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STALE, ()),
         E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STALE, ()),  # probes off: none was asked for
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -326,6 +335,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STALE, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STALE, ()),
         E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STALE, ()),  # probes off: none was asked for
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -352,6 +362,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.COOLING_DOWN, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.COOLING_DOWN, ()),
         E.StatusRechecked: (S.COOLING_DOWN, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.COOLING_DOWN, ()),  # probes off: none was asked for
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -378,6 +389,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.FAILED, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.FAILED, ()),
         E.StatusRechecked: (S.FAILED, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.FAILED, ()),  # probes off: none was asked for
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -404,6 +416,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STOPPING, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STOPPING, ()),
         E.StatusRechecked: (S.STOPPING, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STOPPING, ()),  # probes off: none was asked for
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -430,6 +443,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartHeld: (S.STOPPED, ()),  # a hold only matters at the next failure
         E.RestartReleased: (S.STOPPED, ()),
         E.StatusRechecked: (S.STOPPED, ()),  # the same stamp: nothing new
+        E.RewardProbeAnswered: (S.STOPPED, ()),  # probes off: none was asked for
     },
 }
 

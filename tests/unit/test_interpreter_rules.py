@@ -26,7 +26,15 @@ import pytest
 
 SUPERVISOR = Path(__file__).resolve().parents[2] / "supervisor"
 #: The interpreter and every adapter it routes actions to.
-CHECKED = ("daemon.py", "links.py", "rundir.py", "present.py", "commands.py", "shell.py")
+CHECKED = (
+    "daemon.py",
+    "links.py",
+    "rundir.py",
+    "present.py",
+    "commands.py",
+    "shell.py",
+    "probes.py",
+)
 
 STATE_NAMES = frozenset({"HostState", "Role", "S"})
 STATE_ATTRS = frozenset({"state", "role", "shown_role"})
