@@ -650,6 +650,9 @@ class Host:
     last_probe_at: float | None = None
     last_probe_round_trip_s: float | None = None
     last_probe_cause: Cause | None = None
+    #: The last probe went unanswered while the worker finished tasks ahead of it: it waited
+    #: its turn behind the trainer's backlog, which is busy, not broken.
+    last_probe_busy: bool = False
     #: When ``DeadlinePassed`` should be fed next; None when only events can change things.
     deadline_at: float | None = None
 
@@ -958,17 +961,25 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if host.probe_at is None:
                 return host, False  # not asked for: not trusted
             verdict = probe_verdict(event, policy)
+            busy = _waited_behind_work(host, event, host.probe_at)
             host = replace(
                 host,
                 probe_at=None,
-                last_probe=_probe_summary(event, verdict),
+                last_probe_busy=busy,
+                last_probe=_probe_summary(event, verdict)
+                + (
+                    " (it waited behind tasks the worker was finishing: not counted)"
+                    if busy
+                    else ""
+                ),
                 last_probe_at=now,
                 last_probe_round_trip_s=event.round_trip_s,
                 last_probe_cause=None if verdict is None else verdict[0],
             )
             if event.pid != host.pid:
                 return host, False  # an earlier worker's answer
-            return replace(host, probe_scored_pid=host.pid if verdict is None else None), True
+            scored = host.pid if verdict is None else (host.probe_scored_pid if busy else None)
+            return replace(host, probe_scored_pid=scored), True
         case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
             return host, True
         case _:
@@ -1300,9 +1311,17 @@ def _probe_judged(host: Host, event: Event, now: float, policy: Policy) -> Host:
     verdict = probe_verdict(event, policy) if isinstance(event, RewardProbeAnswered) else None
     if verdict is None:
         return _maybe_ready(host, event, now, policy)
-    if verdict[0] is Cause.PROBE_TIMEOUT and host.frozen:
-        return host  # the shared filesystem stalls the queue; the freeze is its business
+    if verdict[0] is Cause.PROBE_TIMEOUT and (host.frozen or host.last_probe_busy):
+        # A frozen fleet: the shared filesystem stalls the queue, the freeze is its business.
+        # A busy worker: the probe waits behind the trainer's tasks while they finish; a
+        # worker that finishes nothing is the stuck and not-taking rules' to judge.
+        return host
     return _fail(host, *verdict, now, policy)
+
+
+def _waited_behind_work(host: Host, event: RewardProbeAnswered, sent_at: float) -> bool:
+    """The probe went unanswered while the worker finished tasks after it was sent."""
+    return event.status is None and host.progress_at is not None and host.progress_at > sent_at
 
 
 def probe_verdict(event: RewardProbeAnswered, policy: Policy) -> tuple[Cause, str] | None:
@@ -1333,7 +1352,11 @@ def probe_failure(host: Host, event: RewardProbeAnswered, policy: Policy) -> str
     if host.probe_at is None or event.pid != host.pid or host.state not in _STARTING_OR_READY:
         return None
     verdict = probe_verdict(event, policy)
-    if verdict is None or (verdict[0] is Cause.PROBE_TIMEOUT and host.frozen):
+    if verdict is None:
+        return None
+    if verdict[0] is Cause.PROBE_TIMEOUT and (
+        host.frozen or _waited_behind_work(host, event, host.probe_at)
+    ):
         return None
     return verdict[1]
 

@@ -253,6 +253,29 @@ def test_probe_failure_is_what_the_fleet_counts() -> None:
     assert h.probe_failure(held, ANSWERS["error"], POLICY) is None
 
 
+def test_an_unanswered_probe_behind_tasks_the_worker_finishes_is_busy_not_broken() -> None:
+    """A ready worker whose probe goes unanswered while it finishes tasks sent after the probe
+    (it waits in the inbox behind the trainer's backlog) stays ready, the fleet does not count
+    it, and the summary says why; the same silence from a worker that finished nothing since
+    the probe was sent fails it (probe_timeout)."""
+    probing = SCENARIOS["ready:probe in flight"]
+    sent_at = probing.host.probe_at
+    assert sent_at is not None
+    working = replace(probing.host, progress_at=sent_at + 1.0)
+    silence = ANSWERS["unanswered"]
+    assert h.probe_failure(working, silence, POLICY) is None
+    host, actions = h.step(working, silence, sent_at + 4.0, POLICY)
+    assert host.state is S.READY and actions == []
+    assert host.last_probe_busy and "not counted" in (host.last_probe or "")
+    idle = replace(probing.host, progress_at=sent_at - 1.0)
+    assert h.probe_failure(idle, silence, POLICY) is not None
+    failed, _ = h.step(idle, silence, sent_at + 4.0, POLICY)
+    assert failed.cause_code is Cause.PROBE_TIMEOUT and not failed.last_probe_busy
+    answered = replace(probing.host, progress_at=sent_at + 1.0)
+    error, _ = h.step(answered, ANSWERS["error"], sent_at + 2.0, POLICY)
+    assert error.cause_code is Cause.PROBE_FAILED  # an answer is judged, busy or not
+
+
 def test_without_probes_a_heartbeat_alone_makes_a_worker_ready() -> None:
     """With probes off (no [probe] table), nothing is sent and readiness is the heartbeat's."""
     off = replace(POLICY, probe_interval_s=0.0)
