@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeGuard
 from urllib.parse import quote
 
-from supervisor import health
+from supervisor import fleet, health
 from supervisor.terminal import terminal_text
 from supervisor.view import work_text
 
@@ -46,7 +46,7 @@ _RANK: Final = {
     health.HostState.COOLING_DOWN.value: 2,
     health.HostState.STARTING.value: 4,
     health.HostState.STOPPING.value: 5,
-    "waiting": 6,
+    fleet.WAITING: 6,
     health.HostState.STOPPED.value: 7,
     health.HostState.READY.value: 9,
 }
@@ -183,8 +183,7 @@ def host_href(name: str, *, prefix: str = "") -> str:
 
 def state_class(state: str) -> str:
     """The CSS class of a state's colour (``s-other`` for a state this page does not know)."""
-    known = {*_RANK, "waiting"}
-    return f"s-{state}" if state in known else "s-other"
+    return f"s-{state}" if state in _RANK else "s-other"
 
 
 # ---------------------------------------------------------------------------------------

@@ -205,7 +205,8 @@ def test_a_stuck_worker_that_heartbeats_while_cooling_down_recovers_only_by_fini
     host, actions = beats(host, 321.0, 330.0, lambda t: (5, 4), policy=patient)
     assert host.state is S.COOLING_DOWN and not remote(actions)
     host, actions = run(host, (beat(7, 5000.0, 6, 3), 331.0), policy=patient)
-    assert host.state is S.READY and host.reason.startswith("recovered")
+    # Recovered in place: the same worker, nothing launched or killed.
+    assert host.state is S.READY and host.pid == 7 and not remote(actions)
 
 
 def test_an_exit_with_a_permanent_code_fails_the_host_at_once_with_the_log_s_last_line() -> None:
@@ -213,7 +214,8 @@ def test_an_exit_with_a_permanent_code_fails_the_host_at_once_with_the_log_s_las
     code and the log line that says why."""
     tail = "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'x'\n"
     host, actions = run(ready(), (h.WorkerExited(pid=7, exit_code=2, log_tail=tail), 5.0))
-    assert host.state is S.FAILED and not remote(actions)
+    assert host.state is S.FAILED and host.cause_code is h.Cause.EXITED and not remote(actions)
+    # What the operator reads is this test's subject: the code and the log's line, in words.
     assert host.reason == (
         "exited with code 2: permanent (health.permanent_exit_codes);"
         " log: ModuleNotFoundError: No module named 'x'"
@@ -234,7 +236,7 @@ def test_a_held_host_waits_without_a_timer_until_released_then_keeps_its_backoff
     host, _ = run(ready(), (h.RestartHeld(reason="3 hosts crashed the same way"), 2.0))
     host, actions = run(host, (h.WorkerExited(pid=7, exit_code=1), 3.0))
     assert host.state is S.COOLING_DOWN and not remote(actions)
-    assert host.reason == "exited with code 1; restart held: 3 hosts crashed the same way"
+    assert host.cause_code is h.Cause.EXITED and host.held == "3 hosts crashed the same way"
     assert host.deadline_at is None
     host, actions = run(host, (h.DeadlinePassed(), 100.0))
     assert host.state is S.COOLING_DOWN and not remote(actions)
@@ -257,6 +259,8 @@ def test_a_permanent_exit_without_a_log_line_says_so_without_one() -> None:
     """No log tail (an adopted worker's, or an empty log): the reason names the code alone."""
     for tail in (None, "", "  \n\n"):
         host, _ = run(ready(), (h.WorkerExited(pid=7, exit_code=2, log_tail=tail), 5.0))
+        assert host.state is S.FAILED and host.cause_code is h.Cause.EXITED
+        # What the operator reads is this test's subject.
         assert host.reason == "exited with code 2: permanent (health.permanent_exit_codes)"
 
 

@@ -36,9 +36,9 @@ def test_daemon_restart_adopts_a_running_worker_found_by_the_probe() -> None:
         (h.SshRestored(), 0.1),
         (h.ProbeResult(pid=7), 0.2),
     )
-    assert host.state is S.STARTING and host.pid == 7 and host.reason.startswith("adopting")
+    assert host.state is S.STARTING and host.pid == 7 and host.cause_code is None
     host, more = run(host, (beat(7, 101.0), 1.0))
-    assert host.state is S.READY and host.reason == "adopted running worker"
+    assert host.state is S.READY and host.pid == 7
     assert not [a for a in actions + more if isinstance(a, h.Launch | h.Terminate)]
 
 
@@ -299,8 +299,8 @@ def test_with_auto_restart_off_a_failure_is_final() -> None:
     for event in (h.SshRestored(), h.ProbeResult(pid=None), h.Launched(pid=1)):
         host, _ = h.step(host, event, 0.0, policy)
     host, actions = h.step(host, h.WorkerExited(pid=1, exit_code=1), 1.0, policy)
-    assert host.state is S.FAILED
-    assert "auto_restart is off" in host.reason
+    assert host.state is S.FAILED and host.cause_code is h.Cause.EXITED
+    assert host.restart_is_automatic and host.next_restart_at is None
     assert not remote(actions)
 
 

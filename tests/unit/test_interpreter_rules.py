@@ -11,6 +11,10 @@ host's state, a leader's role or a policy itself:
   choose behaviour (``on_exit``, ``restart_stop``, ``detach_on_exit``), or any table of the
   config read in the condition (``config.health.x``, ``self._config.run.on_exit``).
 
+Which modules: the daemon, its adapters and the I/O it drives itself (``CHECKED``); a module
+``daemon.py`` imports that is neither checked nor a core fails
+``test_every_module_the_daemon_drives_is_checked``, so a new adapter cannot escape the rule.
+
 What is allowed: asking a core a question whose answer is the decision (``Fleet.all_ready``,
 ``Leadership.standing_by``, ``leadership.refusal``), testing what an action or an event
 says (``action.quarantine``, ``change.frozen``), and the mechanics of I/O (an exception's
@@ -25,7 +29,7 @@ from pathlib import Path
 import pytest
 
 SUPERVISOR = Path(__file__).resolve().parents[2] / "supervisor"
-#: The interpreter and every adapter it routes actions to.
+#: The interpreter, every adapter it routes actions to, and the I/O it drives itself.
 CHECKED = (
     "daemon.py",
     "links.py",
@@ -34,7 +38,14 @@ CHECKED = (
     "commands.py",
     "shell.py",
     "probes.py",
+    "process.py",
+    "watch.py",
+    "control.py",
+    "notify.py",
 )
+#: What the daemon may import without it being checked: the cores (where decisions go)
+#: and the config's definitions (the policies they are handed).
+UNCHECKED_IMPORTS = frozenset({"fleet", "health", "leadership", "config", "errors"})
 
 STATE_NAMES = frozenset({"HostState", "Role", "S"})
 STATE_ATTRS = frozenset({"state", "role", "shown_role"})
@@ -108,6 +119,31 @@ def test_the_interpreter_and_its_adapters_decide_nothing(module: str) -> None:
     such a rule belongs in a core, which returns the action to perform."""
     path = SUPERVISOR / module
     assert decisions(path.read_text(), module) == []
+
+
+def _supervisor_imports(source: str) -> set[str]:
+    """The ``supervisor`` modules a source imports, by name."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "supervisor":
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("supervisor."):
+            found.add((node.module or "").split(".")[1])
+    return found
+
+
+def test_every_module_the_daemon_drives_is_checked() -> None:
+    """A new adapter the daemon imports is checked too (or this test names it): nothing the
+    interpreter hands an action to escapes the rule."""
+    imported = _supervisor_imports((SUPERVISOR / "daemon.py").read_text())
+    checked = {name.removesuffix(".py") for name in CHECKED}
+    assert imported - UNCHECKED_IMPORTS - checked == set()
+
+
+def test_the_import_scan_sees_both_forms_of_import() -> None:
+    """``from supervisor import x`` and ``from supervisor.x import y`` both name ``x``."""
+    source = "from supervisor import fleet, probes\nfrom supervisor.failover import Standby\n"
+    assert _supervisor_imports(source) == {"fleet", "probes", "failover"}
 
 
 @pytest.mark.parametrize(
