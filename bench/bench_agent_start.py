@@ -27,15 +27,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Prints the program a checkout's ``remote`` sends (``agent_program``, or before it
-#: existed, ``packed_program`` of the agent's source).
+#: existed, ``packed_program`` of the agent's source; before that, the source itself).
 _PROGRAM_OF = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from supervisor import remote
 if hasattr(remote, "agent_program"):
     program = remote.agent_program()
-else:
+elif hasattr(remote, "packed_program"):
     program = remote.packed_program(remote.agent_source())
+else:
+    program = remote.agent_source()
 sys.stdout.write(program)
 """
 
