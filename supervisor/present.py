@@ -153,7 +153,7 @@ class Presenter:
         self.publish_status(force=True)
 
     def probe_answered(self, host: str, answer: health.RewardProbeAnswered) -> None:
-        """``host.probe``: a reward probe came back (or did not); its round trip observed and
+        """``host.reward_probe``: a reward probe came back (or did not); its round trip observed and
         a failure counted by its cause."""
         verdict = health.probe_verdict(answer, self._shell.config.health)
         cause = None if verdict is None else verdict[0].value
@@ -165,9 +165,9 @@ class Presenter:
             "round_trip_s": round(answer.round_trip_s, 4),
         }
         if verdict is not None:
-            log.warning("host.probe", cause=cause, error=verdict[1], **fields)
+            log.warning("host.reward_probe", cause=cause, error=verdict[1], **fields)
         else:
-            log.info("host.probe", **fields)
+            log.info("host.reward_probe", **fields)
         if self._metrics is not None:
             if answer.status is not None:  # an unanswered probe has no round trip
                 self._metrics.probe_seconds.labels(host=host).observe(answer.round_trip_s)
