@@ -5,11 +5,11 @@ workers on the real sshd, through kill -9, SIGSTOP, stuck reward calls and a dea
 The goal (issue 29): the trainer's calls do not fail because a worker crashed or hung (only a
 task that is itself stuck may fail), and nothing of a replaced worker is left running.
 
-Each scenario runs on two stacks (the ``stack`` parameter): ``real``, the worker and client of
-areal-fs (skipped, with its reason, where areal-fs is absent; it is present in CI), and
-``reference``, the reference worker (``python -m supervisor.demo.worker``, same flags) called
-by ``tests.areal.ContractClient``, which runs everywhere. Where the two workers differ by
-design (a broken pool) the assertions say which is which.
+Each scenario runs on one of two stacks (the ``stack`` parameter, ``STACKS``): ``real``, the
+worker and client of areal-fs, where areal-fs is present (as in CI); else ``reference``, the
+reference worker (``python -m supervisor.demo.worker``, same flags) called by
+``tests.areal.ContractClient``. Where the two workers differ by design (a broken pool) the
+assertions say which is which.
 """
 
 from __future__ import annotations
@@ -72,9 +72,22 @@ class Stack:
         return self.areal is not None
 
 
-@pytest.fixture(params=[REAL, REFERENCE])
+#: What the scenarios run on: areal-fs's worker and client where areal-fs is present (CI),
+#: else the reference worker and our contract client (issue 29: "without it the same
+#: scenarios run on the reference worker"); ``REWARD_SUPERVISOR_TRAINER_STACKS=both`` runs
+#: the reference stack beside the real one.
+STACKS = (
+    [REAL, REFERENCE]
+    if os.environ.get("REWARD_SUPERVISOR_TRAINER_STACKS") == "both"
+    else [REAL]
+    if A.areal_dir() is not None
+    else [REFERENCE]
+)
+
+
+@pytest.fixture(params=STACKS)
 def stack(request: pytest.FixtureRequest) -> Stack:
-    """The stack of this run: ``real`` skips where areal-fs is absent."""
+    """The stack of this run."""
     if request.param == REAL:
         areal = A.areal_dir()
         if areal is None:

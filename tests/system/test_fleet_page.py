@@ -208,7 +208,7 @@ def states(status: Mapping[str, Any]) -> dict[str, str]:
 
 
 @pytest.mark.scale
-@pytest.mark.timeout(300)  # 30 s alone; over a minute on a machine busy with other tests
+@pytest.mark.timeout(420)  # 30 s alone; over two minutes on a machine busy with other tests
 async def test_a_thousand_simulated_hosts_in_chromium_after_kills(
     tmp_path: Path, chromium: str
 ) -> None:
@@ -239,7 +239,7 @@ async def test_a_thousand_simulated_hosts_in_chromium_after_kills(
                 s["hosts"][h]["state"] == "ready" and s["hosts"][h]["pid"] != first[h]
                 for h in KILLED
             ),
-            120,
+            240,
             "the killed workers replaced",
         )
         for name in KILLED:
