@@ -151,15 +151,8 @@ def write_json_atomic(path: Path, data: object, *, root: Path | None, mode: int 
 def remove(path: Path, *, root: Path) -> None:
     """Remove the name ``path`` (whatever it is, never what a symlink points to); a missing
     one is fine."""
-    dir_fd, name = _open_parent(path, root)
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise safefiles.named(exc, path) from None
-    finally:
-        os.close(dir_fd)
+    with contextlib.suppress(FileNotFoundError):
+        remove_existing(path, root=root)
 
 
 def remove_existing(path: Path, *, root: Path) -> None:
