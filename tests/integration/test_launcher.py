@@ -264,7 +264,11 @@ class Agent:
         found: list[int] = []
 
         def live_launcher() -> bool:
-            found[:] = [pid for pid in children(self.pid) if is_alive(pid) and _is_launcher(pid)]
+            found[:] = [
+                pid
+                for pid in children(self.pid)
+                if is_alive(pid) and agent_module.cmdline(pid)[-1:] == ["launcher"]
+            ]
             return len(found) == 1
 
         wait_until(live_launcher, f"a live launcher under agent {self.pid}")
@@ -278,17 +282,6 @@ class Agent:
         for pipe in (self.process.stdin, self.process.stdout):
             if pipe is not None:
                 pipe.close()
-
-
-def _is_launcher(pid: int) -> bool:
-    """``pid`` is a launcher: started in ``launcher`` mode, or forked from the agent (which
-    names it ``rs-launcher``, as that mode does)."""
-    if agent_module.cmdline(pid)[-1:] == ["launcher"]:
-        return True
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == "rs-launcher"
-    except OSError:
-        return False
 
 
 @dataclass
