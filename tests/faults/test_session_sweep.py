@@ -27,6 +27,7 @@ from supervisor import control
 from tests.family_worker import alive, families
 from tests.faults.harness import READY_S, FaultRun, host_row, kill, pid_of, wait_event
 from tests.faults.test_worker_faults import wait_ready_pid
+from tests.sshd import children
 from tests.system.daemonproc import FAST_WORKER_ARGV, DaemonProcess, all_ready, poll_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.system, pytest.mark.openssh]
@@ -41,6 +42,31 @@ AREAL = Path(os.environ.get("REWARD_SUPERVISOR_AREAL") or REPO.parent / "shared"
 AREAL_CONCURRENCY = 3
 #: A reward call that outlives the test: the pool's processes stay busy until killed.
 SLOW_CALL = {"reward_fn": "time.sleep", "args": [600], "kwargs": {}}
+
+
+def agents_under(sessions: list[int]) -> list[int]:
+    """The agents (``python ... -c PROGRAM agent``) descended from ``sessions``."""
+    found: list[int] = []
+    todo = list(sessions)
+    while todo:
+        pid = todo.pop()
+        todo.extend(children(pid))
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv[-1:] == [b"agent"] and b"-c" in argv:
+            found.append(pid)
+    return found
+
+
+def running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def family_argv(record: Path) -> list[str]:
@@ -125,9 +151,14 @@ async def test_with_the_channel_down_the_shepherd_reaps_before_its_record(
     victim = pid_of(await daemon.status(), "worker-0")
     family = await family_of(record, victim, leftovers)
     mark = len(daemon.lines)
+    agents = agents_under(fault_run.openssh.session_pids())
+    assert agents, "no agent found under the sshd's sessions"
     fault_run.openssh.stop()
     try:
         await wait_event(daemon, "ssh.down", after=mark, host="worker-0")
+        # The agent outlives its session by a moment (it reads EOF): until it is gone its
+        # exit watch would sweep the family first, and the record would count none.
+        await poll_until(lambda: not any(map(running, agents)), READY_S, "the agent gone")
         kill(victim)
         told = await wait_event(daemon, "worker.exit_reported", after=mark, pid=victim)
         assert (told["via"], told["reaped"]) == ("record", FAMILY)
