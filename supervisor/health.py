@@ -608,8 +608,10 @@ class Host:
     rate_base: tuple[float, int] | None = None
     #: The rest of what the current worker reports of its work, as its last heartbeat said.
     stats: WorkerStats | None = None
-    #: Since when its heartbeats say tasks wait in its inbox while slots are free.
+    #: Since when its heartbeats say tasks wait in its inbox (slots free or not), and since
+    #: when, without a break, they have said so with a slot free.
     backlog_since_at: float | None = None
+    slot_free_since_at: float | None = None
     #: The last lines of the log the last exit record carried.
     last_log_tail: str | None = None
     #: The last evidence captured before a terminate, when, and the cause it was taken for.
@@ -1142,6 +1144,7 @@ def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
         "progress_at": at,
         "stats": beat.stats,
         "backlog_since_at": _backlog_since(host, beat, now),
+        "slot_free_since_at": _slot_free_since(host, beat, now),
     }
     if beat.processed is not None and (
         host.rate_mark is None or now - host.rate_mark[0] >= RATE_MARK_S
@@ -1149,6 +1152,19 @@ def _progress(host: Host, beat: HeartbeatSeen, now: float) -> Mapping[str, Any]:
         out["rate_base"] = host.rate_mark
         out["rate_mark"] = (now, beat.processed)
     return out
+
+
+def _slot_free_since(host: Host, beat: HeartbeatSeen, now: float) -> float | None:
+    """Since when every heartbeat has said tasks wait with a slot free (None: the last one
+    did not). A busy worker shows one such beat now and then, between two tasks; only one
+    that keeps a slot free over SLOT_FREE_CONFIRM_S does not take what waits."""
+    stats = beat.stats
+    if stats is None or stats.queue_depth is None or stats.concurrency is None:
+        return None
+    busy = beat.in_flight or 0
+    if stats.queue_depth <= busy or busy >= stats.concurrency:
+        return None
+    return now if host.slot_free_since_at is None else host.slot_free_since_at
 
 
 def _backlog_since(host: Host, beat: HeartbeatSeen, now: float) -> float | None:
@@ -1164,7 +1180,9 @@ def _backlog_since(host: Host, beat: HeartbeatSeen, now: float) -> float | None:
     return now if host.backlog_since_at is None else host.backlog_since_at
 
 
-_NO_STATS: Final = WorkerStats()
+#: Tasks waiting with a slot free this long without a break (three heartbeats of the AReaL
+#: worker, one a second) are not a beat that fell between two tasks of a busy worker.
+SLOT_FREE_CONFIRM_S: Final = 2.0
 #: A rate of tasks per minute is taken over at least this long.
 RATE_MARK_S: Final = 60.0
 _NO_PROGRESS: Final[Mapping[str, Any]] = {
@@ -1175,6 +1193,7 @@ _NO_PROGRESS: Final[Mapping[str, Any]] = {
     "rate_base": None,
     "stats": None,
     "backlog_since_at": None,
+    "slot_free_since_at": None,
 }
 
 
@@ -1533,15 +1552,13 @@ def _not_taking(host: Host, waited_s: float) -> str:
 def _backlog_at(host: Host, policy: Policy) -> float | None:
     """When tasks waiting with slots free make a ready host unhealthy (None: not while its
     last heartbeat had every slot busy, or nothing waits)."""
-    if policy.progress_stale_s <= 0 or host.backlog_since_at is None:
-        return None
-    # (A backlog is only ever timed from a heartbeat that reported the slots.)
-    if (host.in_flight or 0) >= ((host.stats or _NO_STATS).concurrency or 0):
+    free = host.slot_free_since_at
+    if policy.progress_stale_s <= 0 or host.backlog_since_at is None or free is None:
         return None
     base = host.backlog_since_at
     if host.thawed_at is not None:
         base = max(base, host.thawed_at)
-    return base + policy.progress_stale_s
+    return max(base + policy.progress_stale_s, free + SLOT_FREE_CONFIRM_S)
 
 
 def _stuck_at(host: Host, policy: Policy) -> float | None:

@@ -289,6 +289,9 @@ async def test_the_real_worker_s_pool_dies_with_it_after_a_daemon_restart(
     await daemon.wait_log("host.probe", host="worker-0", found_pid=victim)
     assert [m for m in members if not alive(m)] == [], "the adoption touched the pool"
     _, pushed = await kill_and_replace(daemon, victim, members)
-    assert isinstance(pushed["reaped"], int)
     told = await daemon.wait_log("worker.exit_reported", host="worker-0", pid=victim, via="record")
-    assert max(pushed["reaped"], told["reaped"]) == len(members)
+    # The agent sets its watch up just after its probe's reply: a kill in between finds the
+    # worker gone and leaves its session to the shepherd, so the push may count nothing
+    # (None); the larger of the two counts is all of them either way.
+    counts = [n for n in (pushed["reaped"], told["reaped"]) if n is not None]
+    assert max(counts) == len(members), (pushed, told)

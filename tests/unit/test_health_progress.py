@@ -420,8 +420,8 @@ def test_a_backlog_the_inbox_does_not_confirm_only_starts_the_clock_again(
 
 def test_tasks_waiting_while_every_slot_is_busy_are_judged_once_a_slot_is_free() -> None:
     """A broken pool's task waits while new calls keep both slots busy: no verdict while the
-    slots are full, and the wait counts from when it began, so the first heartbeat with a
-    slot free past the limit asks for the check."""
+    slots are full, and the wait counts from when it began, so once a slot has stayed free
+    for SLOT_FREE_CONFIRM_S past the limit the check is asked for."""
     host = ready()
     asked = None
     for t in range(2, 400):
@@ -432,7 +432,21 @@ def test_tasks_waiting_while_every_slot_is_busy_are_judged_once_a_slot_is_free()
         if any(isinstance(a, h.RecheckStatus) for a in actions + more):
             asked = t
             break
-    assert asked == 350 and host.backlog_since_at == 2.0
+    assert asked == 350 + h.SLOT_FREE_CONFIRM_S and host.backlog_since_at == 2.0
+
+
+def test_a_slow_busy_worker_between_two_tasks_is_never_not_taking() -> None:
+    """One slot, tasks of 2 s queued for minutes: a heartbeat now and then falls between two
+    tasks (a slot free, tasks waiting); the next shows the slot busy again. No fresh read is
+    ever asked for, so no verdict can come."""
+    host = ready()
+    for t in range(2, 400):
+        between = t % 3 == 0  # one beat in three lands between two tasks
+        beat = areal_beat(1000.0 + t, t // 2, 0 if between else 1, 6, slots=1, verify_ms=2000.0)
+        host, actions = h.step(host, beat, float(t), POLICY)
+        host, more = h.step(host, h.DeadlinePassed(), float(t) + 0.9, POLICY)
+        assert not any(isinstance(a, h.RecheckStatus) for a in actions + more), t
+        assert host.state is S.READY, t
 
 
 def test_a_backlog_that_clears_or_a_full_pool_is_never_not_taking() -> None:
