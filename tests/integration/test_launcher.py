@@ -74,6 +74,14 @@ def is_alive(pid: int) -> bool:
     return not agent_module.is_dead(agent_module.proc_stat(pid))
 
 
+def comm(pid: int) -> str:
+    """``/proc/PID/comm`` (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def ancestors(pid: int) -> list[int]:
     """The parent chain of ``pid`` up to (and including) PID 1."""
     chain: list[int] = []
@@ -260,14 +268,18 @@ class Agent:
         return Launched(reply["result"]["pid"], int(record["shepherd_pid"]), reply["result"]["via"])
 
     def launcher(self) -> int:
-        """The pid of the agent's live launcher, once it has one."""
+        """The pid of the agent's live launcher, once it has one and its Python is up (it
+        names itself ``rs-launcher``): a launch that comes while a loaded machine still starts
+        it could wait past ``LAUNCHER_ACK_S`` and go to a fresh interpreter instead."""
         found: list[int] = []
 
         def live_launcher() -> bool:
             found[:] = [
                 pid
                 for pid in children(self.pid)
-                if is_alive(pid) and agent_module.cmdline(pid)[-1:] == ["launcher"]
+                if is_alive(pid)
+                and agent_module.cmdline(pid)[-1:] == ["launcher"]
+                and comm(pid) == "rs-launcher"
             ]
             return len(found) == 1
 
