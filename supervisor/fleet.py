@@ -405,6 +405,12 @@ class Refusal(StrEnum):
     SENTINEL_HELD = "sentinel_held"
     FILE_ERROR = "file_error"
     SHUTTING_DOWN = "shutting_down"
+    #: drain: every spare serves a shard, is lost or still being cleaned.
+    NO_FREE_SPARE = "no_free_spare"
+    #: drain: the host serves no shard (a spare, lost, or drained already).
+    NOT_SERVING = "not_serving"
+    #: undrain: the host was not drained.
+    NOT_DRAINED = "not_drained"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1846,3 +1852,195 @@ def pointer_failed(pointer: Pointer, now: float, error: str) -> Pointer:
     return replace(
         pointer, writing=False, failures=failures, retry_at=now + delay, last_error=error
     )
+
+
+# --------------------------------------------------------------------------------------
+# Failover (issue 32): which machine serves each label's shard. A label is a [[hosts]]
+# name; the machine serving it is that host, or the spare its shard was moved to. The
+# status file keeps the label's name (the worker runs with ``--host <label>``), so the
+# trainer sees the same hosts whichever machine serves them.
+#
+# Rules:
+# 1. A machine is lost when its connection is down AND the heartbeat of what it serves is
+#    stale, both for ``after_s``: a partition alone (the worker still beats on the shared
+#    filesystem) or a hung worker alone (health.py restarts it) is not a lost machine.
+# 2. A lost machine's label goes to the first free spare (connected, not lost, serving
+#    nothing, not fenced); none free: the label stays and ``NoFreeSpare`` says so.
+# 3. A machine that lost its label (lost or drained) is fenced: it is given nothing until
+#    its leftovers are killed (``KillLeftovers`` when it is seen again). Then it becomes a
+#    spare (lost) or stays out until ``undrain`` (drained): it never flaps back.
+# 4. The shard lock on the shared filesystem is the last fence: a launch on the spare
+#    waits on it, so a lost machine's worker that is alive after all never serves beside it.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seats:
+    """Which machine serves each label, and the machines serving none."""
+
+    #: label -> machine serving its shard (the label's own host until a failover).
+    serving: Mapping[str, str]
+    #: label -> shard.
+    shards: Mapping[str, int]
+    #: Free spares, in the order they are given shards (config order, then returns).
+    spares: tuple[str, ...] = ()
+    #: Machines that lost their label and whose leftovers are not yet known killed.
+    fenced: frozenset[str] = frozenset()
+    #: Fenced machines drained by an operator (out of service until ``undrain``).
+    drained: frozenset[str] = frozenset()
+    #: Drained machines cleaned up and waiting for ``undrain``.
+    held: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sighting:
+    """What the daemon knows of one machine's reachability and its worker's heartbeat."""
+
+    connected: bool
+    #: When its connection was last seen going down (None: up, or not tried yet).
+    down_since: float | None = None
+    #: Its worker's last heartbeat, wall clock (None: none seen).
+    beat_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failover:
+    """Launch ``label``'s shard on ``to_machine`` (``--host label --shard shard``)."""
+
+    label: str
+    shard: int
+    from_machine: str
+    to_machine: str
+    #: "host_lost" or "drain".
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KillLeftovers:
+    """Kill whatever ``machine`` still runs for us before it is given anything."""
+
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoFreeSpare:
+    """``label``'s machine is lost and no spare is free: the shard stays unserved."""
+
+    label: str
+    shard: int
+    machine: str
+
+
+FailoverAction = Failover | KillLeftovers | NoFreeSpare
+
+
+def new_seats(hosts: Iterable[tuple[str, int]], spares: Iterable[str]) -> Seats:
+    """Every label served by its own host, every spare free."""
+    pairs = tuple(hosts)
+    return Seats(
+        serving={label: label for label, _ in pairs},
+        shards={label: shard for label, shard in pairs},
+        spares=tuple(spares),
+    )
+
+
+def is_lost(sighting: Sighting, now: float, after_s: float) -> bool:
+    """Connection down and heartbeat stale, both for at least ``after_s``."""
+    if sighting.connected or sighting.down_since is None or now - sighting.down_since < after_s:
+        return False
+    return sighting.beat_at is None or now - sighting.beat_at >= after_s
+
+
+def free_spares(seats: Seats, sightings: Mapping[str, Sighting]) -> tuple[str, ...]:
+    """The spares a shard may be moved to now: connected, serving nothing, not fenced."""
+    busy = set(seats.serving.values()) | seats.fenced | seats.held
+    return tuple(
+        m
+        for m in seats.spares
+        if m not in busy and (s := sightings.get(m)) is not None and s.connected
+    )
+
+
+def _move(seats: Seats, label: str, to: str, drained: bool) -> Seats:
+    machine = seats.serving[label]
+    serving = dict(seats.serving)
+    serving[label] = to
+    return replace(
+        seats,
+        serving=serving,
+        spares=tuple(m for m in seats.spares if m != to),
+        fenced=seats.fenced | {machine},
+        drained=seats.drained | {machine} if drained else seats.drained,
+    )
+
+
+def fail_over(
+    seats: Seats, sightings: Mapping[str, Sighting], now: float, after_s: float
+) -> tuple[Seats, list[FailoverAction]]:
+    """Move every lost machine's label to a free spare (rules 1-3), labels in name order."""
+    out: list[FailoverAction] = []
+    for label in sorted(seats.serving):
+        machine = seats.serving[label]
+        sighting = sightings.get(machine)
+        if sighting is None or not is_lost(sighting, now, after_s):
+            continue
+        free = free_spares(seats, sightings)
+        shard = seats.shards[label]
+        if not free:
+            out.append(NoFreeSpare(label=label, shard=shard, machine=machine))
+            continue
+        seats = _move(seats, label, free[0], drained=False)
+        out.append(
+            Failover(
+                label=label,
+                shard=shard,
+                from_machine=machine,
+                to_machine=free[0],
+                reason="host_lost",
+            )
+        )
+    return seats, out
+
+
+def seen_again(seats: Seats, machine: str) -> list[FailoverAction]:
+    """``machine`` connected: a fenced one's leftovers are killed before anything else."""
+    return [KillLeftovers(machine=machine)] if machine in seats.fenced else []
+
+
+def leftovers_killed(seats: Seats, machine: str) -> Seats:
+    """``machine`` runs nothing of ours: a spare again, or held until ``undrain``."""
+    if machine not in seats.fenced:
+        return seats
+    fenced = seats.fenced - {machine}
+    if machine in seats.drained:
+        return replace(
+            seats, fenced=fenced, drained=seats.drained - {machine}, held=seats.held | {machine}
+        )
+    return replace(seats, fenced=fenced, spares=(*seats.spares, machine))
+
+
+def drain(
+    seats: Seats, machine: str, sightings: Mapping[str, Sighting]
+) -> tuple[Seats, Failover] | Refusal:
+    """Move ``machine``'s label to a free spare for maintenance; it is fenced, then held."""
+    label = next((lb for lb, m in sorted(seats.serving.items()) if m == machine), None)
+    if label is None:
+        return Refusal.NOT_SERVING
+    free = free_spares(seats, sightings)
+    if not free:
+        return Refusal.NO_FREE_SPARE
+    new = _move(seats, label, free[0], drained=True)
+    move = Failover(
+        label=label,
+        shard=seats.shards[label],
+        from_machine=machine,
+        to_machine=free[0],
+        reason="drain",
+    )
+    return new, move
+
+
+def undrain(seats: Seats, machine: str) -> Seats | Refusal:
+    """A drained machine, cleaned up, goes back to the pool as a spare."""
+    if machine not in seats.held:
+        return Refusal.NOT_DRAINED
+    return replace(seats, held=seats.held - {machine}, spares=(*seats.spares, machine))
