@@ -229,6 +229,26 @@ class ProbeConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FailoverConfig:
+    """``[failover]``: when a lost host's shard moves to a spare (``[[spares]]``)."""
+
+    #: A host is lost once its connection is down and its heartbeat this old; derived from
+    #: ``[trainer]`` (``failover_after_s``) so the spare beats before the trainer gives up.
+    after_s: float = 11.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpareConfig:
+    """One ``[[spares]]`` entry: a host with the keys of ``[[hosts]]`` but no shard."""
+
+    name: str
+    address: str
+    port: int = 22
+    concurrency: int = 48
+    username: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostConfig:
     """One ``[[hosts]]`` entry."""
 
@@ -259,6 +279,9 @@ class Config:
     trainer: TrainerConfig = TrainerConfig()
     #: ``[probe]``; None: the table is absent and no probe is ever sent.
     probe: ProbeConfig | None = None
+    #: ``[[spares]]``: connected and checked, running nothing until a shard fails over.
+    spares: tuple[SpareConfig, ...] = ()
+    failover: FailoverConfig = FailoverConfig()
     #: The keys the file sets (``"health.heartbeat_stale_s"``...): a default derived from
     #: ``[trainer]`` is ours to answer for, a value set by hand the operator's.
     keys_set: frozenset[str] = frozenset()
@@ -315,6 +338,23 @@ def trainer_defaults(trainer: TrainerConfig, watch: WatchConfig) -> Policy:
         progress_stale_s=max(stale_floor, trainer.task_timeout_s / 3),
         stop_grace_s=trainer.task_timeout_s,
     )
+
+
+#: A worker beats about once a second: the trainer may read a beat this much older.
+HEARTBEAT_INTERVAL_S: Final = 1.0
+#: A failover's own time: the launch on the spare's open connection, the worker's start and
+#: its first heartbeat (a few hundred milliseconds for AReaL's worker; room for a load).
+FAILOVER_LAUNCH_S: Final = 2.0
+
+
+def failover_after_s(trainer: TrainerConfig, watch: WatchConfig) -> float:
+    """The default ``failover.after_s``: the trainer's heartbeat limit less one beat, the
+    watch's lag and the failover's own launch, so the spare's first heartbeat lands before
+    the trainer sees a heartbeat ``trainer.heartbeat_stale_s`` old (15 - 1 - 2 - 1 = 11 s
+    with a polled watch, 12 s with inotify)."""
+    lag = watch.poll_interval_s if watch.mode != "inotify" else 0.0
+    budget = trainer.heartbeat_stale_s - HEARTBEAT_INTERVAL_S - FAILOVER_LAUNCH_S - lag
+    return max(stale_floor_s(watch), budget)
 
 
 def shutdown_timeout_s(stop_grace_s: float) -> float:
@@ -960,6 +1000,30 @@ SCHEMA: Final[Mapping[str, Section]] = {
             "handover_hold_s": Key("seconds"),
         },
     ),
+    "failover": Section(
+        FailoverConfig,
+        {
+            "after_s": Key(
+                "seconds",
+                derive=lambda g: failover_after_s(g.trainer, g.watch),
+                minimum=lambda g: stale_floor_s(g.watch),
+                why=_stale_floor_why,
+            ),
+        },
+    ),
+    "spares": Section(
+        SpareConfig,
+        {
+            "name": Key("text", required="", check=_host_name_problem),
+            "address": Key("text", derive=lambda g: g.read["name"] or "", check=_address_problem),
+            "port": Key(
+                "integer",
+                check=lambda n: None if 0 < n < 65536 else f"must be in 1..65535, not {n}",
+            ),
+            "username": Key("text", check=_user_name_problem),
+            "concurrency": Key("count"),
+        },
+    ),
     "hosts": Section(
         HostConfig,
         {
@@ -1276,6 +1340,8 @@ class _Validator:
         fleet = self.fleet(self.table(raw, "fleet"), given, health, ssh, pointer_file, detach)
         metrics = MetricsConfig(**self.read(self.table(raw, "metrics"), "metrics", given))
         ha = self.ha(self.table(raw, "ha"), given)
+        failover = FailoverConfig(**self.read(self.table(raw, "failover"), "failover", given))
+        spares = self.spares(raw, hosts or (), given)
         if run is None or ssh is None or hosts is None:
             return None
         return Config(
@@ -1292,6 +1358,8 @@ class _Validator:
             ha=ha,
             trainer=trainer,
             probe=probe,
+            spares=spares,
+            failover=failover,
             keys_set=_keys_set(raw),
         )
 
@@ -1425,6 +1493,36 @@ class _Validator:
                 hosts.append(host)
         self.check_duplicates(hosts)
         return tuple(hosts)
+
+    def spares(
+        self, raw: Mapping[str, Any], hosts: tuple[HostConfig, ...], given: Given
+    ) -> tuple[SpareConfig, ...]:
+        value = raw.get("spares", [])
+        if not isinstance(value, list):
+            self.problem(
+                "spares", f"must be an array of tables ([[spares]]), not {_type_name(value)}"
+            )
+            return ()
+        names = {h.name: "hosts" for h in hosts}
+        spares: list[SpareConfig] = []
+        for i, entry in enumerate(value):
+            w = f"spares[{i}]"
+            if not isinstance(entry, dict):
+                self.problem(w, f"must be a table, not {_type_name(entry)}")
+                continue
+            before = len(self.problems)
+            values = self.read(cast(Mapping[str, Any], entry), w, given)
+            if len(self.problems) != before:
+                continue
+            spare = SpareConfig(**values)
+            if spare.name in names:
+                self.problem(
+                    f"{w}.name", f"duplicate host {spare.name!r} (also in [[{names[spare.name]}]])"
+                )
+                continue
+            names[spare.name] = "spares"
+            spares.append(spare)
+        return tuple(spares)
 
     def host(self, entry: object, w: str, given: Given) -> HostConfig | None:
         if not isinstance(entry, dict):

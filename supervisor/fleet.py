@@ -1861,8 +1861,8 @@ def pointer_failed(pointer: Pointer, now: float, error: str) -> Pointer:
 # trainer sees the same hosts whichever machine serves them.
 #
 # Rules:
-# 1. A machine is lost when its connection is down AND the heartbeat of what it serves is
-#    stale, both for ``after_s``: a partition alone (the worker still beats on the shared
+# 1. A machine is lost when its connection is seen down AND the heartbeat of what it serves
+#    is ``after_s`` old: a partition alone (the worker still beats on the shared
 #    filesystem) or a hung worker alone (health.py restarts it) is not a lost machine.
 # 2. A lost machine's label goes to the first free spare (connected, not lost, serving
 #    nothing, not fenced); none free: the label stays and ``NoFreeSpare`` says so.
@@ -1944,8 +1944,9 @@ def new_seats(hosts: Iterable[tuple[str, int]], spares: Iterable[str]) -> Seats:
 
 
 def is_lost(sighting: Sighting, now: float, after_s: float) -> bool:
-    """Connection down and heartbeat stale, both for at least ``after_s``."""
-    if sighting.connected or sighting.down_since is None or now - sighting.down_since < after_s:
+    """Its connection seen down (not merely untried) and its heartbeat stale for ``after_s``:
+    the heartbeat's age is the clock, since an SSH keepalive may notice a dead peer late."""
+    if sighting.connected or sighting.down_since is None:
         return False
     return sighting.beat_at is None or now - sighting.beat_at >= after_s
 

@@ -718,3 +718,41 @@ def test_a_probe_table_with_a_bad_value_is_refused_by_key(tmp_path: Path) -> Non
         config.load(path)
     keys = {p.key for p in caught.value.problems}
     assert {"probe.interval_s", "probe.expect"} <= keys
+
+
+def test_failover_after_s_is_derived_from_the_trainer_and_a_set_value_wins() -> None:
+    """after_s leaves one beat, the watch's lag and the launch under the trainer's limit."""
+    c = config.parse(minimal(), Path("/etc/x.toml"))
+    assert c.failover.after_s == 15 - 1 - 2 - 1
+    inotify = config.parse(minimal(watch={"mode": "inotify"}), Path("/etc/x.toml"))
+    assert inotify.failover.after_s == 15 - 1 - 2
+    slow = config.parse(minimal(trainer={"heartbeat_stale_s": 60}), Path("/etc/x.toml"))
+    assert slow.failover.after_s == 60 - 1 - 2 - 1
+    kept = config.parse(minimal(failover={"after_s": 9}), Path("/etc/x.toml"))
+    assert kept.failover.after_s == 9
+    with pytest.raises(ConfigError, match=r"failover\.after_s"):
+        config.parse(minimal(failover={"after_s": 0.5}), Path("/etc/x.toml"))
+
+
+def test_spares_take_the_host_keys_without_a_shard_and_names_stay_unique() -> None:
+    """[[spares]] read like [[hosts]] less the shard; a name used twice is refused."""
+    c = config.parse(
+        minimal(spares=[{"name": "spare-0", "port": 2222}, {"name": "spare-1"}]),
+        Path("/etc/x.toml"),
+    )
+    assert [(s.name, s.address, s.port) for s in c.spares] == [
+        ("spare-0", "spare-0", 2222),
+        ("spare-1", "spare-1", 22),
+    ]
+    assert config.parse(minimal(), Path("/etc/x.toml")).spares == ()
+    for bad, where in [
+        ([{"name": "worker-0"}], "spares[0].name"),
+        ([{"name": "s"}, {"name": "s"}], "spares[1].name"),
+        ([{"name": "s", "shard": 1}], "spares[0].shard"),
+        ([{"name": "s", "port": 0}], "spares[0].port"),
+        ([{"port": 22}], "spares[0].name"),
+        (["s"], "spares[0]"),
+        ({"name": "s"}, "spares"),
+    ]:
+        with pytest.raises(ConfigError, match=where.replace("[", r"\[").replace("]", r"\]")):
+            config.parse(minimal(spares=bad), Path("/etc/x.toml"))

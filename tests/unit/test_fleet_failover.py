@@ -30,16 +30,16 @@ def down(since: float, beat: float | None) -> Sighting:
     [
         (UP, False),
         (Sighting(connected=False), False),
-        (down(95.0, 80.0), False),
+        (down(99.0, 90.0), True),
         (down(90.0, 95.0), False),
         (down(90.0, 90.0), True),
         (down(90.0, None), True),
     ],
 )
-def test_lost_needs_connection_down_and_heartbeat_stale_for_after_s(
+def test_lost_needs_connection_seen_down_and_heartbeat_after_s_old(
     sighting: Sighting, lost: bool
 ) -> None:
-    """Only a connection down and a heartbeat stale, both for after_s, make a machine lost."""
+    """Only a connection seen down and a heartbeat after_s old make a machine lost."""
     assert fleet.is_lost(sighting, 100.0, AFTER) is lost
 
 
