@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from supervisor import fleet
 from supervisor.fleet import Failover, KillLeftovers, NoFreeSpare, Refusal, Sighting
+from tests.examples import examples
 
 AFTER = 10.0
 UP = Sighting(connected=True, beat_at=100.0)
@@ -197,7 +198,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(ops)
 def test_random_partitions_returns_restarts_never_two_workers_on_a_shard(
     steps: list[tuple[str, str, float]],
