@@ -140,6 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
         with_json(p)
         p.add_argument("host", metavar="HOST", help="a host name from the config's [[hosts]]")
 
+    for name, help_ in (
+        ("drain", "move a host's shard to a free spare; the host stays out until undrain"),
+        ("undrain", "give a drained host back to the pool, as a spare"),
+    ):
+        p = command(name, cmd_drain, help_)
+        with_config(p)
+        with_json(p)
+        p.add_argument("host", metavar="HOST", help="a host name from [[hosts]] or [[spares]]")
+
     p = command("reload", cmd_reload, "re-read the config (same as SIGHUP)")
     with_config(p)
     with_json(p)
@@ -533,6 +542,24 @@ def cmd_host_command(args: argparse.Namespace) -> int:
         print(json.dumps(reply, indent=2, sort_keys=True))
     else:
         print(terminal_text(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})"))
+    return EXIT_OK
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """``drain|undrain -c CONFIG HOST``."""
+    cfg = _load_config(args.config)
+    machines = [h.name for h in cfg.hosts] + [s.name for s in cfg.spares]
+    if args.host not in machines:
+        known = ", ".join(machines)
+        raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
+    reply = _request(cfg.control.socket, args.command, host=args.host, timeout_s=30.0)
+    if args.json:
+        print(json.dumps(reply, indent=2, sort_keys=True))
+    elif args.command == "drain":
+        text = f"{reply.get('label')} (shard {reply.get('shard')}) moves to {reply.get('to')}"
+        print(terminal_text(f"{text}; {args.host} stays out until undrain"))
+    else:
+        print(terminal_text(f"{args.host} is a spare again"))
     return EXIT_OK
 
 

@@ -127,6 +127,17 @@ class Operator:
         await self._ask(lambda token: fleet.StartHostRequested(host=host, token=token))
         return self._presenter.row(host)
 
+    async def drain(self, host: str) -> dict[str, Any]:
+        """Request ``{"cmd": "drain", "host": H}``: H's shard moves to a free spare and H
+        stays out; response ``{"label", "shard", "to"}``."""
+        reply = await self._ask(lambda token: fleet.DrainRequested(host=host, token=token))
+        return dict(reply.result or {})
+
+    async def undrain(self, host: str) -> dict[str, Any]:
+        """Request ``{"cmd": "undrain", "host": H}``: a drained H is a spare again."""
+        reply = await self._ask(lambda token: fleet.UndrainRequested(host=host, token=token))
+        return dict(reply.result or {})
+
     async def stop(self) -> dict[str, Any]:
         """Request ``{"cmd": "stop"}``: stop every worker (or detach), then the daemon."""
         self._request_stop("control socket")

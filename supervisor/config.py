@@ -458,6 +458,18 @@ def fleet_ssh(ssh: SshConfig, hosts: int) -> SshConfig:
     return replace(ssh, keepalive_interval_s=hosts / rate)
 
 
+def spare_host(spare: SpareConfig) -> HostConfig:
+    """A spare's connection settings as a host's (its shard is given when it serves one)."""
+    return HostConfig(
+        name=spare.name,
+        shard=-1,
+        address=spare.address,
+        port=spare.port,
+        concurrency=spare.concurrency,
+        username=spare.username,
+    )
+
+
 def members(config: Config) -> tuple[Member, ...]:
     """The configured hosts as the fleet core sees them."""
     return tuple(
@@ -984,9 +996,16 @@ SCHEMA: Final[Mapping[str, Section]] = {
             "crash_signature_hosts": Key("count", minimum=0),
             "crash_signature_window_s": Key("seconds"),
         },
-        # The fleet's own deadlines and the pointer file come from other tables.
+        # The fleet's own deadlines, the pointer file and failover's delay come from other
+        # tables.
         not_keys=frozenset(
-            {"startup_timeout_s", "shutdown_timeout_s", "pointer_file", "detach_on_exit"}
+            {
+                "startup_timeout_s",
+                "shutdown_timeout_s",
+                "pointer_file",
+                "detach_on_exit",
+                "failover_after_s",
+            }
         ),
     ),
     "metrics": Section(MetricsConfig, {"listen": Key("text", check=_listen_problem)}),
@@ -1352,7 +1371,7 @@ class _Validator:
             ssh=ssh,
             control=control,
             watch=watch,
-            fleet=fleet,
+            fleet=replace(fleet, failover_after_s=failover.after_s),
             metrics=metrics,
             hosts=hosts,
             ha=ha,

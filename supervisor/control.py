@@ -99,6 +99,14 @@ class Commands(Protocol):
         """Re-read the config and reconcile: ``{"reloaded": bool, "errors": [...]}``."""
         ...
 
+    async def drain(self, host: str) -> dict[str, Any]:
+        """Move ``host``'s shard to a free spare and keep ``host`` out of service."""
+        ...
+
+    async def undrain(self, host: str) -> dict[str, Any]:
+        """A drained ``host`` goes back to the pool as a spare."""
+        ...
+
     async def stop(self) -> dict[str, Any]:
         """Begin stopping every worker, then the daemon."""
         ...
@@ -332,6 +340,8 @@ class ControlServer:
             "stop": self._cmd_stop,
             "unfreeze": self._cmd_unfreeze,
             "handover": self._cmd_handover,
+            "drain": self._cmd_drain,
+            "undrain": self._cmd_undrain,
         }
         # `events` takes over its connection, so it is dispatched apart from the table.
         self._known = sorted([*self._handlers, "events"])
@@ -630,6 +640,23 @@ class ControlServer:
         """
         _expect_args("stop", request)
         return await self._commands.stop()
+
+    async def _cmd_drain(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Move a host's shard to a free spare (``[[spares]]``); the host stays out.
+
+        Request:  {"cmd": "drain", "host": "worker-0"}
+        Response: {"ok": true, "label": "worker-0", "shard": 0, "to": "spare-0"}
+                  {"ok": false, "error": "no spare is free (...)"}
+        """
+        return await self._commands.drain(_host_arg("drain", request))
+
+    async def _cmd_undrain(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Give a drained host back to the pool, as a spare.
+
+        Request:  {"cmd": "undrain", "host": "worker-0"}
+        Response: {"ok": true, "spare": "worker-0"}
+        """
+        return await self._commands.undrain(_host_arg("undrain", request))
 
     async def _cmd_unfreeze(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Lift a fleet-wide restart freeze now.

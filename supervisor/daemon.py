@@ -112,7 +112,12 @@ class Daemon:
         watcher_factory: WatcherFactory = default_watcher_factory,
     ) -> None:
         self._config = config
-        self._fleet = fleet.Fleet(config_mod.members(config), config.health, config.fleet)
+        self._fleet = fleet.Fleet(
+            config_mod.members(config),
+            config.health,
+            config.fleet,
+            spares=tuple(s.name for s in config.spares),
+        )
         self._leadership = leadership.new()
         self._inbox = _Inbox()
         self._timer: asyncio.TimerHandle | None = None
@@ -194,6 +199,10 @@ class Daemon:
             fleet.CrashSignatureFound: present.crash_signature_found,
             fleet.CrashSignatureCleared: present.crash_signature_cleared,
             fleet.Settled: self._settled,
+            fleet.Failover: self._failed_over,
+            fleet.KillLeftovers: links.kill_leftovers,
+            fleet.NoFreeSpare: present.no_free_spare,
+            fleet.KeepSpare: links.keep_spare,
             fleet.ShutdownBegan: present.shutdown_began,
             fleet.ShutdownDone: present.shutdown_done,
         }
@@ -442,6 +451,10 @@ class Daemon:
         self.present.settled(action)
         self._lead(leadership.FleetSettled())  # after a takeover: in charge
         self._collector = self.spawn(self._collect_loop(), "gc")
+
+    def _failed_over(self, action: fleet.Failover) -> None:
+        self.links.move(action)
+        self.present.failed_over(action)
 
     def _freeze_changed(self, change: fleet.FreezeChanged) -> None:
         if not change.frozen:

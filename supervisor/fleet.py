@@ -110,6 +110,9 @@ class FleetPolicy:
     #: This many hosts crashing the same way within the window hold restarts (0: never).
     crash_signature_hosts: int = 3
     crash_signature_window_s: float = 300.0
+    #: ``[failover] after_s``: a machine down this long with its heartbeat this old is lost
+    #: and its shard moves to a spare (only with ``[[spares]]``).
+    failover_after_s: float = 11.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,8 +248,47 @@ class FilesystemDiagnosed:
     free_bytes: int | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpareObserved:
+    """A machine serving no shard (a spare, or one that lost its shard) connected or lost
+    its connection."""
+
+    machine: str
+    up: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeftoversKilled:
+    """The answer to ``KillLeftovers``: nothing of ours runs on ``machine`` now, or why not."""
+
+    machine: str
+    #: None: done; else why not (tried again while it stays connected).
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainRequested:
+    """Operator: move the shard ``host`` serves to a spare, and keep ``host`` out."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UndrainRequested:
+    """Operator: a drained ``host`` goes back to the pool, as a spare."""
+
+    host: str
+    token: int
+
+
 FleetEvent = (
     Booted
+    | SpareObserved
+    | LeftoversKilled
+    | DrainRequested
+    | UndrainRequested
     | FilesScanned
     | DeadlinePassed
     | Reconfigured
@@ -513,8 +555,86 @@ class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seats:
+    """Which machine serves each label, and the machines serving none."""
+
+    #: label -> machine serving its shard (the label's own host until a failover).
+    serving: Mapping[str, str]
+    #: label -> shard.
+    shards: Mapping[str, int]
+    #: Free spares, in the order they are given shards (config order, then returns).
+    spares: tuple[str, ...] = ()
+    #: Machines that lost their label and whose leftovers are not yet known killed.
+    fenced: frozenset[str] = frozenset()
+    #: Fenced machines drained by an operator (out of service until ``undrain``).
+    drained: frozenset[str] = frozenset()
+    #: Drained machines cleaned up and waiting for ``undrain``.
+    held: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sighting:
+    """What the daemon knows of one machine's reachability and its worker's heartbeat."""
+
+    connected: bool
+    #: When its connection was last seen going down (None: up, or not tried yet).
+    down_since: float | None = None
+    #: Its worker's last heartbeat, wall clock (None: none seen).
+    beat_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failover:
+    """Launch ``label``'s shard on ``to_machine`` (``--host label --shard shard``)."""
+
+    label: str
+    shard: int
+    from_machine: str
+    to_machine: str
+    #: "host_lost" or "drain".
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KillLeftovers:
+    """Kill whatever ``machine`` still runs for us before it is given anything: the worker
+    of ``label`` it served (``pid`` if known, else the one its agent finds); answer
+    ``LeftoversKilled``."""
+
+    machine: str
+    label: str = ""
+    shard: int = 0
+    pid: int | None = None
+    #: SIGTERM and this long before the SIGKILL (0: SIGKILL at once).
+    grace_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepSpare:
+    """Connect to the spare ``machine`` and keep it connected (its news: ``SpareObserved``)."""
+
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoFreeSpare:
+    """``label``'s machine is lost and no spare is free: the shard stays unserved."""
+
+    label: str
+    shard: int
+    machine: str
+
+
+FailoverAction = Failover | KillLeftovers | NoFreeSpare
+
+
 Action = (
     ScanFiles
+    | Failover
+    | KillLeftovers
+    | NoFreeSpare
+    | KeepSpare
     | Connect
     | Disconnect
     | Reconnect
@@ -543,6 +663,10 @@ Action = (
 )
 
 _HISTORY_CHANGED: Final = HistoryChanged()
+#: How soon killing a returned machine's leftovers is tried again after it failed (while it
+#: stays connected; a reconnect tries at once).
+LEFTOVERS_RETRY_S: Final = 5.0
+
 _RESULTS_OF_LAUNCH: Final = (health.Launched, health.LaunchFailed, health.LaunchRefused)
 
 # --------------------------------------------------------------------------------------
@@ -557,6 +681,7 @@ class Fleet:
         members: Iterable[Member],
         health_policy: health.Policy,
         policy: FleetPolicy,
+        spares: Iterable[str] = (),
     ) -> None:
         self._health = health_policy
         self._policy = policy
@@ -621,6 +746,25 @@ class Fleet:
         self.names: frozenset[str] = frozenset()
         #: Told that this daemon does not lead (``LeadershipEnded``): nothing more is done.
         self._halted = False
+        # Failover (issue 32): which machine serves each member's shard, what each machine
+        # was last seen as, and the work a machine that lost its shard still owes.
+        self.seats = new_seats((), tuple(spares))
+        self._sparing = bool(self.seats.spares)
+        self._sightings: dict[str, Sighting] = {m: Sighting(connected=False) for m in spares}
+        #: Machines serving a member whose connection is down (where a loss can begin).
+        self._down: set[str] = set()
+        #: A machine that lost its shard: the worker it may still run (label, shard, pid).
+        self._left: dict[str, tuple[str, int, int | None]] = {}
+        #: Fenced machines whose leftovers are being killed, or when to try again.
+        self._killing: set[str] = set()
+        self._kill_retry_at: dict[str, float] = {}
+        #: Drained machine -> the member whose launch on its spare waits for the kill.
+        self._release_waits: dict[str, str] = {}
+        #: Members lost with no free spare, said once until served again.
+        self._unserved: set[str] = set()
+        self._failover_at: float | None = None
+        #: Shards moved to a spare since start, by reason (``host_lost``/``drain``).
+        self.failovers: dict[str, int] = {}
 
     # --- queries -----------------------------------------------------------------------
 
@@ -715,6 +859,8 @@ class Fleet:
                 None if self._settled else self._startup_deadline_at,
                 self._shutdown_deadline_at if not self._finished else None,
                 self.pointer.retry_at,
+                self._failover_at,
+                min(self._kill_retry_at.values(), default=None),
             )
             if t is not None
         ]
@@ -736,6 +882,8 @@ class Fleet:
             return []  # whatever this batch asked for before the news came is not done either
         if self._finished:
             return out
+        if self._down:
+            self._fail_over_lost(now, out)
         # A batch matters to the freeze only if the fleet is frozen (heartbeats thaw it) or
         # a host changed state (the count of hosts that should run sets the threshold):
         # heartbeats alone only shorten silences, so they cannot freeze it.
@@ -786,6 +934,14 @@ class Fleet:
                     out.append(FreezeExplained(finding=event.finding, free_bytes=event.free_bytes))
             case LeadershipEnded():
                 self._halt()
+            case SpareObserved():
+                self._spare_observed(event, now, out)
+            case LeftoversKilled():
+                self._leftovers_killed(event, now, out)
+            case DrainRequested():
+                self._drain(event, now, out)
+            case UndrainRequested():
+                self._undrain(event, out)
             case _:
                 assert_never(event)
 
@@ -794,6 +950,10 @@ class Fleet:
     def _observed(self, name: str, event: health.Event, now: float, out: list[Action]) -> None:
         if name not in self._hosts:
             return  # a host that left (or has not joined): its news is moot
+        if type(event) is health.SshLost or type(event) is health.SshRestored:
+            self._sighted(
+                self.seats.serving.get(name, name), type(event) is health.SshRestored, now
+            )
         if type(event) is health.WorkerExited:
             # Decided before the exit is applied: a held host must not restart at once.
             self._crashed(name, event, now, out)
@@ -950,6 +1110,7 @@ class Fleet:
             return
         self._booted = True
         self._histories = dict(event.histories)
+        out.extend(KeepSpare(machine=m) for m in self.seats.spares)
         self._admit(now, out)
         self._at_boot = set(self._joining)
         if self._stop_at_boot:
@@ -1003,6 +1164,7 @@ class Fleet:
                 self._unsettled.add(name)
             added = name not in self._at_boot
             self._at_boot.discard(name)
+            self._seat(name, member.shard)
             out.append(Connect(host=name, shard=member.shard, added=added))
             if stopping:
                 self._feed(name, _SHUTDOWN_STOP, now, out)
@@ -1030,6 +1192,7 @@ class Fleet:
         self._connect_seen.discard(name)
         self.held.pop(name, None)
         self.budget = launch_done(self.budget, name)
+        self._unseat(name)
         self._names_changed()
         out.append(Disconnect(host=name))
         if not self._shutting_down:
@@ -1100,6 +1263,247 @@ class Fleet:
         self._feed(name, stop, now, out)
         if name in self._hosts and self._hosts[name].state is S.STOPPED:
             self._drop(name, now, out)
+
+    # --- failover (issue 32) ----------------------------------------------------------------
+
+    def machine_of(self, name: str) -> str:
+        """The machine serving member ``name``'s shard (its own, or a spare's)."""
+        return self.seats.serving.get(name, name)
+
+    def spare_rows(self) -> list[dict[str, object]]:
+        """Every machine that is or was a spare, for ``status``: its name, whether it is
+        connected, and what it is (``free``, ``serving`` a member, ``fenced`` until its
+        leftovers are killed, ``drained`` until ``undrain``, ``down``)."""
+        seats = self.seats
+        serves = {m: label for label, m in seats.serving.items() if m != label}
+        rows: list[dict[str, object]] = []
+        for machine, sighting in self._sightings.items():
+            if machine in serves:
+                role = "serving"
+            elif machine in seats.fenced:
+                role = "fenced"
+            elif machine in seats.held:
+                role = "drained"
+            elif machine in seats.spares:
+                role = "free" if sighting.connected else "down"
+            else:
+                continue  # a member's own machine, serving it
+            rows.append(
+                {
+                    "name": machine,
+                    "role": role,
+                    "connected": sighting.connected,
+                    "serves": serves.get(machine),
+                }
+            )
+        return rows
+
+    @property
+    def free_spares(self) -> int:
+        """Spares a shard could move to now."""
+        return len(free_spares(self.seats, self._sightings))
+
+    def _seat(self, name: str, shard: int) -> None:
+        """A member joined: it serves its own shard."""
+        self.seats = replace(
+            self.seats,
+            serving={**self.seats.serving, name: name},
+            shards={**self.seats.shards, name: shard},
+        )
+        self._sightings.setdefault(name, Sighting(connected=False))
+
+    def _unseat(self, name: str) -> None:
+        """A member left: a spare that served it is free again (its worker was stopped)."""
+        machine = self.seats.serving[name]
+        serving = {k: v for k, v in self.seats.serving.items() if k != name}
+        shards = {k: v for k, v in self.seats.shards.items() if k != name}
+        spares = self.seats.spares
+        if machine != name:
+            spares = (*spares, machine)
+        else:
+            self._sightings.pop(machine, None)
+            self._down.discard(machine)
+        self.seats = replace(self.seats, serving=serving, shards=shards, spares=spares)
+        self._unserved.discard(name)
+
+    def _sighted(self, machine: str, up: bool, now: float) -> None:
+        """``machine``'s connection came up or went down."""
+        before = self._sightings.get(machine, Sighting(connected=False))
+        if up:
+            self._sightings[machine] = replace(before, connected=True, down_since=None)
+            self._down.discard(machine)
+        elif before.connected or before.down_since is None:
+            self._sightings[machine] = replace(before, connected=False, down_since=now)
+        # Without a spare nothing can move: no machine is watched for a loss.
+        if not up and self._sparing and machine in self.seats.serving.values():
+            self._down.add(machine)
+        if not self._down:
+            self._failover_at = None
+
+    def _fresh_sightings(self) -> dict[str, Sighting]:
+        """Sightings with each serving machine's last heartbeat (of the member it serves)."""
+        sightings = dict(self._sightings)
+        for label, machine in self.seats.serving.items():
+            beat_at = self._hosts[label].beat_changed_at
+            sightings[machine] = replace(sightings[machine], beat_at=beat_at)
+        return sightings
+
+    def _fail_over_lost(self, now: float, out: list[Action]) -> None:
+        """Move the shards of lost machines to free spares (rules 1-3)."""
+        if self._shutting_down:
+            self._failover_at = None
+            return
+        sightings = self._fresh_sightings()
+        after = self._policy.failover_after_s
+        due = [lost_at(sightings[m], after) for m in self._down if m in sightings]
+        pending = [t for t in due if t is not None and t > now]
+        self._failover_at = min(pending) if pending else None
+        if not any(t is not None and t <= now for t in due):
+            return
+        self.seats, actions = fail_over(self.seats, sightings, now, after)
+        for action in actions:
+            if isinstance(action, Failover):
+                self._down.discard(action.from_machine)
+                self._left[action.from_machine] = (
+                    action.label,
+                    action.shard,
+                    self._hosts[action.label].pid,
+                )
+                out.append(action)
+                self._relocate(action, now, out, wait_release=False)
+            elif isinstance(action, NoFreeSpare) and action.label not in self._unserved:
+                self._unserved.add(action.label)
+                out.append(action)
+
+    def _relocate(
+        self, move: Failover, now: float, out: list[Action], *, wait_release: bool
+    ) -> None:
+        """``move.label`` starts afresh on ``move.to_machine``: what its old machine runs is
+        fenced (the shard lock, the epoch, ``KillLeftovers``), never waited for."""
+        label = move.label
+        self._unserved.discard(label)
+        self.failovers[move.reason] = self.failovers.get(move.reason, 0) + 1
+        before = self._hosts[label]
+        if label in self.budget.in_flight or is_waiting(self.budget, label):
+            self.budget = launch_done(self.budget, label)
+        why = "host lost" if move.reason == "host_lost" else "drained"
+        reason = f"moving to {move.to_machine}: {move.from_machine} {why}"
+        host = replace(
+            health.new_host(label, now, history=health.history_of(before)),
+            reason=reason,
+            next_restart_at=None,
+            held=before.held,
+            frozen=before.frozen,
+        )
+        self._hosts[label] = host
+        self._expected += (host.state in WANT_RUNNING_STATES) - (
+            before.state in WANT_RUNNING_STATES
+        )
+        out.append(
+            HostStateChanged(
+                host=label,
+                from_=before.state,
+                to=host.state,
+                reason=reason,
+                pid=before.pid if before.pid is not None else before.last_pid,
+                cause=None,
+                evidence=None,
+            )
+        )
+        if wait_release:
+            self._release_waits[move.from_machine] = label
+        else:  # a free spare is a connected one
+            self._feed(label, health.SshRestored(), now, out)
+        self._arm(label, self._hosts[label].deadline_at)
+        self._assess_due = True
+        self._pointer_due = True
+
+    def _spare_observed(self, event: SpareObserved, now: float, out: list[Action]) -> None:
+        machine = event.machine
+        if machine not in self._sightings:
+            return  # not ours (any more)
+        self._sighted(machine, event.up, now)
+        if event.up and seen_again(self.seats, machine):
+            self._kill_leftovers(machine, now, out)
+        label = next((lb for lb, m in self.seats.serving.items() if m == machine), None)
+        if label is not None and label in self._hosts:
+            # A spare serving a member: its connection is that member's.
+            ssh: health.Event = (
+                health.SshRestored() if event.up else health.SshLost(reason=event.reason)
+            )
+            self._feed(label, ssh, now, out)
+
+    def _kill_leftovers(self, machine: str, now: float, out: list[Action]) -> None:
+        if machine in self._killing or self._shutting_down:
+            return
+        self._kill_retry_at.pop(machine, None)
+        label, shard, pid = self._left.get(machine, (machine, 0, None))
+        grace = 0.0
+        if machine in self._release_waits and self._health.restart_stop != "kill":
+            grace = self._health.stop_grace_s  # a drain ends its worker as a restart does
+        self._killing.add(machine)
+        out.append(KillLeftovers(machine=machine, label=label, shard=shard, pid=pid, grace_s=grace))
+
+    def _leftovers_killed(self, event: LeftoversKilled, now: float, out: list[Action]) -> None:
+        machine = event.machine
+        self._killing.discard(machine)
+        if event.error is not None:
+            if self._sightings.get(machine, Sighting(connected=False)).connected:
+                self._kill_retry_at[machine] = now + LEFTOVERS_RETRY_S
+            return
+        self._left.pop(machine, None)
+        self.seats = leftovers_killed(self.seats, machine)
+        label = self._release_waits.pop(machine, None)
+        if (
+            label is not None
+            and label in self._hosts
+            and self._sightings[self.machine_of(label)].connected
+        ):
+            self._feed(label, health.SshRestored(), now, out)
+
+    def _retry_kills(self, now: float, out: list[Action]) -> None:
+        for machine, at in list(self._kill_retry_at.items()):
+            if at <= now:
+                del self._kill_retry_at[machine]
+                if self._sightings.get(machine, Sighting(connected=False)).connected:
+                    self._kill_leftovers(machine, now, out)
+
+    def _drain(self, event: DrainRequested, now: float, out: list[Action]) -> None:
+        if self._shutting_down:
+            message = "the daemon is stopping"
+            out.append(Reply(token=event.token, refusal=Refusal.SHUTTING_DOWN, message=message))
+            return
+        machine = event.host
+        if machine not in self._sightings:
+            known = ", ".join(sorted(self._sightings)) or "none"
+            message = f"unknown host {machine!r} (known: {known})"
+            out.append(Reply(token=event.token, refusal=Refusal.UNKNOWN_HOST, message=message))
+            return
+        result = drain(self.seats, machine, self._fresh_sightings())
+        if isinstance(result, Refusal):
+            message = {
+                Refusal.NO_FREE_SPARE: "no spare is free (connected, serving nothing, cleaned)",
+                Refusal.NOT_SERVING: f"{machine!r} serves no shard",
+            }.get(result, str(result))
+            out.append(Reply(token=event.token, refusal=result, message=message))
+            return
+        self.seats, move = result
+        host = self._hosts[move.label]
+        self._left[machine] = (move.label, move.shard, host.pid)
+        out.append(move)
+        self._relocate(move, now, out, wait_release=True)
+        self._kill_leftovers(machine, now, out)
+        result_fields = {"label": move.label, "shard": move.shard, "to": move.to_machine}
+        out.append(Reply(token=event.token, result=result_fields))
+
+    def _undrain(self, event: UndrainRequested, out: list[Action]) -> None:
+        result = undrain(self.seats, event.host)
+        if isinstance(result, Refusal):
+            message = f"{event.host!r} is not drained (or its worker is still being stopped)"
+            out.append(Reply(token=event.token, refusal=result, message=message))
+            return
+        self.seats = result
+        out.append(Reply(token=event.token, result={"spare": event.host}))
 
     # --- operator commands -----------------------------------------------------------------
 
@@ -1418,6 +1822,8 @@ class Fleet:
             self._settle(tuple(sorted(self._unsettled | self._joining.keys())), out)
         if self._shutdown_deadline_at is not None and now >= self._shutdown_deadline_at:
             self._finish(out)
+        if self._kill_retry_at:
+            self._retry_kills(now, out)
 
     # --- freeze and budget ----------------------------------------------------------------------
 
@@ -1873,66 +2279,6 @@ def pointer_failed(pointer: Pointer, now: float, error: str) -> Pointer:
 #    waits on it, so a lost machine's worker that is alive after all never serves beside it.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Seats:
-    """Which machine serves each label, and the machines serving none."""
-
-    #: label -> machine serving its shard (the label's own host until a failover).
-    serving: Mapping[str, str]
-    #: label -> shard.
-    shards: Mapping[str, int]
-    #: Free spares, in the order they are given shards (config order, then returns).
-    spares: tuple[str, ...] = ()
-    #: Machines that lost their label and whose leftovers are not yet known killed.
-    fenced: frozenset[str] = frozenset()
-    #: Fenced machines drained by an operator (out of service until ``undrain``).
-    drained: frozenset[str] = frozenset()
-    #: Drained machines cleaned up and waiting for ``undrain``.
-    held: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Sighting:
-    """What the daemon knows of one machine's reachability and its worker's heartbeat."""
-
-    connected: bool
-    #: When its connection was last seen going down (None: up, or not tried yet).
-    down_since: float | None = None
-    #: Its worker's last heartbeat, wall clock (None: none seen).
-    beat_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Failover:
-    """Launch ``label``'s shard on ``to_machine`` (``--host label --shard shard``)."""
-
-    label: str
-    shard: int
-    from_machine: str
-    to_machine: str
-    #: "host_lost" or "drain".
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KillLeftovers:
-    """Kill whatever ``machine`` still runs for us before it is given anything."""
-
-    machine: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NoFreeSpare:
-    """``label``'s machine is lost and no spare is free: the shard stays unserved."""
-
-    label: str
-    shard: int
-    machine: str
-
-
-FailoverAction = Failover | KillLeftovers | NoFreeSpare
-
-
 def new_seats(hosts: Iterable[tuple[str, int]], spares: Iterable[str]) -> Seats:
     """Every label served by its own host, every spare free."""
     pairs = tuple(hosts)
@@ -1943,12 +2289,21 @@ def new_seats(hosts: Iterable[tuple[str, int]], spares: Iterable[str]) -> Seats:
     )
 
 
-def is_lost(sighting: Sighting, now: float, after_s: float) -> bool:
-    """Its connection seen down (not merely untried) and its heartbeat stale for ``after_s``:
-    the heartbeat's age is the clock, since an SSH keepalive may notice a dead peer late."""
+def lost_at(sighting: Sighting, after_s: float) -> float | None:
+    """When the machine is lost if nothing changes: its connection seen down (not merely
+    untried) and its heartbeat ``after_s`` old. The heartbeat's age is the clock, since an
+    SSH keepalive may notice a dead peer late; without a heartbeat seen, the connection's
+    loss is (a daemon that started beside a dead host still gives it ``after_s``)."""
     if sighting.connected or sighting.down_since is None:
-        return False
-    return sighting.beat_at is None or now - sighting.beat_at >= after_s
+        return None
+    since = sighting.beat_at if sighting.beat_at is not None else sighting.down_since
+    return since + after_s
+
+
+def is_lost(sighting: Sighting, now: float, after_s: float) -> bool:
+    """The machine is lost at ``now`` (``lost_at``)."""
+    at = lost_at(sighting, after_s)
+    return at is not None and now >= at
 
 
 def free_spares(seats: Seats, sightings: Mapping[str, Sighting]) -> tuple[str, ...]:

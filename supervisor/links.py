@@ -165,6 +165,13 @@ class Links:
         self._handshakes = asyncio.Semaphore(shell.config.ssh.max_concurrent_handshakes)
         self._links: dict[str, Link] = {}
         self._warm: dict[str, Warm] = {}
+        # Failover: a machine's own settings (hosts and spares), the links of machines that
+        # serve no member (spares, and machines that lost their shard), and which member a
+        # machine serves where that is not its own name (None: none).
+        self._own: dict[str, HostConfig] = {h.name: h for h in shell.config.hosts}
+        self._own.update((s.name, config_mod.spare_host(s)) for s in shell.config.spares)
+        self._machines: dict[str, Link] = {}
+        self._label_of: dict[str, str | None] = {}
         # Every host of every config loaded: a host joins (Connect) with the settings of
         # the config the core admitted it under, even while a newer one is being applied.
         self._host_configs: dict[str, HostConfig] = {h.name: h for h in shell.config.hosts}
@@ -223,15 +230,25 @@ class Links:
             log.info("host.added", host=name, shard=action.shard)
 
     def disconnect(self, action: fleet.Disconnect) -> None:
-        """A host left: close its connection."""
+        """A host left: close its connection (a spare that served it stays, serving none)."""
         name = action.host
         link = self._links.pop(name)
+        machine = self._machine_serving(name)
+        log.info("host.removed", host=name)
+        if machine != name:
+            for task in link.ops:
+                task.cancel()
+            self._machines[machine] = replace(link, cfg=self._own[machine], ops=set())
+            self._label_of[machine] = None
+            return
         link.cancel_tasks()
         self._shell.spawn(_aclose_quietly(link.remote, name), f"close:{name}")
-        log.info("host.removed", host=name)
 
     def reconnect(self, action: fleet.Reconnect) -> None:
-        """A host's SSH settings changed: its connection takes them at its next connect."""
+        """A host's SSH settings changed: its connection takes them at its next connect (a
+        member served by a spare keeps the spare's connection)."""
+        if self._machine_serving(action.host) != action.host:
+            return
         link = self._links[action.host]
         link.cfg = self._shell.config.host(action.host) or link.cfg
         link.remote.update(link.cfg, self._fleet_ssh(), self._shell.config.worker.python)
@@ -249,6 +266,78 @@ class Links:
     def probe(self, action: fleet.Probe) -> None:
         """Ask the host's agent whether the worker runs."""
         self._spawn_op(action.host, self._probe(action), "probe")
+
+    # --- failover's actions ---------------------------------------------------------------
+
+    def keep_spare(self, action: fleet.KeepSpare) -> None:
+        """Connect to a spare and keep it connected, serving nothing."""
+        name = action.machine
+        cfg = self._own[name]
+        link = Link(cfg=cfg, remote=self._new_remote(cfg))
+        self._machines[name] = link
+        self._label_of[name] = None
+        link.maintain = self._shell.spawn(self._maintain(name, link.remote), f"ssh:{name}")
+
+    def move(self, action: fleet.Failover) -> None:
+        """``action.label``'s shard is served by ``to_machine`` from now on: the member's
+        link takes the spare's connection, and its old machine's connection stays, serving
+        nothing, for its leftovers to be killed when it answers."""
+        label, old_machine, new_machine = action.label, action.from_machine, action.to_machine
+        old = self._links.pop(label)
+        for task in old.ops:  # operations on the old machine: their answers are moot now
+            task.cancel()
+        spare = self._machines.pop(new_machine)
+        cfg = replace(self._own[new_machine], name=label, shard=action.shard)
+        self._links[label] = Link(cfg=cfg, remote=spare.remote, maintain=spare.maintain)
+        own = self._own.get(old_machine, old.cfg)
+        self._machines[old_machine] = Link(cfg=own, remote=old.remote, maintain=old.maintain)
+        self._label_of[new_machine] = label
+        self._label_of[old_machine] = None
+
+    def kill_leftovers(self, action: fleet.KillLeftovers) -> None:
+        """Kill the worker a machine that lost its shard may still run."""
+        link = self._machines[action.machine]
+        task = self._shell.spawn(self._kill_leftovers(action, link), f"leftovers:{action.machine}")
+        link.ops.add(task)
+        task.add_done_callback(link.ops.discard)
+
+    def serving(self, label: str) -> str:
+        """The machine serving ``label``'s shard."""
+        return self._machine_serving(label)
+
+    def _machine_serving(self, label: str) -> str:
+        return next((m for m, lb in self._label_of.items() if lb == label), label)
+
+    async def _kill_leftovers(self, action: fleet.KillLeftovers, link: Link) -> None:
+        machine = action.machine
+        cfg = replace(self._own.get(machine, link.cfg), name=action.label, shard=action.shard)
+        spec = replace(layout.launch_spec(self._shell.config, cfg), epoch=self._shell.epoch)
+        error: str | None = None
+        try:
+            pid = await link.remote.probe(spec, action.pid)
+            reaped = None
+            if pid is not None:
+                reaped = await link.remote.terminate(spec, pid, grace_s=action.grace_s, kill=True)
+        except Fenced as exc:
+            log.error("host.fenced", host=machine, op="leftovers", reason=exc.reason)
+            self._shell.lead(leadership.Fenced(host=machine, reason=exc.reason))
+            return
+        except RemoteError as exc:
+            error = exc.reason
+        except Exception as exc:  # task root: the core must hear an answer
+            log.exception("spare.leftovers_failed", machine=machine, label=action.label)
+            error = f"internal error: {exc!r}"
+        else:
+            log.info(
+                "spare.leftovers_killed",
+                machine=machine,
+                label=action.label,
+                pid=pid,
+                reaped=reaped,
+            )
+        if error is not None:
+            log.warning("spare.leftovers_failed", machine=machine, label=action.label, reason=error)
+        self._shell.emit(fleet.LeftoversKilled(machine=machine, error=error))
 
     # --- leadership's actions --------------------------------------------------------------
 
@@ -269,7 +358,7 @@ class Links:
 
     def cancel_tasks(self) -> None:
         """Stop every task acting for a host (the daemon is stopping)."""
-        for link in self._links.values():
+        for link in (*self._links.values(), *self._machines.values()):
             link.cancel_tasks()
         for warm in self._warm.values():
             warm.cancel_tasks()
@@ -277,7 +366,7 @@ class Links:
     async def aclose(self) -> None:
         """Close every connection, each within CLOSE_TIMEOUT_S."""
         async with asyncio.TaskGroup() as tg:
-            for name, link in self._links.items():
+            for name, link in (*self._links.items(), *self._machines.items()):
                 tg.create_task(_aclose_quietly(link.remote, name))
             for name, warm in self._warm.items():
                 tg.create_task(_aclose_quietly(warm.remote, name))
@@ -292,12 +381,20 @@ class Links:
             warm.up, warm.reason = up, reason
             warm.changed.set()
             return
+        label = self._label_of.get(name, name)
+        if label is None:  # a machine serving no member: a spare, or one that lost its shard
+            self._shell.emit(fleet.SpareObserved(machine=name, up=up, reason=reason))
+            return
         event = health.SshRestored() if up else health.SshLost(reason=reason)
-        self._shell.emit(fleet.HostObserved(name, event))
+        self._shell.emit(fleet.HostObserved(label, event))
 
-    def _on_exit_pushed(self, name: str, news: WorkerExit) -> None:
+    def _on_exit_pushed(self, machine: str, news: WorkerExit) -> None:
         """The host's agent saw a worker end: the same fact as its exit record, sooner; the
         core acts on whichever comes first and takes the other as old news."""
+        name = self._label_of.get(machine, machine)
+        if name is None:  # a leftover of a machine that lost its shard: not a member's
+            log.info("spare.exit_reported", machine=machine, pid=news.pid)
+            return
         log.info(
             "worker.exit_reported",
             host=name,

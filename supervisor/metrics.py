@@ -617,6 +617,28 @@ class _SnapshotCollector(Collector):
             "Status files read that were not a valid heartbeat (total).",
             daemon.get("status_parse_errors", 0),
         )
+        spares = daemon.get("spares") or ()
+        if spares:
+            by_role = GaugeMetricFamily(
+                "reward_supervisor_spares",
+                "Spare machines ([[spares]] and machines that lost their shard) by role: free,"
+                " serving, fenced (leftovers not yet killed), drained, down.",
+                labels=["role"],
+            )
+            roles = dict.fromkeys(("free", "serving", "fenced", "drained", "down"), 0)
+            for row in spares:
+                roles[str(row.get("role"))] = roles.get(str(row.get("role")), 0) + 1
+            for each, n in sorted(roles.items()):
+                by_role.add_metric([each], n)
+            yield by_role
+        failovers = CounterMetricFamily(
+            "reward_supervisor_failovers",
+            "Shards moved to a spare, by reason (host_lost, drain).",
+            labels=["reason"],
+        )
+        for reason in ("drain", "host_lost"):
+            failovers.add_metric([reason], (daemon.get("failovers") or {}).get(reason, 0))
+        yield failovers
         yield _gauge("reward_supervisor_up", "1 while the daemon serves.", 1)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from supervisor import layout
-from supervisor.config import Config, HostConfig, render_argv
+from supervisor.config import Config, HostConfig, render_argv, spare_host
 from supervisor.errors import RemoteError
 from supervisor.measured import remote_program
 from supervisor.remote import RemoteHost
@@ -572,8 +572,10 @@ def run(config: Config, options: Options) -> Report:
 
 
 async def check_fleet(config: Config, options: Options) -> Report:
-    """Check every host at once, within the per-host and overall timeouts."""
+    """Check every host and every spare at once, within the per-host and overall timeouts."""
     started = time.monotonic()
+    # A spare must be able to serve any shard the moment it is needed: checked the same way.
+    machines = (*config.hosts, *(spare_host(s) for s in config.spares))
     run_dir = layout.layout_of(config)
     created = await asyncio.to_thread(_prepare, config)
     token = secrets.token_hex(16)
@@ -585,7 +587,7 @@ async def check_fleet(config: Config, options: Options) -> Report:
         overall_at = started + options.timeout_s
         reports: dict[str, HostReport] = {}
         async with asyncio.TaskGroup() as tasks:
-            for host in config.hosts:
+            for host in machines:
                 probe_name = f".preflight-{token}-{host.name}.probe"
                 payload = _payload(config, host, nonce_name, token, probe_name, options)
                 tasks.create_task(
@@ -593,10 +595,10 @@ async def check_fleet(config: Config, options: Options) -> Report:
                 )
     finally:
         # Not in a thread: this must run even when the run is being cancelled (Ctrl-C).
-        _remove(run_dir, written, token, config.hosts)
+        _remove(run_dir, written, token, machines)
     return Report(
         root=str(config.run.root),
-        hosts=tuple(reports[h.name] for h in config.hosts),
+        hosts=tuple(reports[h.name] for h in machines),
         elapsed_s=time.monotonic() - started,
         created=tuple(created),
     )

@@ -152,6 +152,32 @@ class Presenter:
         self.publish_event(event, reason=action.reason)
         self.publish_status(force=True)
 
+    def failed_over(self, action: fleet.Failover) -> None:
+        """``shard.failover``: a member's shard is served by a spare from now on."""
+        log.warning(
+            "shard.failover",
+            host=action.label,
+            shard=action.shard,
+            from_machine=action.from_machine,
+            to_machine=action.to_machine,
+            reason=action.reason,
+        )
+        self.publish_event(
+            "shard.failover",
+            reason=f"{action.label} (shard {action.shard}) moved from"
+            f" {action.from_machine} to {action.to_machine}: {action.reason}",
+        )
+        self.publish_status(force=True)
+
+    def no_free_spare(self, action: fleet.NoFreeSpare) -> None:
+        """A member's machine is lost and no spare is free: its shard stays unserved."""
+        log.error(
+            "shard.no_free_spare", host=action.label, shard=action.shard, machine=action.machine
+        )
+        self.publish_event(
+            "shard.no_free_spare", reason=f"{action.label} lost ({action.machine}): no free spare"
+        )
+
     def probe_answered(self, host: str, answer: health.RewardProbeAnswered) -> None:
         """``host.reward_probe``: a reward probe came back (or did not); its round trip observed and
         a failure counted by its cause."""
@@ -374,7 +400,10 @@ class Presenter:
         core = self._core
         policy = core.health_policy
         hosts = {
-            name: view.shown_row(shown, self._links.cfg(name), now, policy)
+            name: {
+                **view.shown_row(shown, self._links.cfg(name), now, policy),
+                "machine": core.machine_of(name),
+            }
             for name, shown in core.shown(now).items()
         }
         return {"daemon": self._daemon_row(now), "hosts": hosts}
@@ -392,7 +421,12 @@ class Presenter:
         detail = view.shown_row(
             shown, cfg, now, core.health_policy, detail=True, wall_now=time.time()
         )
-        return {"daemon": self._daemon_row(now), "host": name, **detail}
+        return {
+            "daemon": self._daemon_row(now),
+            "host": name,
+            **detail,
+            "machine": core.machine_of(name),
+        }
 
     def row(self, host: str) -> dict[str, Any]:
         """One host's row, as a command's answer."""
@@ -470,6 +504,10 @@ class Presenter:
             ],
             #: ``[trainer] task_timeout_s``, beside which a probe's round trip is judged.
             "trainer_task_timeout_s": self._shell.config.trainer.task_timeout_s,
+            #: ``[[spares]]``: each spare machine's role; shards moved to one, by reason.
+            "spares": core.spare_rows(),
+            "free_spares": core.free_spares,
+            "failovers": dict(core.failovers),
             "launches_waiting": len(core.budget.waiting),
             "launches_in_flight": len(core.budget.in_flight),
             "status_parse_errors": getattr(watcher, "parse_errors", 0),

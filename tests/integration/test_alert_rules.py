@@ -31,7 +31,7 @@ def test_the_shipped_rules_are_valid(promtool: str) -> None:
     """``promtool check rules`` accepts the file the package ships."""
     result = promtool_run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 def test_the_rules_pass_their_promtool_unit_tests(promtool: str) -> None:
@@ -55,7 +55,13 @@ def exported() -> dict[str, set[str]]:
     row["heartbeat_age_s"] = 0.5
     row["last_probe"] = {"what": "scored 1", "cause": None, "round_trip_s": 0.1, "age_s": 1.0}
     signature = {"signature": "exit 2", "hosts": ["w"], "canary": "w", "held": []}
-    daemon = {"crash_signatures": [signature], "trainer_task_timeout_s": 30.0}
+    spare = {"name": "s", "role": "free", "connected": True, "serves": None}
+    daemon = {
+        "crash_signatures": [signature],
+        "trainer_task_timeout_s": 30.0,
+        "spares": [spare],
+        "failovers": {"host_lost": 1},
+    }
     metrics = Metrics(lambda: {"hosts": {"w": row}, "daemon": daemon})
     metrics.restarts.labels(host="w", reason="stuck").inc()
     metrics.reloads.labels(result="ok").inc()

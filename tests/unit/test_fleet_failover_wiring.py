@@ -1,0 +1,261 @@
+"""The failover rules inside ``Fleet.step`` (issue 32): a lost machine's shard moves to a
+spare and starts there, a returning machine is cleaned before it serves again, a drain waits
+for the old worker before the spare launches, and an operator hears why not."""
+
+from __future__ import annotations
+
+from supervisor import fleet as f
+from supervisor import health as h
+from supervisor.health import HostState as S
+from tests.unit.test_fleet_core import HEALTH, Shell, members
+
+AFTER = 11.0
+POLICY = f.FleetPolicy(startup_timeout_s=30.0, shutdown_timeout_s=60.0, failover_after_s=AFTER)
+
+
+def fleet_with_spares(*spares: str) -> Shell:
+    """Hosts a (shard 0) and b (shard 1) ready with pids 100 and 101, spares connected."""
+    s = Shell(f.Fleet(members(("a", 0), ("b", 1)), HEALTH, POLICY, spares=spares))
+    out = s.boot()
+    assert s.of(out, f.KeepSpare) == [f.KeepSpare(machine=m) for m in spares]
+    for spare in spares:
+        s.feed(f.SpareObserved(machine=spare, up=True))
+    s.run_worker("a", 100)
+    s.run_worker("b", 101)
+    return s
+
+
+def lose(s: Shell, name: str) -> None:
+    """``name``'s connection drops at ``s.now``."""
+    s.on(name, h.SshLost(reason="keepalive timeout"))
+
+
+def test_a_machine_down_with_a_stale_heartbeat_moves_its_shard_to_a_spare_which_launches() -> None:
+    """Down for after_s with no new heartbeat: its member starts afresh on the spare, probed
+    then launched there under the member's name, and the lost machine is fenced."""
+    s = fleet_with_spares("s0")
+    beat_at = s.core.hosts["a"].beat_changed_at
+    assert beat_at is not None
+    s.now = beat_at + 1.0
+    lose(s, "a")
+    assert s.core.deadline_at is not None and s.core.deadline_at <= beat_at + AFTER
+    s.now = beat_at + AFTER - 0.1
+    assert s.of(s.feed(f.DeadlinePassed()), f.Failover) == []
+    s.now = beat_at + AFTER
+    out = s.feed(f.DeadlinePassed())
+    assert s.of(out, f.Failover) == [
+        f.Failover(label="a", shard=0, from_machine="a", to_machine="s0", reason="host_lost")
+    ]
+    assert s.of(out, f.Probe) == [f.Probe(host="a", pid=None)]
+    assert s.core.machine_of("a") == "s0"
+    assert s.core.hosts["a"].state is S.STARTING
+    assert s.core.failovers == {"host_lost": 1}
+    s.on("a", h.ProbeResult(pid=None))
+    assert s.last(f.Launch, "a") is not None
+    roles = {row["name"]: row["role"] for row in s.core.spare_rows()}
+    assert roles == {"s0": "serving", "a": "fenced"}
+
+
+def test_a_partition_with_the_heartbeat_still_fresh_is_not_a_loss() -> None:
+    """The connection is down but the worker still beats on the shared filesystem."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    for _ in range(30):
+        s.now += 1.0
+        s.on("a", h.HeartbeatSeen(pid=100, ready=True, remote_heartbeat_at=s.now))
+        assert s.of(s.feed(f.DeadlinePassed()), f.Failover) == []
+    assert s.core.machine_of("a") == "a"
+
+
+def test_the_lost_machine_returning_is_cleaned_then_becomes_a_spare() -> None:
+    """Seen again, it gets KillLeftovers for its old worker first; once they are killed it
+    is a free spare, and the member stays on the machine that serves it now."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    s.now += AFTER + 5
+    s.feed(f.DeadlinePassed())
+    out = s.feed(f.SpareObserved(machine="a", up=True))
+    assert s.of(out, f.KillLeftovers) == [
+        f.KillLeftovers(machine="a", label="a", shard=0, pid=100, grace_s=0.0)
+    ]
+    assert s.core.free_spares == 0
+    s.feed(f.LeftoversKilled(machine="a", error="connection lost"))
+    assert s.core.deadline_at is not None  # a retry is due while it stays connected
+    s.now += f.LEFTOVERS_RETRY_S
+    assert len(s.of(s.feed(f.DeadlinePassed()), f.KillLeftovers)) == 1
+    s.feed(f.LeftoversKilled(machine="a"))
+    assert s.core.free_spares == 1
+    assert s.core.machine_of("a") == "s0"
+
+
+def test_with_no_free_spare_the_loss_is_said_once() -> None:
+    """Two machines lost and one spare: one shard moves, the other is reported unserved once."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    lose(s, "b")
+    s.now += AFTER + 1
+    out = s.feed(f.DeadlinePassed())
+    assert [a.label for a in s.of(out, f.Failover)] == ["a"]
+    assert s.of(out, f.NoFreeSpare) == [f.NoFreeSpare(label="b", shard=1, machine="b")]
+    s.now += 1
+    assert s.of(s.feed(f.DeadlinePassed()), f.NoFreeSpare) == []
+
+
+def test_drain_stops_the_old_worker_before_the_spare_launches() -> None:
+    """A drain moves the shard, kills the old worker first (as a restart does), and only then
+    lets the spare probe and launch; the host is held until undrain."""
+    s = fleet_with_spares("s0")
+    token = s.token()
+    out = s.feed(f.DrainRequested(host="a", token=token))
+    assert s.of(out, f.Failover)[0].reason == "drain"
+    kill = s.of(out, f.KillLeftovers)
+    assert kill == [f.KillLeftovers(machine="a", label="a", shard=0, pid=100, grace_s=0.0)]
+    assert s.of(out, f.Probe) == []  # not before the old worker is gone
+    assert s.of(out, f.Reply) == [
+        f.Reply(token=token, result={"label": "a", "shard": 0, "to": "s0"})
+    ]
+    out = s.feed(f.LeftoversKilled(machine="a"))
+    assert s.of(out, f.Probe) == [f.Probe(host="a", pid=None)]
+    assert {r["name"]: r["role"] for r in s.core.spare_rows()}["a"] == "drained"
+    out = s.feed(f.UndrainRequested(host="a", token=s.token()))
+    assert s.of(out, f.Reply)[0].refusal is None
+    assert s.core.free_spares == 1
+
+
+def test_drain_and_undrain_are_refused_with_a_reason() -> None:
+    """No free spare, a machine serving nothing, an unknown name, an undrain of a host that
+    was not drained: each refused with its code."""
+    s = fleet_with_spares()
+    out = s.feed(f.DrainRequested(host="a", token=s.token()))
+    assert s.of(out, f.Reply)[0].refusal is f.Refusal.NO_FREE_SPARE
+    out = s.feed(f.DrainRequested(host="zz", token=s.token()))
+    assert s.of(out, f.Reply)[0].refusal is f.Refusal.UNKNOWN_HOST
+    out = s.feed(f.UndrainRequested(host="a", token=s.token()))
+    assert s.of(out, f.Reply)[0].refusal is f.Refusal.NOT_DRAINED
+    t = fleet_with_spares("s0")
+    out = t.feed(f.DrainRequested(host="s0", token=t.token()))
+    assert t.of(out, f.Reply)[0].refusal is f.Refusal.NOT_SERVING
+
+
+def test_a_drain_with_restart_stop_drain_gives_the_old_worker_its_grace() -> None:
+    """``health.restart_stop = "drain"``: the old worker gets SIGTERM and stop_grace_s."""
+    policy = h.Policy(restart_stop="drain", stop_grace_s=7.0)
+    s = Shell(f.Fleet(members(("a", 0)), policy, POLICY, spares=("s0",)))
+    s.boot()
+    s.feed(f.SpareObserved(machine="s0", up=True))
+    s.run_worker("a", 100)
+    out = s.feed(f.DrainRequested(host="a", token=s.token()))
+    assert s.of(out, f.KillLeftovers)[0].grace_s == 7.0
+
+
+def test_a_spare_serving_a_member_speaks_for_it() -> None:
+    """News of a spare's connection, once it serves a member, is that member's."""
+    s = fleet_with_spares("s0", "s1")
+    lose(s, "a")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    s.feed(f.SpareObserved(machine="s0", up=False, reason="reset"))
+    assert not s.core.hosts["a"].ssh_up
+    assert {r["name"]: r["role"] for r in s.core.spare_rows()}["s1"] == "free"
+    s.feed(f.SpareObserved(machine="s1", up=False, reason="reset"))
+    assert {r["name"]: r["role"] for r in s.core.spare_rows()}["s1"] == "down"
+    s.feed(f.SpareObserved(machine="zz", up=True))  # not one of ours: ignored
+    assert "zz" not in {r["name"] for r in s.core.spare_rows()}
+
+
+def test_nothing_moves_while_stopping_and_a_drain_is_refused() -> None:
+    """Once a stop began, a lost machine's shard stays where it is; drain is refused."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    s.feed(f.ShutdownRequested(detach=False))
+    assert not s.core.finished  # a's worker cannot be reached to be stopped
+    s.now += AFTER * 3
+    assert s.of(s.feed(f.DeadlinePassed()), f.Failover) == []
+    out = s.feed(f.DrainRequested(host="b", token=s.token()))
+    assert s.of(out, f.Reply)[0].refusal is f.Refusal.SHUTTING_DOWN
+
+
+def test_a_second_loss_report_keeps_the_first_instant() -> None:
+    """A worker that never beat is timed from its connection's loss: the first report of it,
+    not a later one."""
+    s = Shell(f.Fleet(members(("a", 0)), HEALTH, POLICY, spares=("s0",)))
+    s.boot()
+    s.feed(f.SpareObserved(machine="s0", up=True))
+    s.on("a", h.SshRestored())
+    s.on("a", h.ProbeResult(pid=None))
+    s.on("a", h.Launched(pid=100))
+    assert s.core.hosts["a"].beat_changed_at is None
+    s.now = 10.0
+    lose(s, "a")
+    s.now = 15.0
+    lose(s, "a")
+    s.now = 10.0 + AFTER
+    assert [m.to_machine for m in s.of(s.feed(f.DeadlinePassed()), f.Failover)] == ["s0"]
+
+
+def test_a_launch_in_flight_to_the_lost_machine_gives_its_slot_back() -> None:
+    """The lost machine's launch never answers: moving the shard frees its budget slot."""
+    s = fleet_with_spares("s0")
+    s.on("a", h.WorkerExited(pid=100, exit_code=1))
+    s.now += 60.0
+    s.feed(f.DeadlinePassed())
+    assert "a" in s.core.budget.in_flight
+    lose(s, "a")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    assert s.core.machine_of("a") == "s0"
+    assert "a" not in s.core.budget.in_flight  # the spare probes before it launches
+
+
+def test_a_kill_in_flight_is_not_asked_twice_and_one_that_failed_waits_for_the_machine() -> None:
+    """A reconnect while leftovers are being killed asks nothing more; a failed kill on a
+    machine that went away again is tried when it returns, not on a timer."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    assert len(s.of(s.feed(f.SpareObserved(machine="a", up=True)), f.KillLeftovers)) == 1
+    assert s.of(s.feed(f.SpareObserved(machine="a", up=True)), f.KillLeftovers) == []
+    s.feed(f.SpareObserved(machine="a", up=False, reason="reset"))
+    s.feed(f.LeftoversKilled(machine="a", error="connection lost"))
+    s.now += 100.0
+    assert s.of(s.feed(f.DeadlinePassed()), f.KillLeftovers) == []
+    assert len(s.of(s.feed(f.SpareObserved(machine="a", up=True)), f.KillLeftovers)) == 1
+
+
+def test_a_retry_due_later_waits_and_one_due_for_a_machine_gone_again_is_dropped() -> None:
+    """Retries of a failed kill: not before their time; not while the machine is away."""
+    s = fleet_with_spares("s0", "s1")
+    lose(s, "a")
+    lose(s, "b")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    for machine in ("a", "b"):
+        s.feed(f.SpareObserved(machine=machine, up=True))
+    s.feed(f.LeftoversKilled(machine="a", error="busy"))
+    s.now += 1.0
+    s.feed(f.LeftoversKilled(machine="b", error="busy"))
+    s.feed(f.SpareObserved(machine="a", up=False, reason="reset"))
+    s.now += f.LEFTOVERS_RETRY_S - 0.5  # a's retry is due, b's not yet
+    assert s.of(s.feed(f.DeadlinePassed()), f.KillLeftovers) == []
+    s.now += 1.0
+    assert [k.machine for k in s.of(s.feed(f.DeadlinePassed()), f.KillLeftovers)] == ["b"]
+
+
+def test_a_member_removed_while_a_spare_serves_it_frees_the_spare() -> None:
+    """A reload removes a member that a spare serves: once its worker is stopped it leaves
+    and the spare is free again; a member on its own machine leaves with its machine."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    s.on("a", h.ProbeResult(pid=None))
+    s.on("a", h.Launched(pid=200))
+    s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=s.token()))
+    for name, pid in (("a", 200), ("b", 101)):
+        terminate = s.last(f.Terminate, name)
+        assert terminate is not None and terminate.pid == pid
+        s.on(name, h.TerminateConfirmed(pid=pid))
+    assert set(s.core.hosts) == set()
+    assert {r["name"]: r["role"] for r in s.core.spare_rows()}["s0"] == "free"
+    assert s.core.machine_of("b") == "b"
