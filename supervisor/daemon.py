@@ -144,6 +144,7 @@ class Daemon:
             self,
             watcher_factory(config),
             histories=self._fleet.histories,
+            seats=self._fleet.saved_seats,
             shard_of=lambda name: self.links.cfg(name).shard,
         )
         self.present = Presenter(
@@ -422,8 +423,9 @@ class Daemon:
         """Lead: the restart history a previous daemon left, then the fleet and the tasks
         that serve it."""
         histories = await asyncio.to_thread(self.rundir.load_history)
+        seats = await asyncio.to_thread(self.rundir.load_seats)
         await self.probes.sweep()  # what a daemon killed mid-probe left, before any probe
-        self._inbox.put(fleet.Booted(histories=histories))
+        self._inbox.put(fleet.Booted(histories=histories, seats=seats))
         self._background += [
             self.spawn(self.rundir.watcher.run(self.rundir.on_observations), "watcher"),
             self.spawn(self.rundir.persist_loop(), "persist"),

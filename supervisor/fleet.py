@@ -136,6 +136,23 @@ class Booted:
     daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
 
     histories: Mapping[str, health.History] = field(default_factory=dict)
+    #: Which machine served each shard when the previous daemon last saved (failover).
+    seats: SavedSeats | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedSeats:
+    """The seats as the state file keeps them across daemon restarts and takeovers: where a
+    shard was moved, which machines are fenced or drained, and what a fenced one may still
+    run. Read from a hostile file: ``Fleet`` keeps only what fits the config."""
+
+    #: label -> machine, for labels not served by their own machine.
+    serving: Mapping[str, str] = field(default_factory=dict)
+    fenced: frozenset[str] = frozenset()
+    drained: frozenset[str] = frozenset()
+    held: frozenset[str] = frozenset()
+    #: fenced machine -> (label, shard, pid) of the worker it may still run.
+    left: Mapping[str, tuple[str, int, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -325,6 +342,9 @@ class Connect:
     shard: int
     #: False for the members present at start-up (the shell logs joins after it only).
     added: bool
+    #: The machine serving its shard: the host itself, or a spare it was moved to before a
+    #: daemon restart.
+    machine: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -765,6 +785,10 @@ class Fleet:
         self._failover_at: float | None = None
         #: Shards moved to a spare since start, by reason (``host_lost``/``drain``).
         self.failovers: dict[str, int] = {}
+        #: Members a previous daemon left on another machine, until they join.
+        self._restored: dict[str, str] = {}
+        #: The seats as last saved: a change is saved with the restart history.
+        self._seats_saved = self.seats
 
     # --- queries -----------------------------------------------------------------------
 
@@ -884,6 +908,9 @@ class Fleet:
             return out
         if self._down:
             self._fail_over_lost(now, out)
+        if self.seats is not self._seats_saved and self._sparing:
+            self._seats_saved = self.seats
+            out.append(_HISTORY_CHANGED)
         # A batch matters to the freeze only if the fleet is frozen (heartbeats thaw it) or
         # a host changed state (the count of hosts that should run sets the threshold):
         # heartbeats alone only shorten silences, so they cannot freeze it.
@@ -1110,7 +1137,8 @@ class Fleet:
             return
         self._booted = True
         self._histories = dict(event.histories)
-        out.extend(KeepSpare(machine=m) for m in self.seats.spares)
+        idle = self._restore(event.seats) if event.seats is not None else self.seats.spares
+        out.extend(KeepSpare(machine=m) for m in idle)
         self._admit(now, out)
         self._at_boot = set(self._joining)
         if self._stop_at_boot:
@@ -1164,8 +1192,8 @@ class Fleet:
                 self._unsettled.add(name)
             added = name not in self._at_boot
             self._at_boot.discard(name)
-            self._seat(name, member.shard)
-            out.append(Connect(host=name, shard=member.shard, added=added))
+            machine = self._seat(name, member.shard)
+            out.append(Connect(host=name, shard=member.shard, added=added, machine=machine))
             if stopping:
                 self._feed(name, _SHUTDOWN_STOP, now, out)
             elif self.freeze.frozen:
@@ -1303,14 +1331,64 @@ class Fleet:
         """Spares a shard could move to now."""
         return len(free_spares(self.seats, self._sightings))
 
-    def _seat(self, name: str, shard: int) -> None:
-        """A member joined: it serves its own shard."""
+    def _seat(self, name: str, shard: int) -> str:
+        """A member joined: it serves its shard on its own machine, or on the one a previous
+        daemon moved it to (``_restore``); that machine."""
+        machine = self._restored.pop(name, name)
         self.seats = replace(
             self.seats,
-            serving={**self.seats.serving, name: name},
+            serving={**self.seats.serving, name: machine},
             shards={**self.seats.shards, name: shard},
         )
-        self._sightings.setdefault(name, Sighting(connected=False))
+        self._sightings.setdefault(machine, Sighting(connected=False))
+        return machine
+
+    def _restore(self, saved: SavedSeats) -> list[str]:
+        """Take the seats a previous daemon saved, as far as they fit this config (else the
+        config's: every member on its own machine); the machines serving nothing."""
+        spares = self.seats.spares
+        machines = set(self._configured) | set(spares)
+        own = {label: label for label in self._configured}
+        moved = {
+            label: m
+            for label, m in saved.serving.items()
+            if label in own and m in machines and m != label
+        }
+        serving = {**own, **moved}
+        if len(set(serving.values())) != len(serving):
+            return list(spares)  # two shards on one machine: not a state we could have saved
+        idle = [m for m in (*spares, *self._configured) if m not in serving.values()]
+        fenced = saved.fenced & set(idle)
+        held = saved.held & set(idle) - fenced
+        self._restored = moved
+        self._left = {
+            m: entry
+            for m, entry in saved.left.items()
+            if m in fenced and entry[0] in self._configured
+        }
+        self.seats = replace(
+            self.seats,
+            spares=tuple(m for m in idle if m not in fenced and m not in held),
+            fenced=frozenset(fenced),
+            drained=frozenset(saved.drained & fenced),
+            held=frozenset(held),
+        )
+        for m in idle:
+            self._sightings.setdefault(m, Sighting(connected=False))
+        return idle
+
+    def saved_seats(self) -> SavedSeats | None:
+        """What the state file keeps of the seats (None without spares: nothing to keep)."""
+        if not self._sparing:
+            return None
+        seats = self.seats
+        return SavedSeats(
+            serving={label: m for label, m in seats.serving.items() if m != label},
+            fenced=seats.fenced,
+            drained=seats.drained,
+            held=seats.held,
+            left=dict(self._left),
+        )
 
     def _unseat(self, name: str) -> None:
         """A member left: a spare that served it is free again (its worker was stopped)."""

@@ -205,9 +205,14 @@ class Links:
     # --- the fleet's actions -------------------------------------------------------------
 
     def connect(self, action: fleet.Connect) -> None:
-        """A host joins: adopt a standby's warm connection to it, or open one."""
+        """A host joins: adopt a standby's warm connection to it, or open one (to the spare
+        serving it, when a previous daemon had moved its shard there)."""
         name = action.host
         cfg = self._host_configs[name]
+        machine = action.machine or name
+        if machine != name:
+            cfg = replace(self._own[machine], name=name, shard=action.shard)
+            self._label_of[machine] = name
         warm = self._warm.pop(name, None)
         if warm is not None and warm.cfg == cfg and warm.maintain is not None:
             # Taken over with this host's connection warm: adopt it as it is, and tell the
@@ -222,7 +227,7 @@ class Links:
         if warm is not None:  # its settings changed meanwhile: a connection of its own
             warm.cancel_tasks()
             self._shell.spawn(_aclose_quietly(warm.remote, name), f"close:{name}")
-        remote = self._new_remote(cfg)
+        remote = self._new_remote(cfg, machine)
         link = Link(cfg=cfg, remote=remote)
         self._links[name] = link
         link.maintain = self._shell.spawn(self._maintain(name, remote), f"ssh:{name}")
@@ -273,7 +278,11 @@ class Links:
         """Connect to a spare and keep it connected, serving nothing."""
         name = action.machine
         cfg = self._own[name]
-        link = Link(cfg=cfg, remote=self._new_remote(cfg))
+        warm = self._warm.pop(name, None)
+        if warm is not None:  # a standby's, to this machine as a host: it serves none now
+            warm.cancel_tasks()
+            self._shell.spawn(_aclose_quietly(warm.remote, name), f"close:{name}")
+        link = Link(cfg=cfg, remote=self._new_remote(cfg, name))
         self._machines[name] = link
         self._label_of[name] = None
         link.maintain = self._shell.spawn(self._maintain(name, link.remote), f"ssh:{name}")
@@ -343,7 +352,7 @@ class Links:
 
     def warm_up(self, cfg: HostConfig) -> None:
         """Connect to ``cfg``'s host and keep its agent started (a standby's wait)."""
-        warm = Warm(cfg=cfg, remote=self._new_remote(cfg))
+        warm = Warm(cfg=cfg, remote=self._new_remote(cfg, cfg.name))
         self._warm[cfg.name] = warm
         warm.maintain = self._shell.spawn(self._maintain(cfg.name, warm.remote), f"ssh:{cfg.name}")
         warm.warmer = self._shell.spawn(self._keep_warm(warm), f"warm:{cfg.name}")
@@ -421,8 +430,9 @@ class Links:
         link.ops.add(task)
         task.add_done_callback(link.ops.discard)
 
-    def _new_remote(self, cfg: HostConfig) -> RemoteLike:
-        name = cfg.name
+    def _new_remote(self, cfg: HostConfig, machine: str) -> RemoteLike:
+        # Its news is told by machine: which member that is, if any, is looked up then.
+        name = machine
         return self._remote_factory(
             cfg,
             self._fleet_ssh(),

@@ -60,11 +60,13 @@ class RunDirectory:
         watcher: WatcherProtocol,
         *,
         histories: Callable[[], dict[str, health.History]],
+        seats: Callable[[], fleet.SavedSeats | None],
         shard_of: Callable[[str], int],
     ) -> None:
         self._shell = shell
         self.watcher = watcher
         self._histories = histories
+        self._seats = seats
         self._shard_of = shard_of
         # The leadership core's I/O: not in the daemon's task group, since the first try of
         # the lock comes before the group and a handover's looks after it.
@@ -407,6 +409,11 @@ class RunDirectory:
         run = layout.layout_of(config)
         return runfiles.load_history(run.state_file, root=run.root, policy=config.health)
 
+    def load_seats(self) -> fleet.SavedSeats | None:
+        """Where a previous daemon had moved shards (failover), if anywhere (in a thread)."""
+        run = layout.layout_of(self._shell.config)
+        return runfiles.load_seats(run.state_file, root=run.root)
+
     async def persist_loop(self) -> None:
         """Asleep until history changes (no wake-ups in a quiet fleet), then at most one
         write per PERSIST_INTERVAL_S however many hosts change meanwhile."""
@@ -450,6 +457,7 @@ class RunDirectory:
             saved_at=wall,
             hostname=socket.gethostname(),
             version=layout.STATE_VERSION,
+            seats=self._seats(),
         )
 
     def _write_history(self, data: bytes, epoch: int) -> bool:

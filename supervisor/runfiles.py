@@ -25,13 +25,16 @@ from typing import Any, Final, ParamSpec, TypeGuard, TypeVar
 
 import structlog
 
-from supervisor import health, safefiles
+from supervisor import fleet, health, safefiles
 from supervisor.errors import RunLocked, UnsafeFileError
 
 log = structlog.get_logger("supervisor.runfiles")
 
 # Our own state file for a thousand hosts with an hour of restart times is a few MB.
 STATE_MAX_BYTES: Final = 8 * 1024 * 1024
+#: Bounds on the seats a state file may hold (machines; a host name's length).
+MAX_SEATS: Final = 100_000
+MAX_NAME: Final = 255
 #: A manifest, launch meta or pointer file is a few KiB even for a thousand hosts.
 META_MAX_BYTES: Final = 1024 * 1024
 # Clocks of the nodes that may run the daemon (one after another) are NTP-synced to well under
@@ -388,8 +391,10 @@ class HistoryEncoder:
         saved_at: float,
         hostname: str,
         version: int,
+        seats: fleet.SavedSeats | None = None,
     ) -> bytes:
-        """The whole file: ``{"hostname", "hosts", "saved_at", "version"}``, keys sorted."""
+        """The whole file: ``{"hostname", "hosts", "saved_at", "seats", "version"}``, keys
+        sorted; ``seats`` only when a shard was ever moved to a spare (failover)."""
         offset = round(wall_minus_mono, 3)
         lines: dict[str, tuple[health.History, float | None, str]] = {}
         for name in sorted(histories):
@@ -404,8 +409,83 @@ class HistoryEncoder:
         self._lines = lines
         hosts = ",\n".join(line for _, _, line in lines.values())
         head = f'{{"hostname": {json.dumps(hostname)}, "hosts": {{'
-        tail = f'}}, "saved_at": {json.dumps(saved_at)}, "version": {json.dumps(version)}}}\n'
+        saved = f', "seats": {json.dumps(seats_record(seats), sort_keys=True)}' if seats else ""
+        tail = (
+            f'}}, "saved_at": {json.dumps(saved_at)}{saved}, "version": {json.dumps(version)}}}\n'
+        )
         return (head + ("\n" + hosts + "\n" if hosts else "") + tail).encode("utf-8")
+
+
+def seats_record(seats: fleet.SavedSeats | None) -> dict[str, Any]:
+    """``SavedSeats`` as the state file's ``seats`` object."""
+    seats = seats or fleet.SavedSeats()
+    return {
+        "serving": dict(seats.serving),
+        "fenced": sorted(seats.fenced),
+        "drained": sorted(seats.drained),
+        "held": sorted(seats.held),
+        "left": {
+            m: {"host": label, "shard": shard, "pid": pid}
+            for m, (label, shard, pid) in seats.left.items()
+        },
+    }
+
+
+def _name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME
+
+
+def _names(value: object) -> frozenset[str] | None:
+    if not isinstance(value, list) or len(value) > MAX_SEATS:
+        return None
+    if not all(_name(v) for v in value):
+        return None
+    return frozenset(value)
+
+
+def seats_from_json(raw: object) -> fleet.SavedSeats | None:
+    """The state file's ``seats``, or None when it has none or any part of it is malformed
+    (then the config's seats: every host on its own machine). Never raises."""
+    seats = raw.get("seats") if isinstance(raw, dict) else None
+    if not isinstance(seats, dict):
+        return None
+    serving, left = seats.get("serving"), seats.get("left")
+    if not isinstance(serving, dict) or not isinstance(left, dict):
+        return None
+    if len(serving) > MAX_SEATS or len(left) > MAX_SEATS:
+        return None
+    pairs = list(serving.items())
+    if not all(_name(k) and _name(v) for k, v in pairs):
+        return None
+    lists = [_names(seats.get(key)) for key in ("fenced", "drained", "held")]
+    fenced, drained, held = lists
+    if fenced is None or drained is None or held is None:
+        return None
+    leftovers: dict[str, tuple[str, int, int | None]] = {}
+    for machine, entry in left.items():
+        if not isinstance(entry, dict) or not _name(machine):
+            return None
+        label, shard, pid = entry.get("host"), entry.get("shard"), entry.get("pid")
+        if not isinstance(label, str) or not _name(label) or type(shard) is not int:
+            return None
+        if pid is not None and (type(pid) is not int or pid <= 0):
+            return None
+        leftovers[machine] = (label, shard, pid)
+    return fleet.SavedSeats(
+        serving=dict(pairs), fenced=fenced, drained=drained, held=held, left=leftovers
+    )
+
+
+def load_seats(path: Path, *, root: Path) -> fleet.SavedSeats | None:
+    """The seats a previous daemon saved in the state file, if any. Never raises."""
+    try:
+        raw = read_json(path, root=root, max_bytes=STATE_MAX_BYTES)
+    except (OSError, ValueError):
+        return None  # load_history says why
+    found = seats_from_json(raw)
+    if found is None and isinstance(raw, dict) and "seats" in raw:
+        log.warning("history.bad_seats", path=str(path))
+    return found
 
 
 def load_history(path: Path, *, root: Path, policy: health.Policy) -> dict[str, health.History]:

@@ -259,3 +259,56 @@ def test_a_member_removed_while_a_spare_serves_it_frees_the_spare() -> None:
     assert set(s.core.hosts) == set()
     assert {r["name"]: r["role"] for r in s.core.spare_rows()}["s0"] == "free"
     assert s.core.machine_of("b") == "b"
+
+
+def test_a_new_daemon_takes_the_seats_the_last_one_saved() -> None:
+    """A daemon restart (or a takeover) mid-failover: the moved member joins on the spare, the
+    fenced machine is kept and cleaned when it answers, its leftover named as saved."""
+    s = fleet_with_spares("s0", "s1")
+    lose(s, "a")
+    s.now += AFTER + 1
+    out = s.feed(f.DeadlinePassed())
+    assert f.HistoryChanged() in out  # the seats are saved with the restart history
+    saved = s.core.saved_seats()
+    assert saved is not None and saved.serving == {"a": "s0"}
+    again = Shell(f.Fleet(members(("a", 0), ("b", 1)), HEALTH, POLICY, spares=("s0", "s1")))
+    out = again.core.step([f.Booted(seats=saved)], 0.0)
+    assert again.of(out, f.KeepSpare) == [f.KeepSpare(machine="s1"), f.KeepSpare(machine="a")]
+    scan = again.of(out, f.ScanFiles)[0]
+    connects = again.of(again.scanned(scan), f.Connect)
+    assert [(c.host, c.machine) for c in connects] == [("a", "s0"), ("b", "b")]
+    assert again.core.machine_of("a") == "s0"
+    out = again.feed(f.SpareObserved(machine="a", up=True))
+    assert again.of(out, f.KillLeftovers) == [
+        f.KillLeftovers(machine="a", label="a", shard=0, pid=100, grace_s=0.0)
+    ]
+    assert {r["name"]: r["role"] for r in again.core.spare_rows()} == {
+        "s0": "serving",
+        "s1": "down",
+        "a": "fenced",
+    }
+
+
+def test_saved_seats_that_do_not_fit_the_config_give_way_to_it() -> None:
+    """Seats naming a machine or member the config lacks are dropped; seats that would put
+    two shards on one machine are ignored whole; a drained machine stays out."""
+    unknown = f.SavedSeats(serving={"a": "gone", "zz": "s0"}, fenced=frozenset({"gone"}))
+    t = Shell(f.Fleet(members(("a", 0), ("b", 1)), HEALTH, POLICY, spares=("s0",)))
+    t.core.step([f.Booted(seats=unknown)], 0.0)
+    assert t.core.seats.serving == {} and t.core.seats.fenced == frozenset()
+    clash = f.SavedSeats(serving={"a": "b"})
+    u = Shell(f.Fleet(members(("a", 0), ("b", 1)), HEALTH, POLICY, spares=("s0",)))
+    out = u.core.step([f.Booted(seats=clash)], 0.0)
+    assert u.of(out, f.KeepSpare) == [f.KeepSpare(machine="s0")]
+    drained = f.SavedSeats(serving={"a": "s0"}, held=frozenset({"a"}))
+    v = Shell(f.Fleet(members(("a", 0), ("b", 1)), HEALTH, POLICY, spares=("s0",)))
+    v.core.step([f.Booted(seats=drained)], 0.0)
+    assert v.core.seats.held == {"a"} and v.core.seats.spares == ()
+
+
+def test_a_fleet_without_spares_saves_no_seats() -> None:
+    """Without [[spares]] nothing about seats is kept or saved."""
+    s = Shell(f.Fleet(members(("a", 0)), HEALTH, POLICY))
+    s.boot()
+    s.run_worker("a", 100)
+    assert s.core.saved_seats() is None
