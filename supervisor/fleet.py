@@ -1326,6 +1326,32 @@ class Fleet:
             )
         return rows
 
+    def moving(self) -> list[dict[str, object]]:
+        """Failovers in progress, for ``status`` and the fleet page's banner: each member
+        served by another machine and not ready there yet, and each lost one no spare took."""
+        moves: list[dict[str, object]] = []
+        for label in sorted(self.seats.serving):
+            machine, host = self.seats.serving[label], self._hosts.get(label)
+            if label in self._unserved:
+                moves.append(
+                    {
+                        "host": label,
+                        "shard": self.seats.shards[label],
+                        "to": None,
+                        "state": "no free spare",
+                    }
+                )
+            elif machine != label and host is not None and host.state is not S.READY:
+                moves.append(
+                    {
+                        "host": label,
+                        "shard": self.seats.shards[label],
+                        "to": machine,
+                        "state": host.state.value,
+                    }
+                )
+        return moves
+
     @property
     def free_spares(self) -> int:
         """Spares a shard could move to now."""
@@ -1472,6 +1498,15 @@ class Fleet:
             next_restart_at=None,
             held=before.held,
             frozen=before.frozen,
+            # The same status file: what was seen of it stands, so the new worker's first
+            # heartbeat counts at once.
+            beat_pid=before.beat_pid,
+            beat_ready=before.beat_ready,
+            remote_heartbeat_at=before.remote_heartbeat_at,
+            remote_seq=before.remote_seq,
+            beat_changed_at=before.beat_changed_at,
+            status_seen=before.status_seen,
+            status_problem=before.status_problem,
         )
         self._hosts[label] = host
         self._expected += (host.state in WANT_RUNNING_STATES) - (

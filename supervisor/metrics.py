@@ -637,7 +637,7 @@ class _SnapshotCollector(Collector):
             labels=["reason"],
         )
         for reason in ("drain", "host_lost"):
-            failovers.add_metric([reason], (daemon.get("failovers") or {}).get(reason, 0))
+            failovers.add_metric([reason], (daemon.get("failover_counts") or {}).get(reason, 0))
         yield failovers
         yield _gauge("reward_supervisor_up", "1 while the daemon serves.", 1)
 

@@ -507,7 +507,8 @@ class Presenter:
             #: ``[[spares]]``: each spare machine's role; shards moved to one, by reason.
             "spares": core.spare_rows(),
             "free_spares": core.free_spares,
-            "failovers": dict(core.failovers),
+            "failovers": core.moving(),
+            "failover_counts": dict(core.failovers),
             "launches_waiting": len(core.budget.waiting),
             "launches_in_flight": len(core.budget.in_flight),
             "status_parse_errors": getattr(watcher, "parse_errors", 0),

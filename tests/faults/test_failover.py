@@ -141,7 +141,7 @@ async def test_a_dead_host_s_shard_is_served_by_the_spare_before_the_trainer_see
     status = await daemon.status()
     assert pid_of(status, "worker-1") == other
     assert spare_roles(status) == {"spare-0": "serving", "worker-0": "fenced"}
-    assert status["daemon"]["failovers"] == {"host_lost": 1}
+    assert status["daemon"]["failover_counts"] == {"host_lost": 1}
     assert status["daemon"]["free_spares"] == 0
 
     doomed_sshd.start()
@@ -204,6 +204,6 @@ async def test_drain_moves_a_shard_to_the_spare_and_undrain_gives_the_host_back(
     assert await control.request(daemon.socket, "undrain", host="worker-1") == {"spare": "worker-1"}
     status = await daemon.status()
     assert spare_roles(status)["worker-1"] == "free"
-    assert status["daemon"]["failovers"] == {"drain": 1}
+    assert status["daemon"]["failover_counts"] == {"drain": 1}
     assert [e for e in events(daemon, "shard.failover") if e["reason"] == "drain"]
     assert await fault_run.stop(daemon) == 0

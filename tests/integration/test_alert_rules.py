@@ -60,7 +60,7 @@ def exported() -> dict[str, set[str]]:
         "crash_signatures": [signature],
         "trainer_task_timeout_s": 30.0,
         "spares": [spare],
-        "failovers": {"host_lost": 1},
+        "failover_counts": {"host_lost": 1},
     }
     metrics = Metrics(lambda: {"hosts": {"w": row}, "daemon": daemon})
     metrics.restarts.labels(host="w", reason="stuck").inc()

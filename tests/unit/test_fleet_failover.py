@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import fleet
+from supervisor import fleet, health, runfiles
 from supervisor.fleet import Failover, KillLeftovers, NoFreeSpare, Refusal, Sighting
 from tests.examples import examples
 
@@ -188,6 +188,36 @@ class World:
                 assert self.procs[m] <= {lb for lb, s in self.seats.serving.items() if s == m}
 
 
+def restarted(seats: fleet.Seats) -> fleet.Seats:
+    """``seats`` as a new daemon has them: saved in the state file's form, read back, and
+    taken by a new ``Fleet`` whose members then join; the same seats, spares in some order."""
+    saved = fleet.SavedSeats(
+        serving={lb: m for lb, m in seats.serving.items() if m != lb},
+        fenced=seats.fenced,
+        drained=seats.drained,
+        held=seats.held,
+    )
+    read = runfiles.seats_from_json({"seats": runfiles.seats_record(saved)})
+    assert read == saved
+    core = fleet.Fleet(
+        [fleet.Member(name=h, shard=i) for i, h in enumerate(HOSTS)],
+        health.Policy(),
+        fleet.FleetPolicy(),
+        spares=SPARES,
+    )
+    core.step([fleet.Booted(seats=read)], 0.0)
+    core.step([fleet.FilesScanned(hosts=frozenset(HOSTS), sentinels=frozenset())], 0.0)
+    new = core.seats
+    assert (new.serving, new.fenced, new.drained, new.held) == (
+        seats.serving,
+        seats.fenced,
+        seats.drained,
+        seats.held,
+    )
+    assert sorted(new.spares) == sorted(seats.spares)
+    return new
+
+
 ops = st.lists(
     st.tuples(
         st.sampled_from(["cut", "heal", "die", "hang", "wait", "restart", "drain", "undrain"]),
@@ -219,6 +249,7 @@ def test_random_partitions_returns_restarts_never_two_workers_on_a_shard(
         elif op == "hang":
             w.hung.add(m)
         elif op == "restart":  # daemon restart or standby takeover: seats persisted, views not
+            w.seats = restarted(w.seats)
             w.sights = {}
         elif op == "drain":
             result = fleet.drain(w.seats, m, w.sights)

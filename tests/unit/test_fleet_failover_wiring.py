@@ -154,8 +154,12 @@ def test_a_spare_serving_a_member_speaks_for_it() -> None:
     lose(s, "a")
     s.now += AFTER + 1
     s.feed(f.DeadlinePassed())
+    s.on("a", h.ProbeResult(pid=None))
+    s.on("a", h.Launched(pid=200))
+    s.on("a", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=s.now + 1))
     s.feed(f.SpareObserved(machine="s0", up=False, reason="reset"))
     assert not s.core.hosts["a"].ssh_up
+    assert s.core.machine_of("a") == "s0"  # its heartbeat is fresh: a partition, not a loss
     assert {r["name"]: r["role"] for r in s.core.spare_rows()}["s1"] == "free"
     s.feed(f.SpareObserved(machine="s1", up=False, reason="reset"))
     assert {r["name"]: r["role"] for r in s.core.spare_rows()}["s1"] == "down"
@@ -312,3 +316,21 @@ def test_a_fleet_without_spares_saves_no_seats() -> None:
     s.boot()
     s.run_worker("a", 100)
     assert s.core.saved_seats() is None
+
+
+def test_failovers_in_progress_are_listed_until_ready_on_the_spare() -> None:
+    """``moving``: a member moved and not ready yet, a member lost with no spare free; none
+    once the spare's worker is ready."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    lose(s, "b")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    assert s.core.moving() == [
+        {"host": "a", "shard": 0, "to": "s0", "state": "starting"},
+        {"host": "b", "shard": 1, "to": None, "state": "no free spare"},
+    ]
+    s.on("a", h.ProbeResult(pid=None))
+    s.on("a", h.Launched(pid=200))
+    s.on("a", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=s.now + 1))
+    assert s.core.moving() == [{"host": "b", "shard": 1, "to": None, "state": "no free spare"}]
