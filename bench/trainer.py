@@ -43,6 +43,10 @@ the fleet is stopped and everything it left is killed. Faults:
 - ``restart_host``: ours ``reward-supervisor restart-host -c CFG HOST``; old ``restart-host``;
 - ``stop_start``: ours ``stop-host`` then, once the host is stopped, ``start-host`` (a host
   taken out for maintenance and given back); the old script has no per-host stop (n/a);
+- ``host_lost``: host 1's machine dies: its sshd stops answering and every process of its
+  worker (shepherd, coordinator, pool; the old script's respawn loop) is SIGKILLed. Ours runs
+  with one ``[[spares]]`` machine and host 1 on an sshd of its own (127.0.0.9), so only its
+  connection goes; the old script's ssh to host 1 is pointed at a closed port;
 - ``none``: nothing is done (the healthy window, for ``--probes-ab``);
 - ``reload_worker``: every host gets a new worker: ours changes ``worker.env`` in the config
   and runs ``reward-supervisor reload``; the old script has no reload, so its way is ``stop``
@@ -96,6 +100,7 @@ FAULTS = (
     "restart_host",
     "stop_start",
     "reload_worker",
+    "host_lost",
     "none",
 )
 #: Faults the old script has no way to do (it has no per-host stop).
@@ -188,6 +193,9 @@ class Fleet(Protocol):
     async def stop_start(self, host: str) -> str:
         """Stop one host, then start it again; what was done."""
 
+    def lose(self, host: str) -> str:
+        """``host``'s machine is gone from the network (``host_lost``); what was done."""
+
     async def stop(self) -> None:
         """Stop the workers and the supervisor (or leave them to the caller's kill)."""
 
@@ -211,6 +219,8 @@ class Ours:
     restart_stop: str | None = None
     #: ``[probe]`` (None: no probes).
     probe: Mapping[str, Any] | None = None
+    #: ``host_lost``: host TARGET's own sshd, and one spare on the shared one.
+    doomed: OpenSsh | None = None
     name: str = "ours"
     process: asyncio.subprocess.Process | None = None
     generation: int = 1
@@ -246,7 +256,26 @@ class Ours:
         )
         if self.probe is not None:
             raw["probe"] = dict(self.probe)
+        if self.doomed is not None:
+            known = self.tmp / "known_hosts"
+            known.write_text(
+                self.openssh.known_hosts.read_text() + self.doomed.known_hosts.read_text()
+            )
+            raw["ssh"]["known_hosts"] = str(known)
+            raw["ssh"]["client_keys"] = [str(self.openssh.client_key), str(self.doomed.client_key)]
+            raw["hosts"][TARGET].update(address=self.doomed.addresses[0], port=self.doomed.port)
+            spare = {"name": f"{self.hosts[0]}-spare", "concurrency": self.concurrency}
+            raw["spares"] = [
+                {**spare, "address": self.openssh.addresses[0], "port": self.openssh.port}
+            ]
         return raw
+
+    def lose(self, host: str) -> str:
+        """``host``'s machine dies: its sshd and sessions gone (the worker is killed apart)."""
+        assert self.doomed is not None, "host_lost needs the doomed host's own sshd"
+        assert host == self.hosts[TARGET], host
+        self.doomed.stop()
+        return f"{host}'s sshd stopped"
 
     def write_config(self) -> None:
         """Write the config atomically (a reload must read the old file or the new one)."""
@@ -295,6 +324,8 @@ class Ours:
 
     async def stop(self) -> None:
         """SIGTERM the daemon, which stops every worker, and wait for it."""
+        if self.doomed is not None:
+            self.doomed.stop()
         if self.process is None or self.process.returncode is not None:
             return
         self.process.send_signal(signal.SIGTERM)
@@ -401,6 +432,13 @@ class Old:
             env=self.world.env,
         )
         return f"`restart-host` exit {code}" + (f": {out.strip()[-200:]}" if code else "")
+
+    def lose(self, host: str) -> str:
+        """``host``'s machine dies: ssh to it now meets a closed port (127.0.0.9:1)."""
+        config = self.world.workdir / "ssh_config"
+        text = config.read_text()
+        config.write_text(f"Host {host}\n  HostName 127.0.0.9\n  Port 1\n\n{text}")
+        return f"ssh to {host} refused from now on"
 
     async def stop_start(self, host: str) -> str:
         """The old script has no per-host stop."""
@@ -589,6 +627,33 @@ class Settings:
     probe_interval_s: float = 1.0
 
 
+def kill_machine_of(pid: int) -> int:
+    """SIGKILL what a dead machine would have lost with worker ``pid``: its parent (the
+    shepherd, or the old script's respawn loop) and every process of its session or group."""
+
+    def ids(p: int) -> tuple[int, int, int] | None:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return int(fields[1]), int(fields[2]), int(fields[3])  # ppid, pgrp, session
+
+    own = ids(pid)
+    if own is None or own[2] == os.getsid(0):
+        return 0  # gone, or in our own session: nothing of a remote machine
+    victims = {pid, own[0]} if own[0] > 1 else {pid}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            other = ids(int(name))
+            if other is not None and (other[1] == own[1] or other[2] == own[2]):
+                victims.add(int(name))
+    victims.discard(os.getpid())
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    return len(victims)
+
+
 async def inject(
     fault: str, fleet: Fleet, processes: A.FleetProcesses, status: StatusLog, marker: Path
 ) -> str:
@@ -621,6 +686,12 @@ async def inject(
         return await fleet.stop_start(host)
     if fault == "reload_worker":
         return await fleet.reload_worker()
+    if fault == "host_lost":
+        if pid is None:
+            return "no worker pid in the status file: nothing done"
+        done = fleet.lose(host)
+        killed = kill_machine_of(pid)
+        return f"{done}; SIGKILL of {killed} processes of its worker (the machine's)"
     if fault == "none":
         return "nothing done"
     raise ValueError(f"unknown fault {fault!r}")
@@ -652,6 +723,9 @@ async def run_one(
                 "kwargs": {"answer": A.ANSWER},
                 "expect": 1.0,
             }
+        doomed = None
+        if fault == "host_lost":
+            doomed = OpenSsh.create(tmp / "doomed-sshd", addresses=("127.0.0.9",))
         fleet = Ours(
             tmp,
             openssh,
@@ -661,6 +735,7 @@ async def run_one(
             settings.trainer_table,
             settings.restart_stop,
             probe,
+            doomed,
         )
     else:
         assert seed is not None

@@ -384,8 +384,9 @@ def render_table(status: Mapping[str, Any]) -> str:
         state = str(row.get("state"))
         if row.get("ssh") == "unreachable" and state == "ready":
             state = "ready*"
+        machine = row.get("machine")
         raw = (
-            name,
+            name if machine in (None, name) else f"{name} on {machine}",
             str(row.get("shard", "")),
             state,
             _dash(row.get("pid")),
@@ -402,6 +403,13 @@ def render_table(status: Mapping[str, Any]) -> str:
     lines += _aligned(rows)
     if any(r[2] == "ready*" for r in rows[1:]):
         lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
+    spares = [s for s in daemon.get("spares") or () if isinstance(s, Mapping)]
+    if spares:
+        described = ", ".join(
+            f"{s.get('name')} {s.get('role')}" + (f" {s['serves']}" if s.get("serves") else "")
+            for s in spares
+        )
+        lines.append(terminal_text(f"spares ({daemon.get('free_spares', 0)} free): {described}"))
     return "\n".join(lines)
 
 

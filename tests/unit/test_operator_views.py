@@ -259,3 +259,28 @@ def test_work_metrics_are_counters_of_finished_tasks_and_errors_and_gauges_of_le
     assert metrics['reward_worker_rss_bytes{host="w"}'] == 0.5 * 2**30
     # A worker that reports none of it has no samples, not zeros.
     assert not [k for k in metrics if k.startswith("reward_worker_") and 'host="x"' in k]
+
+
+def test_the_table_says_which_machine_serves_a_moved_host_and_what_the_spares_do() -> None:
+    """After a failover the host's row names the spare serving it, and a line lists each
+    spare's role (escaped); a fleet without spares shows neither."""
+    host = health.Host(
+        name="w-0", state=S.READY, reason="heartbeat ready", since_at=0.0, ssh_up=True
+    )
+    cfg = HostConfig(name="w-0", shard=0, address="127.0.0.1")
+    row = {**view.host_row(host, cfg, 1.0, health.Policy()), "machine": "spare-0"}
+    spares = [
+        {"name": "spare-0", "role": "serving", "connected": True, "serves": "w-0"},
+        {"name": "w-0", "role": "fenced", "connected": False, "serves": None},
+        {"name": "s\x1b[2J", "role": "free", "connected": True, "serves": None},
+    ]
+    daemon = {"running": True, "spares": spares, "free_spares": 1}
+    table = view.render_table({"daemon": daemon, "hosts": {"w-0": row}})
+    assert table.splitlines()[-2].startswith("w-0 on spare-0 ")
+    assert table.splitlines()[-1] == (
+        "spares (1 free): spare-0 serving w-0, w-0 fenced, s\\x1b[2J free"
+    )
+    plain = {**row, "machine": "w-0"}
+    table = view.render_table({"daemon": {"running": True}, "hosts": {"w-0": plain}})
+    assert table.splitlines()[-1].startswith("w-0 ")
+    assert "spares" not in table
