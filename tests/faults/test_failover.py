@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import pytest
 
 from supervisor import control
 from supervisor.errors import ControlError
+from tests import ports
 from tests.faults.harness import READY_S, FaultRun, events, host_row, kill, pid_of, wait_event
 from tests.faults.test_worker_faults import wait_ready_pid
 from tests.sshd import OpenSsh
@@ -45,10 +48,10 @@ def doomed_sshd(tmp_path: Path) -> Iterator[OpenSsh]:
         server.stop()
 
 
-def failover_config(fault_run: FaultRun, doomed: OpenSsh, spares: int = 1) -> None:
+def failover_config(fault_run: FaultRun, doomed: OpenSsh, spares: int = 1, **sections: Any) -> None:
     """worker-0 on the doomed server, worker-1 and ``spares`` spares on the session's one; one
     known_hosts and both client keys, as an operator's fleet would have."""
-    raw: dict[str, Any] = fault_run.raw(2, failover={"after_s": AFTER_S})
+    raw: dict[str, Any] = fault_run.raw(2, failover={"after_s": AFTER_S}, **sections)
     session = fault_run.openssh
     known = fault_run.tmp_path / "known_hosts"
     known.write_text(session.known_hosts.read_text() + doomed.known_hosts.read_text())
@@ -60,6 +63,12 @@ def failover_config(fault_run: FaultRun, doomed: OpenSsh, spares: int = 1) -> No
         for i in range(spares)
     ]
     fault_run.write(raw)
+
+
+def fetch(url: str) -> str:
+    """GET ``url`` (the fleet page on loopback)."""
+    with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 - our own loopback
+        return str(reply.read().decode("utf-8"))
 
 
 def heartbeat_at(root: Path, host: str) -> float | None:
@@ -161,7 +170,8 @@ async def test_a_vanished_host_holding_the_shard_lock_is_fenced_until_it_returns
     lock before its lease ends): the spare's launch is refused while the lock is held, never
     two workers on the shard; once the machine answers again its worker is killed first and
     the spare's worker takes the shard."""
-    failover_config(fault_run, doomed_sshd)
+    port = ports.reserve("127.0.0.1")
+    failover_config(fault_run, doomed_sshd, metrics={"listen": f"127.0.0.1:{port}"})
     daemon = await fault_run.start(ready=2)
     victim = pid_of(await daemon.status(), "worker-0")
     mark = len(daemon.lines)
@@ -174,6 +184,12 @@ async def test_a_vanished_host_holding_the_shard_lock_is_fenced_until_it_returns
         assert refused["holder_pid"] is not None, refused
         status = await daemon.status()
         assert host_row(status, "worker-0")["state"] != "ready"
+        assert [m["host"] for m in status["daemon"]["failovers"]] == ["worker-0"]
+        # The fleet page says so too: a FAILOVER banner naming the host and the spare.
+        html = await asyncio.to_thread(fetch, f"http://127.0.0.1:{port}/")
+        banner = re.search(r'class="banner b-warn"><b>FAILOVER</b>([^<]*)<', html)
+        assert banner is not None, html[:2000]
+        assert "worker-0" in banner[1] and "spare-0" in banner[1], banner[1]
     finally:
         doomed_sshd.start()
     killed = await wait_event(daemon, "spare.leftovers_killed", after=mark, machine="worker-0")
