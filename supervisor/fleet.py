@@ -619,8 +619,8 @@ class Failover:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KillLeftovers:
     """Kill whatever ``machine`` still runs for us before it is given anything: the worker
-    of ``label`` it served (``pid`` if known, else the one its agent finds); answer
-    ``LeftoversKilled``."""
+    ``pid`` of ``label`` it served (None: none known, nothing to kill; the shard lock fences
+    what may run there); answer ``LeftoversKilled``."""
 
     machine: str
     label: str = ""
@@ -1496,6 +1496,9 @@ class Fleet:
             health.new_host(label, now, history=health.history_of(before)),
             reason=reason,
             next_restart_at=None,
+            # A free spare runs nothing of ours (a machine is one only once its leftovers are
+            # killed): no probe, the launch goes at once.
+            needs_probe=False,
             held=before.held,
             frozen=before.frozen,
             # The same status file: what was seen of it stands, so the new worker's first

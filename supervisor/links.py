@@ -322,8 +322,10 @@ class Links:
         cfg = replace(self._own.get(machine, link.cfg), name=action.label, shard=action.shard)
         spec = replace(layout.launch_spec(self._shell.config, cfg), epoch=self._shell.epoch)
         error: str | None = None
+        # Only the pid it ran is looked for, never the pidfile's: that file is the shard's,
+        # and names the worker that serves it now (on one box, the agent would find it).
+        pid = action.pid
         try:
-            pid = await link.remote.probe(spec, action.pid)
             reaped = None
             if pid is not None:
                 reaped = await link.remote.terminate(spec, pid, grace_s=action.grace_s, kill=True)

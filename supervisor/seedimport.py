@@ -318,15 +318,17 @@ def _document(
 
 def render_toml(doc: Mapping[str, Any]) -> str:
     """TOML for our config's shapes: tables of scalars and string lists, one nested table
-    level (``[worker.env]``) and ``[[hosts]]``. Strings are JSON-escaped, which is valid TOML."""
+    level (``[worker.env]``) and arrays of tables (``[[hosts]]``, ``[[spares]]``). Strings
+    are JSON-escaped, which is valid TOML."""
     lines = [
         "# Written by `reward-supervisor import-seed`.",
         "# [trainer] holds FSRewardClient's defaults: set it to what the trainer passes",
         "# (heartbeat_stale_seconds, timeout_seconds); the [health] thresholds derive from it.",
         "",
     ]
+    arrays = [k for k, v in doc.items() if isinstance(v, list)]
     for section, body in doc.items():
-        if section == "hosts":
+        if section in arrays:
             continue
         lines.append(f"[{section}]")
         nested = []
@@ -339,10 +341,11 @@ def render_toml(doc: Mapping[str, Any]) -> str:
             lines += ["", f"[{section}.{key}]"]
             lines += [f"{k} = {_value(v)}" for k, v in table.items()]
         lines.append("")
-    for host in doc.get("hosts", []):
-        lines.append("[[hosts]]")
-        lines += [f"{k} = {_value(v)}" for k, v in host.items()]
-        lines.append("")
+    for section in arrays:
+        for entry in doc[section]:
+            lines.append(f"[[{section}]]")
+            lines += [f"{k} = {_value(v)}" for k, v in entry.items()]
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -46,12 +46,12 @@ def test_a_machine_down_with_a_stale_heartbeat_moves_its_shard_to_a_spare_which_
     assert s.of(out, f.Failover) == [
         f.Failover(label="a", shard=0, from_machine="a", to_machine="s0", reason="host_lost")
     ]
-    assert s.of(out, f.Probe) == [f.Probe(host="a", pid=None)]
+    # A free spare runs nothing of ours: launched at once, no probe first.
+    assert s.of(out, f.Probe) == []
+    assert s.of(out, f.Launch) == [f.Launch(host="a")]
     assert s.core.machine_of("a") == "s0"
     assert s.core.hosts["a"].state is S.STARTING
     assert s.core.failovers == {"host_lost": 1}
-    s.on("a", h.ProbeResult(pid=None))
-    assert s.last(f.Launch, "a") is not None
     roles = {row["name"]: row["role"] for row in s.core.spare_rows()}
     assert roles == {"s0": "serving", "a": "fenced"}
 
@@ -110,12 +110,12 @@ def test_drain_stops_the_old_worker_before_the_spare_launches() -> None:
     assert s.of(out, f.Failover)[0].reason == "drain"
     kill = s.of(out, f.KillLeftovers)
     assert kill == [f.KillLeftovers(machine="a", label="a", shard=0, pid=100, grace_s=0.0)]
-    assert s.of(out, f.Probe) == []  # not before the old worker is gone
+    assert s.of(out, f.Launch) == []  # not before the old worker is gone
     assert s.of(out, f.Reply) == [
         f.Reply(token=token, result={"label": "a", "shard": 0, "to": "s0"})
     ]
     out = s.feed(f.LeftoversKilled(machine="a"))
-    assert s.of(out, f.Probe) == [f.Probe(host="a", pid=None)]
+    assert s.of(out, f.Launch) == [f.Launch(host="a")]
     assert {r["name"]: r["role"] for r in s.core.spare_rows()}["a"] == "drained"
     out = s.feed(f.UndrainRequested(host="a", token=s.token()))
     assert s.of(out, f.Reply)[0].refusal is None
@@ -154,7 +154,6 @@ def test_a_spare_serving_a_member_speaks_for_it() -> None:
     lose(s, "a")
     s.now += AFTER + 1
     s.feed(f.DeadlinePassed())
-    s.on("a", h.ProbeResult(pid=None))
     s.on("a", h.Launched(pid=200))
     s.on("a", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=s.now + 1))
     s.feed(f.SpareObserved(machine="s0", up=False, reason="reset"))
@@ -198,8 +197,19 @@ def test_a_second_loss_report_keeps_the_first_instant() -> None:
 
 
 def test_a_launch_in_flight_to_the_lost_machine_gives_its_slot_back() -> None:
-    """The lost machine's launch never answers: moving the shard frees its budget slot."""
-    s = fleet_with_spares("s0")
+    """The lost machine's launch never answers: moving the shard frees its budget slot, so
+    with one launch at a time the spare's launch still begins."""
+    one = f.FleetPolicy(
+        startup_timeout_s=30.0,
+        shutdown_timeout_s=60.0,
+        failover_after_s=AFTER,
+        max_concurrent_launches=1,
+    )
+    s = Shell(f.Fleet(members(("a", 0), ("b", 1)), HEALTH, one, spares=("s0",)))
+    s.boot()
+    s.feed(f.SpareObserved(machine="s0", up=True))
+    s.run_worker("a", 100)
+    s.run_worker("b", 101)
     s.on("a", h.WorkerExited(pid=100, exit_code=1))
     s.now += 60.0
     s.feed(f.DeadlinePassed())
@@ -208,7 +218,10 @@ def test_a_launch_in_flight_to_the_lost_machine_gives_its_slot_back() -> None:
     s.now += AFTER + 1
     s.feed(f.DeadlinePassed())
     assert s.core.machine_of("a") == "s0"
-    assert "a" not in s.core.budget.in_flight  # the spare probes before it launches
+    # The lost machine's launch gave its slot back; the one in flight is the spare's.
+    launches = [a.host for a in s.actions if isinstance(a, f.Launch)]
+    assert launches[-2:] == ["a", "a"]
+    assert s.core.budget.in_flight == frozenset({"a"})
 
 
 def test_a_kill_in_flight_is_not_asked_twice_and_one_that_failed_waits_for_the_machine() -> None:
@@ -253,7 +266,6 @@ def test_a_member_removed_while_a_spare_serves_it_frees_the_spare() -> None:
     lose(s, "a")
     s.now += AFTER + 1
     s.feed(f.DeadlinePassed())
-    s.on("a", h.ProbeResult(pid=None))
     s.on("a", h.Launched(pid=200))
     s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=s.token()))
     for name, pid in (("a", 200), ("b", 101)):
@@ -330,7 +342,6 @@ def test_failovers_in_progress_are_listed_until_ready_on_the_spare() -> None:
         {"host": "a", "shard": 0, "to": "s0", "state": "starting"},
         {"host": "b", "shard": 1, "to": None, "state": "no free spare"},
     ]
-    s.on("a", h.ProbeResult(pid=None))
     s.on("a", h.Launched(pid=200))
     s.on("a", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=s.now + 1))
     assert s.core.moving() == [{"host": "b", "shard": 1, "to": None, "state": "no free spare"}]
