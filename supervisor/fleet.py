@@ -1193,7 +1193,8 @@ class Fleet:
             added = name not in self._at_boot
             self._at_boot.discard(name)
             machine = self._seat(name, member.shard)
-            out.append(Connect(host=name, shard=member.shard, added=added, machine=machine))
+            moved = machine if machine != name else ""
+            out.append(Connect(host=name, shard=member.shard, added=added, machine=moved))
             if stopping:
                 self._feed(name, _SHUTDOWN_STOP, now, out)
             elif self.freeze.frozen:

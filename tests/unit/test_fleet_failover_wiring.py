@@ -292,7 +292,7 @@ def test_a_new_daemon_takes_the_seats_the_last_one_saved() -> None:
     assert again.of(out, f.KeepSpare) == [f.KeepSpare(machine="s1"), f.KeepSpare(machine="a")]
     scan = again.of(out, f.ScanFiles)[0]
     connects = again.of(again.scanned(scan), f.Connect)
-    assert [(c.host, c.machine) for c in connects] == [("a", "s0"), ("b", "b")]
+    assert [(c.host, c.machine) for c in connects] == [("a", "s0"), ("b", "")]
     assert again.core.machine_of("a") == "s0"
     out = again.feed(f.SpareObserved(machine="a", up=True))
     assert again.of(out, f.KillLeftovers) == [
