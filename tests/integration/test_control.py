@@ -99,6 +99,18 @@ class FakeDaemon:
             await self.server.aclose()
         return {"stopping": True}
 
+    async def drain(self, host: str) -> dict[str, Any]:
+        """Record the call; answer with the shard moved to a spare."""
+        self._known(host)
+        self.calls.append(("drain", host))
+        return {"label": host, "shard": 0, "to": "spare-0"}
+
+    async def undrain(self, host: str) -> dict[str, Any]:
+        """Record the call; answer with the host back as a spare."""
+        self._known(host)
+        self.calls.append(("undrain", host))
+        return {"spare": host}
+
     async def unfreeze(self) -> dict[str, Any]:
         """Record the call; report the fleet unfrozen."""
         self.calls.append(("unfreeze", None))
@@ -268,6 +280,13 @@ async def ping_as_nobody(path: Path) -> dict[str, Any]:
             {"host": "worker-1", "state": "starting"},
             ("start_host", "worker-1"),
         ),
+        (
+            "drain",
+            {"host": "worker-0"},
+            {"label": "worker-0", "shard": 0, "to": "spare-0"},
+            ("drain", "worker-0"),
+        ),
+        ("undrain", {"host": "worker-1"}, {"spare": "worker-1"}, ("undrain", "worker-1")),
         ("reload", {}, {"reloaded": True, "errors": []}, ("reload", None)),
         ("stop", {}, {"stopping": True}, ("stop", None)),
         ("unfreeze", {}, {"frozen": False}, ("unfreeze", None)),
@@ -380,6 +399,8 @@ async def test_mutating_command_is_logged_with_the_peer(server: ControlServer) -
         (b'{"cmd": "stop-host", "host": 3}\n', "'host' must be a non-empty string"),
         (b'{"cmd": "start-host", "host": ""}\n', "'host' must be a non-empty string"),
         (b'{"cmd": "restart-host", "host": null}\n', "restart-host needs a host"),
+        (b'{"cmd": "drain"}\n', "drain needs a host"),
+        (b'{"cmd": "undrain", "host": 5}\n', "'host' must be a non-empty string"),
         (b'{"cmd": "status", "verbose": true}\n', 'status: unexpected argument "verbose"'),
         (b'{"cmd": "events", "since": 0}\n', 'events: unexpected argument "since"'),
     ],
@@ -405,8 +426,8 @@ async def test_unknown_command_reply_lists_the_known_commands(server: ControlSer
     message = str(caught.value)
     assert '"restart-everything"' in message
     known = (
-        "events, handover, ping, reload, restart-host, start-host, status, stop, stop-host,"
-        " unfreeze"
+        "drain, events, handover, ping, reload, restart-host, start-host, status, stop,"
+        " stop-host, undrain, unfreeze"
     )
     assert message.endswith(f"known commands: {known}")
 

@@ -24,6 +24,7 @@ import pytest
 from supervisor import preflight
 from supervisor.config import Config, parse
 from supervisor.preflight import Check, CheckName, Options, Report, Status
+from tests import ports
 from tests.conftest import mounted_tmpfs
 from tests.sshd import WORKER_ARGV, OpenSsh
 
@@ -110,6 +111,24 @@ async def test_a_healthy_fleet_passes_every_check_and_leaves_no_file(
         assert abs(clock["offset_s"]) <= clock["within_s"] + 1e-3
     assert leftovers(root) == []
     assert preflight._prepare(config) == []  # existing directories are not "created"
+
+
+async def test_a_spare_is_checked_like_a_host(sshd: OpenSsh, tmp_path: Path) -> None:
+    """``[[spares]]`` are in the report beside the hosts, every check run on them: a spare
+    must be able to serve any shard the moment it is needed; one that cannot be reached
+    fails the run as a host would."""
+    root = tmp_path / "run"
+    raw = sshd.config_dict(root, 1)
+    raw["spares"] = [
+        {"name": "spare-0", "address": sshd.addresses[1], "port": sshd.port},
+        {"name": "spare-1", "address": sshd.addresses[2], "port": ports.reserve(sshd.addresses[2])},
+    ]
+    report = await check(parse(raw, root.parent / "rs.toml"))
+    assert [h.host for h in report.hosts] == ["worker-0", "spare-0", "spare-1"]
+    assert all(c.status is not Status.FAIL for c in checks_of(report, "spare-0").values())
+    assert checks_of(report, "spare-1")[CheckName.SSH].status is Status.FAIL
+    assert not report.ok
+    assert leftovers(root) == []
 
 
 async def test_wrong_host_key_and_refused_login_are_told_apart(
