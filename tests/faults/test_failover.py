@@ -223,3 +223,42 @@ async def test_drain_moves_a_shard_to_the_spare_and_undrain_gives_the_host_back(
     assert status["daemon"]["failover_counts"] == {"drain": 1}
     assert [e for e in events(daemon, "shard.failover") if e["reason"] == "drain"]
     assert await fault_run.stop(daemon) == 0
+
+
+async def test_a_daemon_killed_mid_failover_comes_back_to_the_same_seats(
+    doomed_sshd: OpenSsh, fault_run: FaultRun
+) -> None:
+    """The daemon is SIGKILLed once worker-0's shard runs on the spare: the next daemon reads
+    the seats from the state file, adopts the spare's worker (same pid, no relaunch), keeps
+    the lost machine fenced, and frees it once it answers again."""
+    failover_config(fault_run, doomed_sshd)
+    first = await fault_run.start(ready=2)
+    victim = pid_of(await first.status(), "worker-0")
+    take_away(doomed_sshd, victim, signal.SIGKILL)
+    status = await served_by(first, "worker-0", "spare-0")
+    moved = pid_of(status, "worker-0")
+    state = fault_run.root / "ctl" / "supervisor-state.json"
+
+    def seats_saved() -> bool:
+        """The state file records worker-0 on spare-0."""
+        try:
+            saved = json.loads(state.read_text()).get("seats") or {}
+        except (OSError, ValueError):
+            return False
+        return bool(saved.get("serving") == {"worker-0": "spare-0"})
+
+    await poll_until(seats_saved, READY_S, "the seats saved")
+    first.send_signal(signal.SIGKILL)
+    assert await first.wait_exit() == -signal.SIGKILL
+
+    again = await fault_run.start()
+    status = await served_by(again, "worker-0", "spare-0")
+    assert pid_of(status, "worker-0") == moved  # adopted where it runs, not launched again
+    assert not events(again, "host.launch")
+    assert spare_roles(status) == {"spare-0": "serving", "worker-0": "fenced"}
+    doomed_sshd.start()
+    await again.wait_status(
+        lambda s: spare_roles(s).get("worker-0") == "free", READY_S, "worker-0 a free spare"
+    )
+    assert host_row(await again.status(), "worker-0")["machine"] == "spare-0"
+    assert await fault_run.stop(again) == 0
