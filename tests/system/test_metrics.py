@@ -123,6 +123,8 @@ METRIC_FAMILIES = {
     "reward_supervisor_probe_signatures": "gauge",
     "reward_supervisor_trainer_task_timeout_seconds": "gauge",
     "reward_supervisor_epoch": "gauge",
+    # Always served; reward_supervisor_spares{role} only with [[spares]] (tests/faults).
+    "reward_supervisor_failovers_total": "counter",
     "reward_worker_tasks_finished_total": "counter",
     "reward_worker_task_errors_total": "counter",
     "reward_worker_tasks_in_flight": "gauge",
