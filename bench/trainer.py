@@ -47,6 +47,8 @@ the fleet is stopped and everything it left is killed. Faults:
   worker (shepherd, coordinator, pool; the old script's respawn loop) is SIGKILLed. Ours runs
   with one ``[[spares]]`` machine and host 1 on an sshd of its own (127.0.0.9), so only its
   connection goes; the old script's ssh to host 1 is pointed at a closed port;
+- ``drain``: ours ``reward-supervisor drain -c CFG HOST`` with one ``[[spares]]`` machine:
+  host 1's shard moves to the spare (maintenance); the old script has no such thing (n/a);
 - ``none``: nothing is done (the healthy window, for ``--probes-ab``);
 - ``reload_worker``: every host gets a new worker: ours changes ``worker.env`` in the config
   and runs ``reward-supervisor reload``; the old script has no reload, so its way is ``stop``
@@ -101,10 +103,11 @@ FAULTS = (
     "stop_start",
     "reload_worker",
     "host_lost",
+    "drain",
     "none",
 )
 #: Faults the old script has no way to do (it has no per-host stop).
-OLD_CANNOT: Final = frozenset({"stop_start"})
+OLD_CANNOT: Final = frozenset({"stop_start", "drain"})
 SUPERVISORS = ("ours", "old")
 #: ``--probes-ab``: ours without and with ``[probe]``, side by side.
 PROBES_AB = ("ours", "ours+probes")
@@ -196,6 +199,9 @@ class Fleet(Protocol):
     def lose(self, host: str) -> str:
         """``host``'s machine is gone from the network (``host_lost``); what was done."""
 
+    async def drain(self, host: str) -> str:
+        """Move ``host``'s shard to a spare (``drain``); what was done."""
+
     async def stop(self) -> None:
         """Stop the workers and the supervisor (or leave them to the caller's kill)."""
 
@@ -221,6 +227,8 @@ class Ours:
     probe: Mapping[str, Any] | None = None
     #: ``host_lost``: host TARGET's own sshd, and one spare on the shared one.
     doomed: OpenSsh | None = None
+    #: One ``[[spares]]`` machine on the shared sshd (``drain``; implied by ``doomed``).
+    spare: bool = False
     name: str = "ours"
     process: asyncio.subprocess.Process | None = None
     generation: int = 1
@@ -256,6 +264,11 @@ class Ours:
         )
         if self.probe is not None:
             raw["probe"] = dict(self.probe)
+        if self.doomed is not None or self.spare:
+            spare = {"name": f"{self.hosts[0]}-spare", "concurrency": self.concurrency}
+            raw["spares"] = [
+                {**spare, "address": self.openssh.addresses[0], "port": self.openssh.port}
+            ]
         if self.doomed is not None:
             known = self.tmp / "known_hosts"
             known.write_text(
@@ -264,11 +277,12 @@ class Ours:
             raw["ssh"]["known_hosts"] = str(known)
             raw["ssh"]["client_keys"] = [str(self.openssh.client_key), str(self.doomed.client_key)]
             raw["hosts"][TARGET].update(address=self.doomed.addresses[0], port=self.doomed.port)
-            spare = {"name": f"{self.hosts[0]}-spare", "concurrency": self.concurrency}
-            raw["spares"] = [
-                {**spare, "address": self.openssh.addresses[0], "port": self.openssh.port}
-            ]
         return raw
+
+    async def drain(self, host: str) -> str:
+        """``reward-supervisor drain -c CFG HOST``."""
+        code, out = await run_cmd([*cli_argv(), "drain", "-c", str(self.config_path), host])
+        return f"`drain` exit {code}: {out.strip()[-200:]}"
 
     def lose(self, host: str) -> str:
         """``host``'s machine dies: its sshd and sessions gone (the worker is killed apart)."""
@@ -432,6 +446,10 @@ class Old:
             env=self.world.env,
         )
         return f"`restart-host` exit {code}" + (f": {out.strip()[-200:]}" if code else "")
+
+    async def drain(self, host: str) -> str:
+        """The old script cannot move a shard."""
+        raise NotImplementedError(f"the old script cannot drain a host ({host})")
 
     def lose(self, host: str) -> str:
         """``host``'s machine dies: ssh to it now meets a closed port (127.0.0.9:1)."""
@@ -692,6 +710,8 @@ async def inject(
         done = fleet.lose(host)
         killed = kill_machine_of(pid)
         return f"{done}; SIGKILL of {killed} processes of its worker (the machine's)"
+    if fault == "drain":
+        return await fleet.drain(host)
     if fault == "none":
         return "nothing done"
     raise ValueError(f"unknown fault {fault!r}")
@@ -736,6 +756,7 @@ async def run_one(
             settings.restart_stop,
             probe,
             doomed,
+            spare=fault == "drain",
         )
     else:
         assert seed is not None
