@@ -851,6 +851,18 @@ def _listen_problem(listen: str) -> str | None:
 
 #: Every table and its keys (``[[hosts]]`` entries as one table). The README's
 #: configuration reference is checked against it, and so are the dataclasses' fields.
+#: How a machine is reached and what its worker gets: the keys ``[[hosts]]`` and
+#: ``[[spares]]`` share.
+_MACHINE_KEYS: Final[Mapping[str, Key]] = {
+    "address": Key("text", derive=lambda g: g.read["name"] or "", check=_address_problem),
+    "port": Key(
+        "integer",
+        check=lambda n: None if 0 < n < 65536 else f"must be in 1..65535, not {n}",
+    ),
+    "username": Key("text", check=_user_name_problem),
+    "concurrency": Key("count"),
+}
+
 SCHEMA: Final[Mapping[str, Section]] = {
     "run": Section(
         RunConfig,
@@ -1031,17 +1043,7 @@ SCHEMA: Final[Mapping[str, Section]] = {
         },
     ),
     "spares": Section(
-        SpareConfig,
-        {
-            "name": Key("text", required="", check=_host_name_problem),
-            "address": Key("text", derive=lambda g: g.read["name"] or "", check=_address_problem),
-            "port": Key(
-                "integer",
-                check=lambda n: None if 0 < n < 65536 else f"must be in 1..65535, not {n}",
-            ),
-            "username": Key("text", check=_user_name_problem),
-            "concurrency": Key("count"),
-        },
+        SpareConfig, {"name": Key("text", required="", check=_host_name_problem), **_MACHINE_KEYS}
     ),
     "hosts": Section(
         HostConfig,
@@ -1052,13 +1054,7 @@ SCHEMA: Final[Mapping[str, Section]] = {
                 required="",
                 check=lambda n: f"must be 0 or more, not {n}" if n < 0 else None,
             ),
-            "address": Key("text", derive=lambda g: g.read["name"] or "", check=_address_problem),
-            "port": Key(
-                "integer",
-                check=lambda n: None if 0 < n < 65536 else f"must be in 1..65535, not {n}",
-            ),
-            "username": Key("text", check=_user_name_problem),
-            "concurrency": Key("count"),
+            **_MACHINE_KEYS,
         },
     ),
 }

@@ -27,7 +27,7 @@ from tests import ports
 from tests.faults.harness import READY_S, FaultRun, events, host_row, kill, pid_of, wait_event
 from tests.faults.test_worker_faults import wait_ready_pid
 from tests.sshd import OpenSsh
-from tests.system.daemonproc import DaemonProcess, poll_until
+from tests.system.daemonproc import DaemonProcess, pid_alive, poll_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.system, pytest.mark.openssh]
 
@@ -78,15 +78,6 @@ def heartbeat_at(root: Path, host: str) -> float | None:
     except (OSError, ValueError):
         return None
     return float(value) if isinstance(value, (int, float)) else None
-
-
-def running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie (init reaps orphans only every few seconds here)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def spare_roles(status: dict[str, Any]) -> dict[str, str]:
@@ -195,7 +186,7 @@ async def test_a_vanished_host_holding_the_shard_lock_is_fenced_until_it_returns
     killed = await wait_event(daemon, "spare.leftovers_killed", after=mark, machine="worker-0")
     assert killed["pid"] == victim, killed
     await served_by(daemon, "worker-0", "spare-0")
-    await poll_until(lambda: not running(victim), READY_S, f"pid {victim} dead")
+    await poll_until(lambda: not pid_alive(victim), READY_S, f"pid {victim} dead")
     assert await fault_run.stop(daemon) == 0
 
 

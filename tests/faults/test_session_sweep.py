@@ -28,7 +28,13 @@ from tests.family_worker import alive, families
 from tests.faults.harness import READY_S, FaultRun, host_row, kill, pid_of, wait_event
 from tests.faults.test_worker_faults import wait_ready_pid
 from tests.sshd import children
-from tests.system.daemonproc import FAST_WORKER_ARGV, DaemonProcess, all_ready, poll_until
+from tests.system.daemonproc import (
+    FAST_WORKER_ARGV,
+    DaemonProcess,
+    all_ready,
+    pid_alive,
+    poll_until,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.system, pytest.mark.openssh]
 
@@ -58,15 +64,6 @@ def agents_under(sessions: list[int]) -> list[int]:
         if argv[-1:] == [b"agent"] and b"-c" in argv:
             found.append(pid)
     return found
-
-
-def running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def family_argv(record: Path) -> list[str]:
@@ -158,7 +155,7 @@ async def test_with_the_channel_down_the_shepherd_reaps_before_its_record(
         await wait_event(daemon, "ssh.down", after=mark, host="worker-0")
         # The agent outlives its session by a moment (it reads EOF): until it is gone its
         # exit watch would sweep the family first, and the record would count none.
-        await poll_until(lambda: not any(map(running, agents)), READY_S, "the agent gone")
+        await poll_until(lambda: not any(map(pid_alive, agents)), READY_S, "the agent gone")
         kill(victim)
         told = await wait_event(daemon, "worker.exit_reported", after=mark, pid=victim)
         assert (told["via"], told["reaped"]) == ("record", FAMILY)

@@ -217,6 +217,9 @@ def test_a_relative_path_two_loops_and_an_unrecorded_worker(
     twice.start()
     wait_until(lambda: len(twice.workers()) == 2 and len(twice.loops()) == 2, "two loops")
     both = twice.workers()
+    # Each loop writes the pidfile just after it starts its worker: wait for the second
+    # loop's write (its worker is the newer pid).
+    wait_until(lambda: _pidfile(twice) == max(both), "the pidfile naming the second worker")
     recorded = _pidfile(twice)
     done = disarm(twice)
     assert len(done["wrappers"]) == 2 and done["workers"] == both
