@@ -262,12 +262,14 @@ class _OneAtATime:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._busy: threading.Thread | None = None
+        # The last call's answer: done once ``fn`` returned, a moment before its thread ends
+        # (a request right after another must not find it "still hanging").
+        self._busy: concurrent.futures.Future[Any] | None = None
 
     def call(self, fn: Callable[[], _T], timeout_s: float) -> _T:
         """``fn()``'s result; raises TimeoutError when it takes longer than ``timeout_s``
         (it runs on, alone) or when the previous call is still running."""
-        if self._busy is not None and self._busy.is_alive():
+        if self._busy is not None and not self._busy.done():
             raise TimeoutError("an earlier read is still hanging (a hung run root?)")
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
 
@@ -277,8 +279,8 @@ class _OneAtATime:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 future.set_exception(exc)
 
-        self._busy = threading.Thread(target=run, name=self._name, daemon=True)
-        self._busy.start()
+        self._busy = future
+        threading.Thread(target=run, name=self._name, daemon=True).start()
         try:
             return future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
