@@ -47,6 +47,7 @@ import array
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import pwd
@@ -1453,14 +1454,21 @@ class _Launcher:
     def __init__(self, python: str) -> None:
         # SEQPACKET: one message per spec with the pipe attached, and EOF when either dies.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process: subprocess.Popen[bytes] | _ForkedLauncher
         try:
-            self.process = subprocess.Popen(
-                [python, "-X", "utf8", "-c", own_source(), "launcher"],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,  # its stderr is ours: a traceback reaches the daemon
-                cwd="/",
-                close_fds=True,
-            )
+            if threading.active_count() == 1:
+                # The agent is still single-threaded (serve() starts it before reading a
+                # request): fork it, as safe as the fresh interpreter and with nothing to
+                # start, decompress and compile again (docs/BENCHMARKS.md, issue 33).
+                self.process = _ForkedLauncher(theirs.fileno())
+            else:
+                self.process = subprocess.Popen(
+                    [python, "-X", "utf8", "-c", own_source(), "launcher"],
+                    stdin=theirs.fileno(),
+                    stdout=subprocess.DEVNULL,  # its stderr is ours: a traceback reaches us
+                    cwd="/",
+                    close_fds=True,
+                )
         except BaseException:
             ours.close()
             raise
@@ -1498,6 +1506,64 @@ class _Launcher:
         # SIGKILL ends even a stopped process at once; only a hung disk read could delay it.
         code = self.process.wait()
         return f"exited {code}" if code >= 0 else f"died of signal {-code}"
+
+
+class _ForkedLauncher:
+    """The launcher forked from the still single-threaded agent: what ``launcher`` mode
+    would be, without another interpreter's start. Its stdin is ``channel_fd``, its stdout
+    /dev/null, its stderr the agent's; no other descriptor of the agent stays open in it."""
+
+    def __init__(self, channel_fd: int) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            pid = os.fork()
+        except BaseException:
+            os.close(devnull)
+            raise
+        if pid == 0:  # the launcher
+            code = 1
+            try:
+                os.dup2(channel_fd, 0)
+                os.dup2(devnull, 1)
+                os.closerange(3, _max_fd())
+                os.chdir("/")
+                # sys.stdio as a fresh interpreter's (-u): what a forked shepherd prints
+                # before its report (a traceback) must reach fd 2, the report pipe, at once.
+                sys.stdin = None
+                sys.stdout, sys.stderr = (
+                    io.TextIOWrapper(
+                        open(fd, "wb", buffering=0, closefd=False),  # noqa: SIM115
+                        errors="backslashreplace",
+                        write_through=True,
+                    )
+                    for fd in (1, 2)
+                )
+                code = launcher()
+            finally:
+                os._exit(code)  # never back into the agent's loop, no buffers flushed
+        os.close(devnull)
+        self.pid = pid
+        self._code: int | None = None
+
+    def kill(self) -> None:
+        """SIGKILL it (unless already reaped)."""
+        if self._code is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        """Reap it: its exit code, or minus the signal that ended it, as Popen says it."""
+        if self._code is None:
+            _, status = os.waitpid(self.pid, 0)
+            self._code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return self._code
+
+
+def _max_fd() -> int:
+    """One past the highest descriptor number a process may have here."""
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        return 65536
 
 
 #: Serializes use of the launcher: the agent serves each request in its own thread.

@@ -274,12 +274,10 @@ class Agent:
         found: list[int] = []
 
         def live_launcher() -> bool:
+            # Named rs-launcher once its Python is up, started in ``launcher`` mode or forked
+            # from the agent (whose command line it then shares).
             found[:] = [
-                pid
-                for pid in children(self.pid)
-                if is_alive(pid)
-                and agent_module.cmdline(pid)[-1:] == ["launcher"]
-                and comm(pid) == "rs-launcher"
+                pid for pid in children(self.pid) if is_alive(pid) and comm(pid) == "rs-launcher"
             ]
             return len(found) == 1
 

@@ -134,13 +134,23 @@ def cmdline(pid: int) -> list[str]:
 
 
 def agent_pids(openssh: OpenSsh, address: str) -> list[int]:
-    """The agent processes serving connections that came in on ``address``."""
-    return [
+    """The agent processes serving connections that came in on ``address`` (not the
+    launchers they forked, which share their command line but are their children)."""
+    found = [
         pid
         for session in openssh.session_pids(address)
         for pid in descendants(session)
         if cmdline(pid)[-1:] == ["agent"]
     ]
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of ``pid``, None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @dataclass
