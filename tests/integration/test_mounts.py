@@ -366,4 +366,7 @@ async def test_status_swapped_back_and_forth_with_a_symlink_into_a_hung_mount_ne
         reader = watcher._files._thread
         if reader is not None:
             await asyncio.to_thread(reader.join, 60)
-    assert worst < 5.0, f"the event loop stood still for {worst:.1f} s"
+    # A watch added through the symlink freezes the process until the rescue, 40 s in: any
+    # stall well short of that is the machine's load (6 s seen with three interpreters' tests
+    # and this test's swapping thread on two cores), not the hung mount.
+    assert worst < 20.0, f"the event loop stood still for {worst:.1f} s"
