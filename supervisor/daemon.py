@@ -190,6 +190,7 @@ class Daemon:
             fleet.ScanFiles: rundir.scan,
             fleet.Connect: links.connect,
             fleet.Disconnect: links.disconnect,
+            fleet.Release: links.release,
             fleet.Reconnect: links.reconnect,
             fleet.WriteStopSentinel: rundir.write_sentinel,
             fleet.DeleteStopSentinel: rundir.delete_sentinel,
@@ -422,8 +423,7 @@ class Daemon:
     async def _boot(self) -> None:
         """Lead: the restart history a previous daemon left, then the fleet and the tasks
         that serve it."""
-        histories = await asyncio.to_thread(self.rundir.load_history)
-        seats = await asyncio.to_thread(self.rundir.load_seats)
+        histories, seats = await asyncio.to_thread(self.rundir.load_state)
         await self.probes.sweep()  # what a daemon killed mid-probe left, before any probe
         self._inbox.put(fleet.Booted(histories=histories, seats=seats))
         self._background += [

@@ -355,6 +355,15 @@ class Disconnect:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """``host`` left the fleet while the spare ``machine`` served it: cancel its operations
+    and keep the connection as the spare's, serving none."""
+
+    host: str
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reconnect:
     """A reload changed ``host``'s settings: apply them to its connection."""
 
@@ -657,6 +666,7 @@ Action = (
     | KeepSpare
     | Connect
     | Disconnect
+    | Release
     | Reconnect
     | LaunchAsked
     | Launch
@@ -771,8 +781,11 @@ class Fleet:
         self.seats = new_seats((), tuple(spares))
         self._sparing = bool(self.seats.spares)
         self._sightings: dict[str, Sighting] = {m: Sighting(connected=False) for m in spares}
-        #: Machines serving a member whose connection is down (where a loss can begin).
-        self._down: set[str] = set()
+        #: Machines serving a member whose connection is down (where a loss can begin), and
+        #: the member each serves.
+        self._down: dict[str, str] = {}
+        #: A spare became free since the last look: a member lost with none free may move.
+        self._spare_freed = False
         #: A machine that lost its shard: the worker it may still run (label, shard, pid).
         self._left: dict[str, tuple[str, int, int | None]] = {}
         #: Fenced machines whose leftovers are being killed, or when to try again.
@@ -1221,9 +1234,12 @@ class Fleet:
         self._connect_seen.discard(name)
         self.held.pop(name, None)
         self.budget = launch_done(self.budget, name)
+        machine = self.seats.serving[name]
         self._unseat(name)
         self._names_changed()
-        out.append(Disconnect(host=name))
+        out.append(
+            Disconnect(host=name) if machine == name else Release(host=name, machine=machine)
+        )
         if not self._shutting_down:
             self._admit(now, out)
         if self._shutting_down and not self._stop_pending:
@@ -1261,7 +1277,8 @@ class Fleet:
         for name in both:
             if name in self._members and name not in self._retiring:
                 self._members[name] = new[name]
-                out.append(Reconnect(host=name))
+                if self.machine_of(name) == name:  # a spare serving it keeps its own settings
+                    out.append(Reconnect(host=name))
         if restarted:
             self._clear_signatures("a reload changed what the workers run", now, out)
         elif probe_changed:
@@ -1427,8 +1444,9 @@ class Fleet:
             spares = (*spares, machine)
         else:
             self._sightings.pop(machine, None)
-            self._down.discard(machine)
+            self._down.pop(machine, None)
         self.seats = replace(self.seats, serving=serving, shards=shards, spares=spares)
+        self._spare_freed = self._spare_freed or machine != name
         self._unserved.discard(name)
 
     def _sighted(self, machine: str, up: bool, now: float) -> None:
@@ -1436,12 +1454,15 @@ class Fleet:
         before = self._sightings.get(machine, Sighting(connected=False))
         if up:
             self._sightings[machine] = replace(before, connected=True, down_since=None)
-            self._down.discard(machine)
+            self._down.pop(machine, None)
+            self._spare_freed = self._spare_freed or machine in self.seats.spares
         elif before.connected or before.down_since is None:
             self._sightings[machine] = replace(before, connected=False, down_since=now)
         # Without a spare nothing can move: no machine is watched for a loss.
-        if not up and self._sparing and machine in self.seats.serving.values():
-            self._down.add(machine)
+        if not up and self._sparing:
+            label = next((lb for lb, m in self.seats.serving.items() if m == machine), None)
+            if label is not None:
+                self._down[machine] = label
         if not self._down:
             self._failover_at = None
 
@@ -1458,17 +1479,28 @@ class Fleet:
         if self._shutting_down:
             self._failover_at = None
             return
-        sightings = self._fresh_sightings()
+        # Each batch while a machine is down: only the down machines are looked at; the
+        # whole fleet's sightings only when one of them is lost and may move.
         after = self._policy.failover_after_s
-        due = [lost_at(sightings[m], after) for m in self._down if m in sightings]
-        pending = [t for t in due if t is not None and t > now]
-        self._failover_at = min(pending) if pending else None
-        if not any(t is not None and t <= now for t in due):
+        lost: list[str] = []
+        pending: list[float] = []
+        for machine, label in self._down.items():
+            beat_at = self._hosts[label].beat_changed_at
+            at = lost_at(replace(self._sightings[machine], beat_at=beat_at), after)
+            at = math.inf if at is None else at  # (a down machine's loss always has a time)
+            if at <= now:
+                lost.append(label)
+            else:
+                pending.append(at)
+        self._failover_at = min((t for t in pending if t < math.inf), default=None)
+        movable = any(label not in self._unserved for label in lost)
+        if not movable and not (lost and self._spare_freed):
             return
-        self.seats, actions = fail_over(self.seats, sightings, now, after)
+        self._spare_freed = False
+        self.seats, actions = fail_over(self.seats, self._fresh_sightings(), now, after)
         for action in actions:
             if isinstance(action, Failover):
-                self._down.discard(action.from_machine)
+                self._down.pop(action.from_machine, None)
                 self._left[action.from_machine] = (
                     action.label,
                     action.shard,
@@ -1570,6 +1602,7 @@ class Fleet:
             return
         self._left.pop(machine, None)
         self.seats = leftovers_killed(self.seats, machine)
+        self._spare_freed = True
         label = self._release_waits.pop(machine, None)
         if (
             label is not None
@@ -1620,6 +1653,7 @@ class Fleet:
             out.append(Reply(token=event.token, refusal=result, message=message))
             return
         self.seats = result
+        self._spare_freed = True
         out.append(Reply(token=event.token, result={"spare": event.host}))
 
     # --- operator commands -----------------------------------------------------------------

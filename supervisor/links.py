@@ -235,25 +235,25 @@ class Links:
             log.info("host.added", host=name, shard=action.shard)
 
     def disconnect(self, action: fleet.Disconnect) -> None:
-        """A host left: close its connection (a spare that served it stays, serving none)."""
+        """A host left: close its connection."""
         name = action.host
         link = self._links.pop(name)
-        machine = self._machine_serving(name)
-        log.info("host.removed", host=name)
-        if machine != name:
-            for task in link.ops:
-                task.cancel()
-            self._machines[machine] = replace(link, cfg=self._own[machine], ops=set())
-            self._label_of[machine] = None
-            return
         link.cancel_tasks()
         self._shell.spawn(_aclose_quietly(link.remote, name), f"close:{name}")
+        log.info("host.removed", host=name)
+
+    def release(self, action: fleet.Release) -> None:
+        """A host served by a spare left: the spare's connection stays, serving none."""
+        link = self._links.pop(action.host)
+        for task in link.ops:
+            task.cancel()
+        machine = action.machine
+        self._machines[machine] = replace(link, cfg=self._own[machine], ops=set())
+        self._label_of[machine] = None
+        log.info("host.removed", host=action.host)
 
     def reconnect(self, action: fleet.Reconnect) -> None:
-        """A host's SSH settings changed: its connection takes them at its next connect (a
-        member served by a spare keeps the spare's connection)."""
-        if self._machine_serving(action.host) != action.host:
-            return
+        """A host's SSH settings changed: its connection takes them at its next connect."""
         link = self._links[action.host]
         link.cfg = self._shell.config.host(action.host) or link.cfg
         link.remote.update(link.cfg, self._fleet_ssh(), self._shell.config.worker.python)
@@ -309,13 +309,6 @@ class Links:
         task = self._shell.spawn(self._kill_leftovers(action, link), f"leftovers:{action.machine}")
         link.ops.add(task)
         task.add_done_callback(link.ops.discard)
-
-    def serving(self, label: str) -> str:
-        """The machine serving ``label``'s shard."""
-        return self._machine_serving(label)
-
-    def _machine_serving(self, label: str) -> str:
-        return next((m for m, lb in self._label_of.items() if lb == label), label)
 
     async def _kill_leftovers(self, action: fleet.KillLeftovers, link: Link) -> None:
         machine = action.machine

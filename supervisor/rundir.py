@@ -403,16 +403,11 @@ class RunDirectory:
         """Some host's restart history changed: saved within PERSIST_INTERVAL_S."""
         self._history_dirty.set()
 
-    def load_history(self) -> dict[str, health.History]:
-        """The restart history a previous daemon left (in a thread)."""
+    def load_state(self) -> tuple[dict[str, health.History], fleet.SavedSeats | None]:
+        """The restart history and the seats a previous daemon left (in a thread)."""
         config = self._shell.config
         run = layout.layout_of(config)
-        return runfiles.load_history(run.state_file, root=run.root, policy=config.health)
-
-    def load_seats(self) -> fleet.SavedSeats | None:
-        """Where a previous daemon had moved shards (failover), if anywhere (in a thread)."""
-        run = layout.layout_of(self._shell.config)
-        return runfiles.load_seats(run.state_file, root=run.root)
+        return runfiles.load_state(run.state_file, root=run.root, policy=config.health)
 
     async def persist_loop(self) -> None:
         """Asleep until history changes (no wake-ups in a quiet fleet), then at most one

@@ -476,34 +476,33 @@ def seats_from_json(raw: object) -> fleet.SavedSeats | None:
     )
 
 
-def load_seats(path: Path, *, root: Path) -> fleet.SavedSeats | None:
-    """The seats a previous daemon saved in the state file, if any. Never raises."""
-    try:
-        raw = read_json(path, root=root, max_bytes=STATE_MAX_BYTES)
-    except (OSError, ValueError):
-        return None  # load_history says why
-    found = seats_from_json(raw)
-    if found is None and isinstance(raw, dict) and "seats" in raw:
-        log.warning("history.bad_seats", path=str(path))
-    return found
-
-
-def load_history(path: Path, *, root: Path, policy: health.Policy) -> dict[str, health.History]:
-    """The restart history a previous daemon left, by host; an unreadable file is logged and
-    is no history, a bad entry is logged and skipped. Never raises."""
+def load_state(
+    path: Path, *, root: Path, policy: health.Policy
+) -> tuple[dict[str, health.History], fleet.SavedSeats | None]:
+    """The restart history and the seats a previous daemon left, read once; an unreadable
+    file is logged and is neither, a bad entry or seats object is logged and skipped. Never
+    raises."""
     try:
         raw = read_json(path, root=root, max_bytes=STATE_MAX_BYTES)
     except FileNotFoundError:
-        return {}
+        return {}, None
     except (OSError, ValueError) as exc:
         log.warning("history.unreadable", path=str(path), reason=str(exc))
-        return {}
+        return {}, None
     now_wall = time.time()
     offset = time.monotonic() - now_wall  # wall clock + offset = monotonic
     history, problems = history_from_json(raw, now_wall=now_wall, offset=offset, policy=policy)
     for host, problem in problems:
         log.warning("history.bad_entry", path=str(path), host=host, problem=problem)
-    return history
+    seats = seats_from_json(raw)
+    if seats is None and isinstance(raw, dict) and "seats" in raw:
+        log.warning("history.bad_seats", path=str(path))
+    return history, seats
+
+
+def load_history(path: Path, *, root: Path, policy: health.Policy) -> dict[str, health.History]:
+    """The restart history a previous daemon left, by host (``load_state``)."""
+    return load_state(path, root=root, policy=policy)[0]
 
 
 def history_from_json(

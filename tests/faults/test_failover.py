@@ -134,7 +134,7 @@ async def test_a_dead_host_s_shard_is_served_by_the_spare_before_the_trainer_see
             row = host_row(await daemon.status(), "worker-0")
             if row["machine"] == "spare-0" and row["state"] == "ready":
                 break
-            await asyncio.sleep(0.1)  # the poll's tick
+            await asyncio.sleep(0.1)  # wait-ok: the tick of a poll with a deadline
     fault_run.recovered("dead host -> its shard ready on the spare", took_away)
     fault_run.record("oldest heartbeat of worker-0 seen", oldest)
     assert oldest < TRAINER_STALE_S, oldest

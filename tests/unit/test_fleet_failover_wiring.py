@@ -345,3 +345,55 @@ def test_failovers_in_progress_are_listed_until_ready_on_the_spare() -> None:
     s.on("a", h.Launched(pid=200))
     s.on("a", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=s.now + 1))
     assert s.core.moving() == [{"host": "b", "shard": 1, "to": None, "state": "no free spare"}]
+
+
+def test_a_member_lost_with_no_spare_moves_once_one_is_free() -> None:
+    """b lost while a holds the only spare: once a's machine is cleaned and free, b's shard
+    moves there at the next look, and not before."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    lose(s, "b")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    s.now += 1
+    assert s.of(s.feed(f.DeadlinePassed()), f.Failover) == []
+    s.feed(f.SpareObserved(machine="a", up=True))
+    out = s.feed(f.LeftoversKilled(machine="a"))
+    assert s.of(out, f.Failover) == [
+        f.Failover(label="b", shard=1, from_machine="b", to_machine="a", reason="host_lost")
+    ]
+    assert s.core.moving()[-1] == {"host": "b", "shard": 1, "to": "a", "state": "starting"}
+
+
+def test_a_reload_leaves_the_connection_of_a_moved_member_alone() -> None:
+    """A reload that keeps both members reconnects the one on its own machine only: the
+    spare serving the other keeps its own settings."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    out = s.feed(
+        f.Reconfigured(
+            members=tuple(members(("a", 0), ("b", 1))),
+            health=HEALTH,
+            policy=POLICY,
+            token=s.token(),
+        )
+    )
+    assert s.of(out, f.Reconnect) == [f.Reconnect(host="b")]
+
+
+def test_the_spare_itself_lost_is_said_once_more_and_the_waiting_member_not_again() -> None:
+    """a on the only spare, b lost with none free; then the spare goes too: a is reported
+    unserved, b (said already) is not said again."""
+    s = fleet_with_spares("s0")
+    lose(s, "a")
+    lose(s, "b")
+    s.now += AFTER + 1
+    s.feed(f.DeadlinePassed())
+    s.on("a", h.Launched(pid=200))
+    s.on("a", h.HeartbeatSeen(pid=200, ready=True, remote_heartbeat_at=s.now + 1))
+    s.feed(f.SpareObserved(machine="s0", up=False, reason="gone"))
+    s.now += AFTER + 1
+    out = s.feed(f.DeadlinePassed())
+    assert s.of(out, f.NoFreeSpare) == [f.NoFreeSpare(label="a", shard=0, machine="s0")]
