@@ -2023,8 +2023,8 @@ class Fleet:
             self._silent_bound = None  # silent already: the next assessment looks
             self._assess_due = True
             return
-        crossing = alive_at + silent_after_s
-        if crossing > now and (self._assess_at is None or crossing < self._assess_at):
+        crossing = _crossing_at(alive_at, now, silent_after_s)
+        if self._assess_at is None or crossing < self._assess_at:
             self._assess_at = crossing
 
     def _apply_freeze(self, change: FreezeChange, now: float, out: list[Action]) -> None:
@@ -2170,15 +2170,28 @@ def survey(freeze: Freeze, hosts: Iterable[Host], now: float, silent_after_s: fl
         alive_at = h.alive_at
         if state is not ready or alive_at is None or alive_at < ignore_before_at:
             continue
-        # Two tests, each written on its own: in floating point one is not always the
-        # negation of the other.
         if now - alive_at >= silent_after_s:
             silent.append(h)
-        crossing = alive_at + silent_after_s
-        if crossing > now and (next_at is None or crossing < next_at):
+            continue
+        crossing = _crossing_at(alive_at, now, silent_after_s)
+        if next_at is None or crossing < next_at:
             next_at = crossing
     silent.sort(key=lambda h: h.alive_at or 0.0, reverse=True)
     return Survey(expected=expected, silent=silent, next_at=next_at)
+
+
+def _crossing_at(alive_at: float, now: float, silent_after_s: float) -> float:
+    """When a host not yet silent at ``now`` (heartbeat at ``alive_at``) will be: always
+    after ``now``.
+
+    In floating point ``alive_at + silent_after_s`` may round to ``now`` or below while
+    ``now - alive_at`` is still short of ``silent_after_s`` (11.899283843798594 + 5 is
+    16.899283843798592): such a host would be neither silent nor due, and no look would
+    come until something else happened. The next representable time after ``now`` looks
+    again.
+    """
+    crossing = alive_at + silent_after_s
+    return crossing if crossing > now else math.nextafter(now, math.inf)
 
 
 def assess(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -132,6 +133,17 @@ def test_next_assessment_is_when_the_next_host_would_fall_silent() -> None:
     hosts = [host("a", 10.0), host("b", 20.0), host("c", None), host("d", 5.0, S.STOPPED)]
     assert fleet.survey(fleet.Freeze(), hosts, 11.0, SILENT_S).next_at == 40.0
     assert fleet.survey(fleet.Freeze(), hosts, 100.0, SILENT_S).next_at is None
+
+
+def test_a_host_short_of_silence_by_rounding_is_looked_at_again() -> None:
+    """11.899283843798594 + 5 rounds to 16.899283843798592, where the host is 1 ulp short
+    of silent: it must still have a next look after now, or the freeze never comes."""
+    alive_at, now = 11.899283843798594, 16.899283843798592
+    assert alive_at + 5.0 <= now and now - alive_at < 5.0  # the rounding the test is about
+    hosts = [host("a", alive_at)]
+    surveyed = fleet.survey(fleet.Freeze(), hosts, now, 5.0)
+    assert surveyed.silent == []
+    assert surveyed.next_at is not None and surveyed.next_at > now
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -329,10 +341,11 @@ def test_one_survey_says_what_three_looks_at_the_fleet_say(
     counted = [x for x in hosts if x.alive_at is not None and x.alive_at >= ignore_before_at]
     ready = [x for x in counted if x.state is S.READY]
     silent = [x for x in ready if now - (x.alive_at or 0.0) >= silent_after_s]
+    # A host not silent yet crosses after now, even where its sum rounds to now or below.
     crossings = [
-        x.alive_at + silent_after_s
+        max(x.alive_at + silent_after_s, math.nextafter(now, math.inf))
         for x in ready
-        if x.alive_at is not None and x.alive_at + silent_after_s > now
+        if x.alive_at is not None and x not in silent
     ]
     assert surveyed.expected == sum(1 for x in hosts if x.state in h.WANT_RUNNING_STATES)
     assert surveyed.silent == sorted(silent, key=lambda x: x.alive_at or 0.0, reverse=True)
