@@ -25,22 +25,64 @@ if str(ROOT) not in sys.path:
 
 from bench import ops, procs  # noqa: E402
 from bench.ab import neutral_directory, on_pythonpath  # noqa: E402
-from bench.common import SCRATCH, StatusWatch, iso_to_epoch, load_average  # noqa: E402
+from bench.common import (  # noqa: E402
+    SCRATCH,
+    StatusWatch,
+    iso_to_epoch,
+    load_average,
+    machine_busy_s,
+)
 from bench.procs import LogIndex, stop_daemon  # noqa: E402
+from supervisor import control  # noqa: E402
 from tests.sshd import OpenSsh  # noqa: E402
 
 STEPS = ("ssh.connected", "agent.started", "host.launch_begin", "host.launched")
+STOP_STEPS = ("host.terminate", "host.terminated")
 
 
-async def one(sshd: OpenSsh, workdir: Path, hosts: int, label: str) -> str:
-    """One start of ``hosts``: each step's first and last time after the spawn, in ms."""
+def cpu_s(pid: int) -> float:
+    """A process's own CPU time so far (user + system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one(
+    sshd: OpenSsh, workdir: Path, hosts: int, label: str, profile: Path | None = None
+) -> str:
+    """One start of ``hosts``: each step's first and last time after the spawn, in ms, and
+    the CPU the daemon and the machine spent until all were ready."""
     name = f"tl-{time.monotonic_ns()}"
     config = ops.ours_config(sshd, workdir, hosts, root_name=name)
     watch = StatusWatch(workdir / name / "status" / f"worker-{i}.json" for i in range(hosts))
+    machine_before = machine_busy_s()
     spawned = time.time()
     daemon = await ops.start_daemon_process(config, workdir)
+    spy = None
+    if profile is not None:
+        assert daemon.process is not None
+        spy = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--nonblocking",
+            "--rate",
+            "500",
+            "--format",
+            "speedscope",
+            "-o",
+            str(profile),
+            "-p",
+            str(daemon.process.pid),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     try:
         ready = await ops.wait_files(watch, ops.any_ready, "all ready", 0.01)
+        machine = machine_busy_s() - machine_before
+        assert daemon.process is not None
+        own = cpu_s(daemon.process.pid)
+        if spy is not None:
+            spy.send_signal(2)
+            await spy.wait()
         logs = LogIndex(daemon)
         logs.update()
         parts = [label]
@@ -51,9 +93,43 @@ async def one(sshd: OpenSsh, workdir: Path, hosts: int, label: str) -> str:
                     f"{step} {1000 * (stamps[0] - spawned):.0f}-{1000 * (stamps[-1] - spawned):.0f}"
                 )
         parts.append(f"all ready {1000 * (ready - spawned):.0f} ms")
+        parts.append(f"CPU: daemon {own:.2f} s, machine {machine:.2f} s")
+        parts.append(await stop_timeline(daemon, watch))
         return "; ".join(parts)
     finally:
         await stop_daemon(daemon)
+
+
+async def stop_timeline(daemon: procs.DaemonProcess, watch: StatusWatch) -> str:
+    """After a settle, a ``stop`` through the control socket: when the first and last
+    terminate was issued and answered, when no worker was left (ms after the request), and
+    the CPU the daemon and the machine spent until then."""
+    await asyncio.sleep(ops.BACKOFF_RESET_S + 0.5)  # wait-ok: as ops.py's stop 50
+    pids = [p for p in ops.ready_pids(watch).values() if p is not None]
+    assert daemon.process is not None
+    own0, machine0 = cpu_s(daemon.process.pid), machine_busy_s()
+    asked = time.time()
+    await control.request(daemon.socket, "stop")
+    gone = await ops.wait_gone(pids, 0.005)
+    machine = machine_busy_s() - machine0
+    own = cpu_s(daemon.process.pid) - own0
+    await daemon.wait_exit(120)
+    logs = LogIndex(daemon)
+    logs.update()
+    parts = [f"stop {len(pids)}"]
+    for step in STOP_STEPS:
+        stamps = sorted(
+            t
+            for t in (iso_to_epoch(x["timestamp"]) for x in logs.by_event.get(step, []))
+            if t >= asked
+        )
+        if stamps:
+            parts.append(
+                f"{step} {1000 * (stamps[0] - asked):.0f}-{1000 * (stamps[-1] - asked):.0f}"
+            )
+    parts.append(f"none left {1000 * (gone - asked):.0f} ms")
+    parts.append(f"CPU: daemon {own:.2f} s, machine {machine:.2f} s")
+    return "; ".join(parts)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -66,7 +142,8 @@ async def main_async(args: argparse.Namespace) -> None:
         for run in range(args.runs):
             for label, path in arms if run % 2 == 0 else arms[::-1]:
                 with on_pythonpath(path):
-                    print(await one(sshd, workdir, args.hosts, label), flush=True)
+                    profile = args.profile / f"{label}-{run}.json" if args.profile else None
+                    print(await one(sshd, workdir, args.hosts, label, profile), flush=True)
     finally:
         sshd.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -78,7 +155,13 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--old", help="a checkout to alternate with")
+    parser.add_argument(
+        "--profile", type=Path, help="a directory for py-spy profiles of each daemon (speedscope)"
+    )
     args = parser.parse_args()
+    if args.profile:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
     if args.old:
         args.old = os.path.realpath(args.old)
     scratch = neutral_directory()
