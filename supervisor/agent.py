@@ -61,7 +61,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Union
 
 #: The name under which the program sent to a host (``remote.packed_program``) registers the
@@ -681,10 +681,16 @@ def op_terminate(request: TerminateRequest) -> TerminateReply:
                 f" (state {state[0] if state else '?'})"
             )
         outcome = "killed"
-    swept = sweep(pid, start_time) if leader else None
-    if swept is not None:
-        members.update(swept[0])
-    return TerminateReply(outcome, None if swept is None else len(members))
+    if not leader:
+        return TerminateReply(outcome, None)
+    shepherd = shepherd_of(pid, start_time)
+    if shepherd is not None:
+        reaped = swept_by_shepherd(request.spec, pid, start_time, shepherd)
+    else:
+        reaped = sweep_count(request.spec, pid, start_time)
+    # Its session at the SIGKILL counted, and the sweep's: mostly the same processes (the
+    # sweep kills those the group's SIGKILL missed), so the larger count, not the sum.
+    return TerminateReply(outcome, None if reaped is None else max(len(members), reaped))
 
 
 def _reap_late(spec: dict[str, Any], pid: int) -> int | None:
@@ -827,6 +833,81 @@ def _kill_exact(pid: int, start_time: int) -> bool:
         if pidfd is not None:
             os.close(pidfd)
     return True
+
+
+# The shepherd sweeps its worker's session before it writes the exit record and reaps the
+# zombie, and hands the shard lock over only after that (``_take_shard_lock``): no
+# replacement starts beside what the worker left. A sweep of the agent's own on top of it (on
+# a pushed exit, after a terminate) looked through all of /proc again: three looks per
+# death, at every process of the host, which made a stop of 50 workers on one box 40 % slower
+# (docs/BENCHMARKS.md). The agent now leaves the sweep to a live shepherd, and looks itself
+# only where none is there to do it, or it ends without its record.
+
+#: A shepherd's process name (``/proc/PID/comm``): the agent knows its workers' parents by it.
+SHEPHERD_NAME = "rs-shepherd"
+#: How long the agent waits for a live shepherd to finish with its dead worker: as long as a
+#: launch waits for the shard lock it holds meanwhile.
+SHEPHERD_DONE_S = SWEEP_S + 2.0
+
+
+def shepherd_of(pid: int, start_time: int | None) -> tuple[int, int] | None:
+    """``(pid, start_time)`` of the shepherd still holding dead worker ``pid`` (of
+    ``start_time``) as its zombie, which it sweeps after; None where there is none (the
+    worker alive, reaped, adopted from another supervisor, or its parent is not one)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 (state), [1] field 4 (ppid), [19] field 22 (starttime).
+    if start_time is None or fields[0] != b"Z" or int(fields[19]) != start_time:
+        return None
+    parent = int(fields[1])
+    try:
+        with open(f"/proc/{parent}/comm", "rb") as f:
+            comm = f.read().strip()
+        ids = proc_ids(parent)
+    except OSError:
+        return None
+    if parent <= 1 or comm != SHEPHERD_NAME.encode() or ids is None or is_dead(ids):
+        return None
+    return parent, ids[3]
+
+
+def swept_by_shepherd(
+    spec: dict[str, Any], pid: int, start_time: int, shepherd: tuple[int, int]
+) -> int | None:
+    """Once ``shepherd`` has ended, how many processes it killed in the session of dead worker
+    ``pid``, as its exit record says; where it did not (it hung past SHEPHERD_DONE_S, or ended
+    without the record), the agent sweeps, and says how many it killed. None: not swept
+    (``sweep_safe``)."""
+    if _wait_dead(shepherd[0], shepherd[1], SHEPHERD_DONE_S):
+        recorded, reaped = recorded_sweep(spec, pid, start_time)
+        if recorded:
+            return reaped
+    swept = sweep(pid, start_time)
+    return None if swept is None else len(swept[0])
+
+
+def recorded_sweep(spec: dict[str, Any], pid: int, start_time: int) -> tuple[bool, int | None]:
+    """``(True, reaped)`` where worker ``pid`` (of ``start_time``)'s exit record is written:
+    its shepherd swept (``reaped`` killed; None: unsafe to) before it wrote it."""
+    record = read_json(spec["exit_record"], spec.get("root")) or {}
+    reaped = record.get("reaped")
+    if (record.get("pid"), record.get("start_time")) != (pid, start_time):
+        return False, None
+    return (True, reaped) if reaped is None or type(reaped) is int else (False, None)
+
+
+def sweep_count(spec: dict[str, Any], pid: int, start_time: int) -> int | None:
+    """How many processes dead worker ``pid`` left in its session were killed, where no live
+    shepherd is left to do it: by its shepherd, if its exit record says so, else now."""
+    recorded, reaped = recorded_sweep(spec, pid, start_time)
+    if recorded:
+        return reaped
+    swept = sweep(pid, start_time)
+    return None if swept is None else len(swept[0])
 
 
 def op_watch(request: WatchRequest) -> WatchReply:
@@ -1019,8 +1100,13 @@ class ExitWatch:
     @staticmethod
     def _push(entry: _Watched, start_time: int | None) -> None:
         exited_at = time.time()
-        # First: the daemon launches the replacement the moment it hears of the exit.
-        swept = sweep(entry.pid, entry.start_time) if entry.leader else None
+        # A live shepherd sweeps before it hands the shard over: the exit is pushed at once,
+        # and what it killed follows (_push_swept). Without one, the session is swept first:
+        # the daemon launches the replacement the moment it hears of the exit.
+        shepherd = shepherd_of(entry.pid, entry.start_time) if entry.leader else None
+        reaped = None
+        if entry.leader and shepherd is None:
+            reaped = sweep_count(entry.spec, entry.pid, entry.start_time)
         code, sig = exit_status(entry.spec, entry.pid, start_time)
         news = WorkerExit(
             pid=entry.pid,
@@ -1029,10 +1115,23 @@ class ExitWatch:
             signal=sig,
             exited_at=exited_at,
             log_tail=exit_log_tail(entry.spec),
-            reaped=None if swept is None else len(swept[0]),
+            reaped=reaped,
         )
         with contextlib.suppress(Exception):  # a channel gone is the daemon's loss, not ours
             entry.send(push_line(news))
+        if shepherd is not None:
+            threading.Thread(
+                target=ExitWatch._push_swept, args=(entry, news, shepherd), daemon=True
+            ).start()
+
+    @staticmethod
+    def _push_swept(entry: _Watched, news: WorkerExit, shepherd: tuple[int, int]) -> None:
+        """Once the shepherd is done, the exit again with the count it (or, failing it, the
+        agent) swept: the daemon keeps the larger count of the copies of one exit."""
+        reaped = swept_by_shepherd(entry.spec, entry.pid, entry.start_time, shepherd)
+        if reaped:
+            with contextlib.suppress(Exception):
+                entry.send(push_line(replace(news, reaped=reaped)))
 
 
 def watch_target(
@@ -1874,7 +1973,7 @@ def shepherd() -> int:
 def _shepherd(spec: dict[str, Any], via: str) -> int:
     """Launch the worker, report, wait, record its exit: the shepherd's one body, however
     it was started. Detached already; fd 1 is the report pipe, fd 2 its stderr."""
-    _name_process("rs-shepherd")
+    _name_process(SHEPHERD_NAME)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _ignore)
     devnull = os.open(os.devnull, os.O_RDWR)

@@ -106,14 +106,28 @@ def pushed_exit(agent: Agent, pid: int) -> dict[str, Any]:
             return dict(message["exit"])
 
 
+def later_exits(agent: Agent, first: dict[str, Any]) -> list[dict[str, Any]]:
+    """``first``, a pushed exit, and the copies of it the agent pushed after it, until one
+    says how many were killed in the worker's session."""
+    found = [first] + [n for n in agent.pushed if n["pid"] == first["pid"] and n is not first]
+    while found[-1]["reaped"] is None:
+        message = agent.read_message()
+        assert "id" not in message, message
+        if message["exit"]["pid"] == first["pid"]:
+            found.append(dict(message["exit"]))
+    return found
+
+
 @pytest.mark.parametrize("python", INTERPRETERS)
-def test_kill9_reaps_the_session_before_the_push_and_before_the_record(
+def test_kill9_reaps_the_session_before_the_record_and_before_a_replacement(
     python: str, tmp_path: Path, cleanup: Families
 ) -> None:
     """A worker killed with SIGKILL leaves two children and a grandchild in another group:
-    when its exit is pushed, and when its exit record appears, none of them lives; the
-    push and the record say how many their sweeps killed, the larger being all three. On
-    every host Python (no pidfds before 3.9: /proc is polled, kill() signals)."""
+    the exit is pushed at once; a replacement launched the moment it is heard of starts only
+    once none of them lives (its shepherd sweeps before it hands the shard lock over), and
+    so does the exit record. The record counts all three, and so does the push, or a second
+    push of the same exit that follows the shepherd's sweep. On every host Python (no pidfds
+    before 3.9: /proc is polled, kill() signals)."""
     spec, record = family_spec(tmp_path, cleanup)
     agent = cleanup.agent(python)
     launched = cleanup.launch(agent, spec)
@@ -126,16 +140,43 @@ def test_kill9_reaps_the_session_before_the_push_and_before_the_record(
 
     os.kill(launched.pid, signal.SIGKILL)
     news = pushed_exit(agent, launched.pid)
-    assert [m for m in family if alive(m)] == [], "a family member outlived the push"
     assert news["signal"] == signal.SIGKILL
+    replacement = cleanup.launch(agent, spec)
+    assert [m for m in family if alive(m)] == [], "a family member outlived the replacement's start"
+    assert replacement.pid != launched.pid
     exit_record = exit_record_of(spec, launched.pid)
     assert [m for m in family if alive(m)] == []
     assert "survivors" not in exit_record
-    counts = (news["reaped"], exit_record["reaped"])
-    assert all(0 <= n <= FAMILY for n in counts), counts
-    assert max(counts) == FAMILY, counts
+    assert exit_record["reaped"] == FAMILY
+    copies = later_exits(agent, news)
+    assert copies[-1]["reaped"] == FAMILY, copies
     log = Path(spec["log"]).read_text()
     assert f"worker pid {launched.pid} exited (signal 9)" in log
+
+
+def test_a_shepherd_that_cannot_sweep_leaves_it_to_the_agent(
+    tmp_path: Path, cleanup: Families
+) -> None:
+    """The shepherd stopped (SIGSTOP) when its worker is killed: the agent pushes the exit at
+    once, waits for the shepherd as long as a launch would wait for its shard lock, then
+    sweeps the session itself and pushes the exit again with the count; the shepherd, let
+    go, finds nothing left and still writes its record."""
+    spec, record = family_spec(tmp_path, cleanup)
+    agent = cleanup.agent()
+    launched = cleanup.launch(agent, spec)
+    family = family_of(record, launched.pid)
+    os.kill(launched.shepherd, signal.SIGSTOP)
+    try:
+        os.kill(launched.pid, signal.SIGKILL)
+        news = pushed_exit(agent, launched.pid)
+        copies = later_exits(agent, news)
+        assert [m for m in family if alive(m)] == [], "the agent's sweep left a member"
+        assert copies[-1]["reaped"] == FAMILY, copies
+        assert not Path(spec["exit_record"]).exists()  # the shepherd had not got that far
+    finally:
+        os.kill(launched.shepherd, signal.SIGCONT)
+    exit_record = exit_record_of(spec, launched.pid)
+    assert exit_record["reaped"] == 0
 
 
 def test_with_no_agent_the_shepherd_alone_reaps_the_session_before_the_record(
@@ -181,9 +222,9 @@ def test_terminate_signals_sigterm_to_the_worker_alone_then_reaps_what_it_left(
     tmp_path: Path, cleanup: Families
 ) -> None:
     """SIGTERM goes to the worker only (its pool must live to finish the tasks it drains):
-    the worker exits 0 on it, and its children, untouched by it, are what the sweeps kill:
-    the terminate's, the shepherd's and the agent's watch race, and the largest of their
-    counts is all three (so the two in its group were alive when it had exited)."""
+    the worker exits 0 on it, and its children, untouched by it, are what the shepherd's
+    sweep kills: all three (so the two in its group were alive when it had exited), as its
+    record, the terminate's reply and the agent's push (at once or once it is done) say."""
     marker = tmp_path / "term"
     spec, record = family_spec(tmp_path, cleanup, "--term-file", str(marker))
     agent = cleanup.agent()
@@ -196,12 +237,9 @@ def test_terminate_signals_sigterm_to_the_worker_alone_then_reaps_what_it_left(
     assert [m for m in family if alive(m)] == []
     exit_record = exit_record_of(spec, launched.pid)
     assert exit_record["exit_code"] == 0
-    counts = (
-        reply["result"]["reaped"],
-        exit_record["reaped"],
-        pushed_exit(agent, launched.pid)["reaped"],
-    )
-    assert max(counts) == FAMILY, counts
+    assert (reply["result"]["reaped"], exit_record["reaped"]) == (FAMILY, FAMILY)
+    copies = later_exits(agent, pushed_exit(agent, launched.pid))
+    assert copies[-1]["reaped"] == FAMILY, copies
 
 
 def test_terminate_with_no_grace_kills_at_once_without_sigterm(
