@@ -56,8 +56,9 @@ def program_of(checkout: Path) -> str:
     return done.stdout
 
 
-def one_start(python: str, program: str, cwd: str) -> tuple[float, float]:
-    """Wall and CPU seconds of one start that ends with the usage line."""
+def one_start(python: str, program: str, cwd: str, home: str) -> tuple[float, float]:
+    """Wall and CPU seconds of one start that ends with the usage line, as user whose home
+    is ``home`` (where a program that keeps its compiled code on the host keeps it)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
@@ -65,7 +66,7 @@ def one_start(python: str, program: str, cwd: str) -> tuple[float, float]:
         capture_output=True,
         text=True,
         check=False,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/"},
+        env={"PATH": "/usr/bin:/bin", "HOME": home},
         cwd=cwd,
     )
     wall = time.perf_counter() - start
@@ -82,20 +83,32 @@ def main() -> None:
     parser.add_argument("--old", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--python", action="append", default=[])
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="every start as on a host that keeps no compiled code (HOME=/): what a host pays"
+        " once per version; by default a home directory of the run's own, warmed by the"
+        " uncounted first start",
+    )
     args = parser.parse_args()
     programs = {"old": program_of(args.old), "new": program_of(ROOT)}
     for name, program in programs.items():
         print(f"{name}: {len(program.encode())} bytes")
-    with tempfile.TemporaryDirectory(prefix="bench-agent-start-") as cwd:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-agent-start-") as cwd,
+        tempfile.TemporaryDirectory(prefix="bench-agent-home-") as warm,
+    ):
+        home = "/" if args.cold else warm
         for python in args.python or ["/usr/bin/python3"]:
             samples: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
-            for name in programs:  # warm the page cache, not counted
-                one_start(python, programs[name], cwd)
+            for name in programs:  # warm the page cache (and the code cache), not counted
+                one_start(python, programs[name], cwd, home)
             for i in range(args.runs):
                 order = ("old", "new") if i % 2 == 0 else ("new", "old")
                 for name in order:
-                    samples[name].append(one_start(python, programs[name], cwd))
-            print(f"\n{python} ({args.runs} runs each)")
+                    samples[name].append(one_start(python, programs[name], cwd, home))
+            how = "no code cache (HOME=/)" if args.cold else "code cache warm"
+            print(f"\n{python} ({args.runs} runs each, {how})")
             print("| | old | new | new / old |")
             print("|---|---|---|---|")
             for label, index in (("wall ms", 0), ("cpu ms", 1)):

@@ -135,7 +135,7 @@ async def stop_timeline(daemon: procs.DaemonProcess, watch: StatusWatch) -> str:
 async def main_async(args: argparse.Namespace) -> None:
     """Every run, alternating the arms."""
     sshd = OpenSsh.create(Path(tempfile.mkdtemp(prefix="tl-sshd-", dir=SCRATCH)))
-    ops.clean_home(sshd)
+    home = ops.clean_home(sshd)
     workdir = Path(tempfile.mkdtemp(prefix="tl-", dir=SCRATCH))
     arms = [("new", str(ROOT))] + ([("old", args.old)] if args.old else [])
     try:
@@ -143,6 +143,8 @@ async def main_async(args: argparse.Namespace) -> None:
             for label, path in arms if run % 2 == 0 else arms[::-1]:
                 with on_pythonpath(path):
                     profile = args.profile / f"{label}-{run}.json" if args.profile else None
+                    if args.cold:  # the compiled code the agents keep on the "hosts"
+                        shutil.rmtree(home / ".cache", ignore_errors=True)
                     print(await one(sshd, workdir, args.hosts, label, profile), flush=True)
     finally:
         sshd.stop()
@@ -155,6 +157,12 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--old", help="a checkout to alternate with")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="empty the hosts' code cache before each run (the first start after an upgrade;"
+        " the 50 hosts here share one home, where 50 machines would each compile once)",
+    )
     parser.add_argument(
         "--profile", type=Path, help="a directory for py-spy profiles of each daemon (speedscope)"
     )

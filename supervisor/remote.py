@@ -31,6 +31,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -183,29 +184,41 @@ def agent_command(python: str) -> str:
 MAX_ARG_STRLEN: Final = 128 * 1024
 
 
+#: The module at the head of every program sent (``packed_program``), as plain text.
+CODECACHE_PATH: Final = Path(__file__).with_name("codecache.py")
+CODECACHE_MODULE: Final = "_reward_supervisor_codecache"
+
+
 @cache
 def packed_program(source: str, modules: tuple[tuple[str, str], ...] = ()) -> str:
-    """``source`` as a ``python -c`` program that decompresses and runs it, once it has run
-    each of ``modules`` (``(name, text)``) as a module registered under its name in
-    ``sys.modules``: under half their size, so the agent can grow for years below
-    ``MAX_ARG_STRLEN``. The agent finds this program again in its own command line
-    (``agent.own_source``) for its launcher and shepherds, which run it the same way."""
+    """``source`` as a ``python -c`` program that runs it, once it has run each of
+    ``modules`` (``(name, text)``) as a module registered under its name in ``sys.modules``.
+
+    The texts travel compressed (under half their size, so the agent can grow for years
+    below ``MAX_ARG_STRLEN``); ``codecache.py``, sent as plain text ahead of them, loads their
+    code as an earlier start on the host compiled it, or decompresses and compiles them and
+    keeps the code for the next start. The agent finds this program again in its own command
+    line (``agent.own_source``) for its launcher and shepherds, which run it the same way."""
     texts = [text for _, text in modules] + [source]
     if any("\0" in text for text in texts):
         raise ValueError("Python source holds no NUL byte, which separates the texts here")
-    packed = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"), 9))
-    # One blob compresses better than one per text. Base64, not the slightly smaller
-    # base85: b64decode is C, b85decode pure Python, and it ran in every start of the agent,
-    # its launcher and fresh shepherds (docs/BENCHMARKS.md, bench/bench_agent_start.py).
-    # The agent runs in the globals the packing's names (_t, _n, _m, base64, types, zlib)
-    # are in, and defines none of them.
+    # Base64, not the slightly smaller base85: its decoder is C, base85's pure Python.
+    packed = base64.b64encode(zlib.compress("\0".join(texts).encode("utf-8"), 9)).decode("ascii")
+    names = tuple(name for name, _ in modules)
+    cache_source = CODECACHE_PATH.read_text(encoding="utf-8")
+    # The program and the code that reads the cache: another version of either is another key.
+    key = hashlib.sha256(f"{packed}\0{names!r}\0{cache_source}".encode()).hexdigest()[:32]
+    # The agent runs in the globals the packing's names (sys, types, _c, _m, _n, _t) are in,
+    # and defines none of them.
     return (
-        "import base64,sys,types,zlib\n"
-        f"_t=zlib.decompress(base64.b64decode({packed.decode('ascii')!r})).split(b'\\0')\n"
-        f"for _n in {tuple(name for name, _ in modules)!r}:\n"
+        "import sys,types\n"
+        f"_c=sys.modules[{CODECACHE_MODULE!r}]=types.ModuleType({CODECACHE_MODULE!r})\n"
+        f"exec(compile({cache_source!r},'<reward-supervisor codecache>','exec'),_c.__dict__)\n"
+        f"_t=_c.codes({key!r},{packed!r},{names!r})\n"
+        f"for _n in {names!r}:\n"
         " _m=sys.modules[_n]=types.ModuleType(_n)\n"
-        " exec(compile(_t.pop(0),'<reward-supervisor '+_n+'>','exec'),_m.__dict__)\n"
-        "exec(compile(_t.pop(),'<reward-supervisor agent>','exec'))"
+        " exec(_t.pop(0),_m.__dict__)\n"
+        "exec(_t.pop())"
     )
 
 

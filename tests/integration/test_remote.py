@@ -843,15 +843,15 @@ async def test_agent_death_fails_in_flight_requests_and_agent_restarts(
 
 
 def test_agent_source_is_old_host_python_syntax_and_fits_one_argument() -> None:
-    """agent.py and the modules sent with it (safefiles.py) parse as the oldest host Python
-    the README promises, and what is sent of them (compressed) stays at most half of Linux's
-    128 KiB limit on one argv string."""
+    """agent.py and the modules sent with it (safefiles.py; codecache.py, plain, ahead of
+    them) parse as the oldest host Python the README promises, and what is sent of them stays
+    at most half of Linux's 128 KiB limit on one argv string."""
     import ast
 
     supervisor = Path(__file__).parents[2] / "supervisor"
     assert [path for _, path in remote.AGENT_MODULES] == [supervisor / "safefiles.py"]
     major, minor = (int(n) for n in pythons.OLDEST_HOST.split("."))
-    for path in (supervisor / "agent.py", supervisor / "safefiles.py"):
+    for path in (supervisor / "agent.py", supervisor / "safefiles.py", supervisor / "codecache.py"):
         ast.parse(path.read_text(), filename=str(path), feature_version=(major, minor))
     program = remote.packed_program(remote.agent_source(), remote.agent_modules())
     assert len(program.encode()) <= remote.MAX_ARG_STRLEN // 2
