@@ -413,7 +413,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.daemon import Daemon, run_process
     from supervisor.notify import Notifier
 
-    logs.configure(args.log_format, args.log_level, cache=True)
+    logs.configure(args.log_format, args.log_level, cache=True, background=True)
     cfg = _load_config(args.config)
     if args.standby:
         cfg = dataclasses.replace(cfg, ha=dataclasses.replace(cfg.ha, standby=True))

@@ -19,11 +19,14 @@ innocent name, or inside an exception message, is not caught.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import queue
 import re
 import sys
+import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Final, Literal, TextIO
 
@@ -187,22 +190,135 @@ _dropped_lines = 0
 
 def dropped_lines() -> int:
     """How many log lines could not be written since start (the stream broke: its reader
-    gone, a full disk)."""
+    gone, a full disk; or, written in the background, more than ``PENDING_MAX`` waited)."""
     return _dropped_lines
+
+
+def _count_dropped(lines: int) -> None:
+    global _dropped_lines
+    _dropped_lines += lines
+
+
+#: Lines waiting for the background writer, at most: a reader that stopped reading our
+#: stdout (journald stalled, a pipe nobody drains) costs this much memory (a few MB), then
+#: lines are dropped and counted, and the daemon goes on.
+PENDING_MAX: Final = 10_000
+#: Lines written at once, at most (one write and one flush per batch).
+BATCH_MAX: Final = 512
+#: At exit, the writer gets this long to write what is still queued.
+EXIT_FLUSH_S: Final = 2.0
+
+
+class _BackgroundWriter:
+    """Writes lines to a stream from a thread of its own.
+
+    A write to a full pipe blocks: with a log line written on the event loop, a reader of
+    our stdout that fell behind (the benchmark's, journald under load) stalled the daemon
+    for up to 30 ms a line, 0.4 s of one start of 50 hosts (docs/BENCHMARKS.md). The loop
+    now only queues the line (``SimpleQueue.put``, safe in a signal handler too); this
+    thread writes them in order, a batch per write. What cannot be written is dropped and
+    counted, as before.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._queue: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="rs-log-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, line: str) -> None:
+        """Queue ``line`` (with its newline), or count it dropped if too many wait."""
+        if self._queue.qsize() >= PENDING_MAX:
+            _count_dropped(1)
+            return
+        self._queue.put(line)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every line queued before this call is written (or dropped); False if
+        that took longer than ``timeout_s`` or the writer is gone."""
+        if not self._thread.is_alive():
+            return False
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Write what is queued (for at most ``timeout_s``), then end the thread."""
+        self.flush(timeout_s)
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            lines: list[str] = []
+            done: list[threading.Event] = []
+            while True:
+                if item is None:
+                    self._write(lines)
+                    return
+                if isinstance(item, threading.Event):
+                    done.append(item)
+                else:
+                    lines.append(item)
+                if len(lines) >= BATCH_MAX:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._write(lines)
+            for event in done:
+                event.set()
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        try:
+            self.stream.write("".join(lines))
+            self.stream.flush()
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            _count_dropped(len(lines))
+
+
+#: The writer of the current configuration, when it writes in the background.
+_writer: list[_BackgroundWriter] = []
+
+
+def flush(timeout_s: float = EXIT_FLUSH_S) -> bool:
+    """Wait until the lines logged so far are written (background writing only; True at
+    once otherwise); False if that took longer than ``timeout_s``."""
+    return _writer[0].flush(timeout_s) if _writer else True
+
+
+def stop_background() -> None:
+    """Write what is queued (for at most ``EXIT_FLUSH_S``) and end the background writer, if
+    one runs (at exit, and before ``configure`` replaces it)."""
+    while _writer:
+        _writer.pop().close(EXIT_FLUSH_S)
+
+
+atexit.register(stop_background)
 
 
 class _DroppingWriteLogger(structlog.WriteLogger):
     """structlog's ``WriteLogger``, but a line that cannot be written is dropped and counted,
     never raised: log calls sit in signal handlers and task roots, and a reader gone from
-    our stdout (EPIPE) ended the daemon, or swallowed a SIGTERM half-handled."""
+    our stdout (EPIPE) ended the daemon, or swallowed a SIGTERM half-handled. With a
+    background writer, the line is queued for it instead."""
+
+    def __init__(self, file: TextIO, writer: _BackgroundWriter | None = None) -> None:
+        super().__init__(file)
+        self._writer = writer
 
     def msg(self, message: str) -> None:
-        """Write and flush ``message``, or count it dropped."""
-        global _dropped_lines
+        """Queue ``message``, or write and flush it, or count it dropped."""
+        if self._writer is not None:
+            self._writer.write(message + "\n")
+            return
         try:
             super().msg(message)
         except (OSError, ValueError):  # ValueError: the stream was closed
-            _dropped_lines += 1
+            _count_dropped(1)
 
     log = debug = info = warn = warning = msg
     fatal = failure = err = error = critical = exception = msg
@@ -211,11 +327,12 @@ class _DroppingWriteLogger(structlog.WriteLogger):
 class _DroppingWriteLoggerFactory:
     """``logger_factory`` for ``structlog.configure``: ``_DroppingWriteLogger`` on ``file``."""
 
-    def __init__(self, file: TextIO) -> None:
+    def __init__(self, file: TextIO, writer: _BackgroundWriter | None) -> None:
         self._file = file
+        self._writer = writer
 
     def __call__(self, *args: Any) -> _DroppingWriteLogger:
-        return _DroppingWriteLogger(self._file)
+        return _DroppingWriteLogger(self._file, self._writer)
 
 
 class _LineHandler(logging.Handler):
@@ -226,9 +343,9 @@ class _LineHandler(logging.Handler):
     stdlib line and a structlog line never interleave.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, writer: _BackgroundWriter | None) -> None:
         super().__init__()
-        self._out = _DroppingWriteLogger(stream)
+        self._out = _DroppingWriteLogger(stream, writer)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -245,12 +362,15 @@ def configure(
     stream: TextIO | None = None,
     *,
     cache: bool = False,
+    background: bool = False,
 ) -> None:
     """Route structlog and stdlib logging to ``stream`` (default: stdout) in one format.
 
     ``auto`` means console on a terminal, JSON otherwise (journald, pipes, files).
     ``cache=True`` caches loggers on first use (faster; production only: tests that
-    capture logs need it off). Calling it again replaces the previous configuration.
+    capture logs need it off). ``background=True`` writes from a thread of its own (the
+    daemon: its event loop must never wait on its log's reader); ``flush`` waits for it.
+    Calling it again replaces the previous configuration (and writer).
     Raises ``ValueError`` for an unknown level.
     """
     try:
@@ -263,16 +383,20 @@ def configure(
     colors = tty and "NO_COLOR" not in os.environ
     shared = _shared_processors()
     renderers = _renderers(resolved, colors)
+    stop_background()
+    writer = _BackgroundWriter(out) if background else None
+    if writer is not None:
+        _writer.append(writer)
 
     structlog.configure(
         processors=[*shared, *renderers],
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         context_class=dict,
-        logger_factory=_DroppingWriteLoggerFactory(out),
+        logger_factory=_DroppingWriteLoggerFactory(out, writer),
         cache_logger_on_first_use=cache,
     )
 
-    handler = _LineHandler(out)
+    handler = _LineHandler(out, writer)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[

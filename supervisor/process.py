@@ -16,6 +16,8 @@ from typing import Any, Final
 
 import structlog
 
+from supervisor import logs
+
 log = structlog.get_logger("supervisor.daemon")
 
 #: What the exiting process waits for its I/O threads: on a hung mount (a dead NFS server, a
@@ -91,6 +93,7 @@ def run_process(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
             stuck_threads=len(stuck),
             reason="file operations that never returned (the run root hangs)",
         )
+        logs.flush()  # os._exit skips the atexit handler that would
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import CodeType
 
 import pytest
 
@@ -29,7 +30,7 @@ def packed(texts: tuple[str, ...] = TEXTS) -> str:
     return base64.b64encode(zlib.compress("\0".join(texts).encode())).decode("ascii")
 
 
-def run(codes: list[object]) -> int:
+def run(codes: list[CodeType]) -> int:
     """Run ``codes`` as the program does; the program's RESULT."""
     module: dict[str, object] = {}
     sys.modules["mod"] = type(sys)("mod")

@@ -29,6 +29,7 @@ def _restore_logging() -> Iterator[None]:
     levels = {n: logging.getLogger(n).level for n in (None, *logs.FOREIGN_LOGGERS)}
     handlers = list(root.handlers)
     yield
+    logs.stop_background()
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     for handler in [h for h in root.handlers if h not in handlers]:
@@ -343,3 +344,83 @@ def test_a_line_that_cannot_be_written_is_dropped_and_counted_never_raised(
     logs.configure(fmt, "info", stream=closed)
     structlog.get_logger("t").info("after.close")
     assert logs.dropped_lines() == before + 4
+
+
+def _read_lines(fd: int, into: list[dict[str, Any]]) -> threading.Thread:
+    """A thread reading JSON lines from ``fd`` into ``into`` until end of file."""
+
+    def read() -> None:
+        with os.fdopen(fd, encoding="utf-8") as pipe:
+            into.extend(json.loads(line) for line in pipe)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread
+
+
+def test_in_the_background_a_reader_that_stops_reading_never_blocks_a_log_call() -> None:
+    """Written in the background (the daemon), a megabyte of lines is logged while nobody
+    reads the pipe (16 times what it holds): every call returns; once read, every line is
+    there, structlog's and stdlib's, in the order logged, and ``flush`` says so."""
+    r, w = os.pipe()
+    out = os.fdopen(w, "w", encoding="utf-8")
+    logs.configure("json", stream=out, background=True)
+    payload = "x" * 1000
+    log, stdlib = structlog.get_logger(), logging.getLogger("asyncssh")
+    for i in range(1000):
+        if i % 10:
+            log.info("line", i=i, payload=payload)
+        else:
+            stdlib.warning("stdlib %d", i)
+    got: list[dict[str, Any]] = []
+    reader = _read_lines(r, got)
+    assert logs.flush(60.0)
+    logs.stop_background()
+    out.close()
+    reader.join(60.0)
+    assert [line.get("i", line["event"]) for line in got] == [
+        i if i % 10 else f"stdlib {i}" for i in range(1000)
+    ]
+
+
+def test_in_the_background_lines_past_the_bound_are_dropped_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the reader stopped, lines past ``PENDING_MAX`` waiting are dropped and counted,
+    and never block the caller; the ones kept come out in order."""
+    monkeypatch.setattr(logs, "PENDING_MAX", 50)
+    r, w = os.pipe()
+    out = os.fdopen(w, "w", encoding="utf-8")
+    logs.configure("json", stream=out, background=True)
+    before = logs.dropped_lines()
+    for i in range(3000):
+        structlog.get_logger().info("line", i=i, payload="y" * 1000)
+    # Kept at most: those waiting, a batch in the writer's hands, what the pipe holds.
+    assert logs.dropped_lines() - before >= 3000 - 50 - logs.BATCH_MAX - 70
+    got: list[dict[str, Any]] = []
+    reader = _read_lines(r, got)
+    assert logs.flush(60.0)
+    logs.stop_background()
+    out.close()
+    reader.join(60.0)
+    numbers = [line["i"] for line in got]
+    assert numbers == sorted(numbers) and len(numbers) == 3000 - (logs.dropped_lines() - before)
+
+
+def test_in_the_background_what_is_queued_is_written_at_exit(tmp_path: Path) -> None:
+    """A process that logs in the background and exits at once still writes every line
+    (the exit handler waits for the writer)."""
+    import subprocess
+    import sys
+
+    program = (
+        "import structlog\n"
+        "from supervisor import logs\n"
+        "logs.configure('json', background=True)\n"
+        "for i in range(2000):\n"
+        "    structlog.get_logger().info('line', i=i)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert [line["i"] for line in _lines(ran.stdout)] == list(range(2000))
