@@ -51,7 +51,9 @@ from bench.ab import Arm, imported_from, neutral_directory, on_pythonpath  # noq
 from bench.common import (  # noqa: E402
     SCRATCH,
     StatusWatch,
+    cpu_seconds,
     load_average,
+    machine_busy_s,
     machine_facts,
     median,
     raw_connection,
@@ -110,16 +112,22 @@ async def fleet(arm: Arm, sshd: OpenSsh, workdir: Path, hosts: int) -> None:
     name = f"{arm.name}-fleet-{time.monotonic_ns()}"
     config = ops.ours_config(sshd, workdir, hosts, root_name=name)
     watch = StatusWatch(workdir / name / "status" / f"worker-{i}.json" for i in range(hosts))
+    busy0 = machine_busy_s()
     spawned = time.time()
     daemon = await ops.start_daemon_process(config, workdir)
     try:
         t1 = await ops.wait_files(watch, ops.any_ready, f"{hosts} ready", 0.01)
         arm.add(f"start {hosts} -> all ready, ms", 1000 * (t1 - spawned))
+        arm.add(f"start {hosts}: machine CPU (every process), s", machine_busy_s() - busy0)
+        assert daemon.process is not None
+        arm.add(f"start {hosts}: the daemon's CPU, s", cpu_seconds(daemon.process.pid))
         pids = [p for p in ops.ready_pids(watch).values() if p is not None]
+        busy0 = machine_busy_s()
         t0 = time.time()
         await control.request(daemon.socket, "stop")
         t1 = await ops.wait_gone(pids, 0.005)
         arm.add(f"stop {hosts} -> none left, ms", 1000 * (t1 - t0))
+        arm.add(f"stop {hosts}: machine CPU (every process), s", machine_busy_s() - busy0)
         await daemon.wait_exit(120)
     finally:
         await stop_daemon(daemon)
@@ -133,8 +141,9 @@ async def floors(floor: Arm, sshd: OpenSsh, workdir: Path, hosts: int) -> None:
         start_s, stop_s, _busy = await ops._local_workers(root, 1)
         floor.add("worker's own start (spawn -> ready), ms", 1000 * start_s)
         floor.add("worker's own stop (SIGTERM -> gone), ms", 1000 * stop_s)
-    start_s, stop_s, _busy = await ops._local_workers(root, hosts)
+    start_s, stop_s, busy = await ops._local_workers(root, hosts)
     floor.add(f"{hosts} workers' own start, at once, locally, ms", 1000 * start_s)
+    floor.add(f"{hosts} workers' own start: machine CPU (every process), s", busy)
     floor.add(f"{hosts} workers' own stop, at once, locally, ms", 1000 * stop_s)
     conn = await raw_connection(sshd)
     async with conn:

@@ -28,6 +28,7 @@ from bench.ab import neutral_directory, on_pythonpath  # noqa: E402
 from bench.common import (  # noqa: E402
     SCRATCH,
     StatusWatch,
+    cpu_seconds,
     iso_to_epoch,
     load_average,
     machine_busy_s,
@@ -38,12 +39,6 @@ from tests.sshd import OpenSsh  # noqa: E402
 
 STEPS = ("ssh.connected", "agent.started", "host.launch_begin", "host.launched")
 STOP_STEPS = ("host.terminate", "host.terminated")
-
-
-def cpu_s(pid: int) -> float:
-    """A process's own CPU time so far (user + system), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one(
@@ -79,7 +74,7 @@ async def one(
         ready = await ops.wait_files(watch, ops.any_ready, "all ready", 0.01)
         machine = machine_busy_s() - machine_before
         assert daemon.process is not None
-        own = cpu_s(daemon.process.pid)
+        own = cpu_seconds(daemon.process.pid)
         if spy is not None:
             spy.send_signal(2)
             await spy.wait()
@@ -107,12 +102,12 @@ async def stop_timeline(daemon: procs.DaemonProcess, watch: StatusWatch) -> str:
     await asyncio.sleep(ops.BACKOFF_RESET_S + 0.5)  # wait-ok: as ops.py's stop 50
     pids = [p for p in ops.ready_pids(watch).values() if p is not None]
     assert daemon.process is not None
-    own0, machine0 = cpu_s(daemon.process.pid), machine_busy_s()
+    own0, machine0 = cpu_seconds(daemon.process.pid), machine_busy_s()
     asked = time.time()
     await control.request(daemon.socket, "stop")
     gone = await ops.wait_gone(pids, 0.005)
     machine = machine_busy_s() - machine0
-    own = cpu_s(daemon.process.pid) - own0
+    own = cpu_seconds(daemon.process.pid) - own0
     await daemon.wait_exit(120)
     logs = LogIndex(daemon)
     logs.update()
