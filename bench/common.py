@@ -193,6 +193,14 @@ def rss_bytes(pid: int) -> int:
     return pages * PAGE_SIZE
 
 
+def with_bytecode() -> None:
+    """Let the processes a benchmark starts write and reuse compiled bytecode, as an install
+    does (pip compiles at install): with ``PYTHONDONTWRITEBYTECODE`` set (this machine sets
+    it), every daemon start compiled its whole source again, ~100 ms before its first
+    connection that no installed daemon pays, and more for a larger checkout."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def machine_busy_s() -> float:
     """CPU seconds all cores have spent not idle since boot (/proc/stat), every process's."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]

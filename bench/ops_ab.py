@@ -57,6 +57,7 @@ from bench.common import (  # noqa: E402
     machine_facts,
     median,
     raw_connection,
+    with_bytecode,
 )
 from bench.procs import LogIndex, stop_daemon  # noqa: E402
 from supervisor import control  # noqa: E402
@@ -222,6 +223,7 @@ def main() -> None:
     parser.add_argument("--fleet", type=int, default=50, help="hosts of start and stop")
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args()
+    with_bytecode()
     old = Arm("old", os.path.realpath(args.old))
     new = Arm("new", str(ROOT))
     floor = Arm("floor", str(ROOT))

@@ -32,6 +32,7 @@ from bench.common import (  # noqa: E402
     iso_to_epoch,
     load_average,
     machine_busy_s,
+    with_bytecode,
 )
 from bench.procs import LogIndex, stop_daemon  # noqa: E402
 from supervisor import control  # noqa: E402
@@ -162,6 +163,7 @@ def main() -> None:
         "--profile", type=Path, help="a directory for py-spy profiles of each daemon (speedscope)"
     )
     args = parser.parse_args()
+    with_bytecode()
     if args.profile:
         args.profile = args.profile.resolve()
         args.profile.mkdir(parents=True, exist_ok=True)
