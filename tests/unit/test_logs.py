@@ -346,16 +346,22 @@ def test_a_line_that_cannot_be_written_is_dropped_and_counted_never_raised(
     assert logs.dropped_lines() == before + 4
 
 
-def _read_lines(fd: int, into: list[dict[str, Any]]) -> threading.Thread:
-    """A thread reading JSON lines from ``fd`` into ``into`` until end of file."""
+def _read_all_once_written(fd: int, out: io.TextIOWrapper) -> list[dict[str, Any]]:
+    """Start reading JSON lines from pipe ``fd``; once the background writer says all is
+    written (``flush``) and has ended, close its end ``out``: every line read."""
+    got: list[dict[str, Any]] = []
 
     def read() -> None:
         with os.fdopen(fd, encoding="utf-8") as pipe:
-            into.extend(json.loads(line) for line in pipe)
+            got.extend(json.loads(line) for line in pipe)
 
-    thread = threading.Thread(target=read)
-    thread.start()
-    return thread
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert logs.flush(60.0)
+    logs.stop_background()
+    out.close()
+    reader.join(60.0)
+    return got
 
 
 def test_in_the_background_a_reader_that_stops_reading_never_blocks_a_log_call() -> None:
@@ -372,12 +378,7 @@ def test_in_the_background_a_reader_that_stops_reading_never_blocks_a_log_call()
             log.info("line", i=i, payload=payload)
         else:
             stdlib.warning("stdlib %d", i)
-    got: list[dict[str, Any]] = []
-    reader = _read_lines(r, got)
-    assert logs.flush(60.0)
-    logs.stop_background()
-    out.close()
-    reader.join(60.0)
+    got = _read_all_once_written(r, out)
     assert [line.get("i", line["event"]) for line in got] == [
         i if i % 10 else f"stdlib {i}" for i in range(1000)
     ]
@@ -397,12 +398,7 @@ def test_in_the_background_lines_past_the_bound_are_dropped_and_counted(
         structlog.get_logger().info("line", i=i, payload="y" * 1000)
     # Kept at most: those waiting, a batch in the writer's hands, what the pipe holds.
     assert logs.dropped_lines() - before >= 3000 - 50 - logs.BATCH_MAX - 70
-    got: list[dict[str, Any]] = []
-    reader = _read_lines(r, got)
-    assert logs.flush(60.0)
-    logs.stop_background()
-    out.close()
-    reader.join(60.0)
+    got = _read_all_once_written(r, out)
     numbers = [line["i"] for line in got]
     assert numbers == sorted(numbers) and len(numbers) == 3000 - (logs.dropped_lines() - before)
 
