@@ -49,8 +49,10 @@ def cache_dir() -> str | None:
 
 
 def cache_name(key: str) -> str:
-    """The file of program ``key`` for this Python build."""
-    return f"code-{key}-{sys.implementation.cache_tag}.bin"
+    """The file of program ``key`` for this Python build (its version string's checksum too:
+    hosts sharing an NFS home with two builds of one version must not take turns at it)."""
+    build = zlib.crc32(sys.version.encode("utf-8", "replace"))
+    return f"code-{key}-{sys.implementation.cache_tag}-{build:08x}.bin"
 
 
 def _header(key: str) -> bytes:
