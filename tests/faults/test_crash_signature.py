@@ -101,8 +101,10 @@ async def test_bad_deploy_holds_restarts_on_one_signature_until_a_fixed_reload(
         assert {r["host"] for r in restarts_of(daemon, after=mark)} <= {canary}
 
     await hold_for(HOLD_S, only_the_canary_restarts)
+    # Before it formed, only the hosts whose crashes formed it restarted (each under its own
+    # backoff: on a loaded machine the first may crash again before the others' first launch).
     before = [r for r in restarts_of(daemon) if daemon.lines.index(r) < mark]
-    assert len([r for r in before if r["host"] != canary]) <= THRESHOLD, before
+    assert {r["host"] for r in before} <= set(found["hosts"]), before
     # The canary keeps trying, under its own backoff (cooldown 0.5 s doubling to 2 s): after
     # its first restart (at once), never two launches closer than the cooldown.
     canary_times = [wall(x) for x in events(daemon, "host.launch", host=canary)]
