@@ -42,6 +42,25 @@ STEPS = ("ssh.connected", "agent.started", "host.launch_begin", "host.launched")
 STOP_STEPS = ("host.terminate", "host.terminated")
 
 
+def spans(daemon: procs.DaemonProcess, steps: tuple[str, ...], since: float) -> list[str]:
+    """For each step the daemon logged from ``since`` on: when the first and the last host
+    reached it, in ms after ``since``."""
+    logs = LogIndex(daemon)
+    logs.update()
+    parts = []
+    for step in steps:
+        stamps = sorted(
+            t
+            for t in (iso_to_epoch(x["timestamp"]) for x in logs.by_event.get(step, []))
+            if t >= since
+        )
+        if stamps:
+            parts.append(
+                f"{step} {1000 * (stamps[0] - since):.0f}-{1000 * (stamps[-1] - since):.0f}"
+            )
+    return parts
+
+
 async def one(
     sshd: OpenSsh, workdir: Path, hosts: int, label: str, profile: Path | None = None
 ) -> str:
@@ -79,15 +98,7 @@ async def one(
         if spy is not None:
             spy.send_signal(2)
             await spy.wait()
-        logs = LogIndex(daemon)
-        logs.update()
-        parts = [label]
-        for step in STEPS:
-            stamps = sorted(iso_to_epoch(x["timestamp"]) for x in logs.by_event.get(step, []))
-            if stamps:
-                parts.append(
-                    f"{step} {1000 * (stamps[0] - spawned):.0f}-{1000 * (stamps[-1] - spawned):.0f}"
-                )
+        parts = [label, *spans(daemon, STEPS, spawned)]
         parts.append(f"all ready {1000 * (ready - spawned):.0f} ms")
         parts.append(f"CPU: daemon {own:.2f} s, machine {machine:.2f} s")
         parts.append(await stop_timeline(daemon, watch))
@@ -110,19 +121,7 @@ async def stop_timeline(daemon: procs.DaemonProcess, watch: StatusWatch) -> str:
     machine = machine_busy_s() - machine0
     own = cpu_seconds(daemon.process.pid) - own0
     await daemon.wait_exit(120)
-    logs = LogIndex(daemon)
-    logs.update()
-    parts = [f"stop {len(pids)}"]
-    for step in STOP_STEPS:
-        stamps = sorted(
-            t
-            for t in (iso_to_epoch(x["timestamp"]) for x in logs.by_event.get(step, []))
-            if t >= asked
-        )
-        if stamps:
-            parts.append(
-                f"{step} {1000 * (stamps[0] - asked):.0f}-{1000 * (stamps[-1] - asked):.0f}"
-            )
+    parts = [f"stop {len(pids)}", *spans(daemon, STOP_STEPS, asked)]
     parts.append(f"none left {1000 * (gone - asked):.0f} ms")
     parts.append(f"CPU: daemon {own:.2f} s, machine {machine:.2f} s")
     return "; ".join(parts)

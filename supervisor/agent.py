@@ -523,8 +523,9 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
     return None if ids is None else (ids[0], ids[1], ids[3])
 
 
-def proc_ids(pid: int) -> tuple[str, int, int, int] | None:
-    """``(state, pgid, sid, start_time)`` of ``pid``, or None if there is no such process."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (``[0]`` is field 3), or None
+    if there is no such process; any other OSError (hidepid) is raised."""
     try:
         # os.read, not open(): half the cost, and a sweep reads every process's.
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
@@ -537,7 +538,14 @@ def proc_ids(pid: int) -> tuple[str, int, int, int] | None:
             return None
         raise
     # The command name (field 2) is in parentheses and may itself contain ") ".
-    fields = data[data.rindex(b")") + 2 :].split()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def proc_ids(pid: int) -> tuple[str, int, int, int] | None:
+    """``(state, pgid, sid, start_time)`` of ``pid``, or None if there is no such process."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     # fields[0] is field 3 (state), [2] field 5 (pgrp), [3] field 6 (session), [19] field 22
     # (starttime).
     return fields[0].decode("ascii"), int(fields[2]), int(fields[3]), int(fields[19])
@@ -854,23 +862,22 @@ def shepherd_of(pid: int, start_time: int | None) -> tuple[int, int] | None:
     """``(pid, start_time)`` of the shepherd still holding dead worker ``pid`` (of
     ``start_time``) as its zombie, which it sweeps after; None where there is none (the
     worker alive, reaped, adopted from another supervisor, or its parent is not one)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    if start_time is None:
         return None
-    fields = data[data.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 (state), [1] field 4 (ppid), [19] field 22 (starttime).
-    if start_time is None or fields[0] != b"Z" or int(fields[19]) != start_time:
-        return None
-    parent = int(fields[1])
     try:
+        fields = stat_fields(pid)
+        # fields[0] is field 3 (state), [1] field 4 (ppid), [19] field 22 (starttime).
+        if fields is None or fields[0] != b"Z" or int(fields[19]) != start_time:
+            return None
+        parent = int(fields[1])
+        if parent <= 1:
+            return None
         with open(f"/proc/{parent}/comm", "rb") as f:
             comm = f.read().strip()
         ids = proc_ids(parent)
     except OSError:
         return None
-    if parent <= 1 or comm != SHEPHERD_NAME.encode() or ids is None or is_dead(ids):
+    if comm != SHEPHERD_NAME.encode() or ids is None or is_dead(ids):
         return None
     return parent, ids[3]
 
@@ -948,12 +955,10 @@ def exit_status(
     /proc/PID/stat, the status its parent will reap; the shepherd keeps the zombie until
     its exit record is written), else from that record; ``(None, None)`` when neither says."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        fields_ = stat_fields(pid)
     except OSError:
-        data = b""
-    if data:
-        fields_ = data[data.rindex(b")") + 2 :].split()
+        fields_ = None
+    if fields_ is not None:
         same = start_time is None or int(fields_[19]) == start_time
         if same and fields_[0] in (b"Z", b"X") and len(fields_) > 49:
             return wait_status_exit(int(fields_[49]))
