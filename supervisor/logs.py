@@ -187,6 +187,14 @@ def _renderers(fmt: Literal["json", "console"], colors: bool) -> list[Processor]
 
 
 _dropped_lines = 0
+_logged_lines = 0
+
+
+def logged_lines() -> int:
+    """How many log lines were logged since start: written, queued to be, or dropped. A
+    reader of our stdout that has ``logged_lines() - dropped_lines()`` lines (as of a status
+    reply) has every line logged before that reply, though it is written in the background."""
+    return _logged_lines
 
 
 def dropped_lines() -> int:
@@ -318,6 +326,8 @@ class _DroppingWriteLogger(structlog.WriteLogger):
 
     def msg(self, message: str) -> None:
         """Queue ``message``, or write and flush it, or count it dropped."""
+        global _logged_lines
+        _logged_lines += 1
         if self._writer is not None:
             self._writer.write(message + "\n")
             return

@@ -468,6 +468,7 @@ class Presenter:
             "uptime_s": round(now - self._facts.started_at, 3),
             "started_at": self._facts.started_wall,
             "stopping": self._facts.stopping,
+            "log_lines": logs.logged_lines(),
             "log_lines_dropped": logs.dropped_lines(),
             "on_exit": config.run.on_exit,
             "stop_grace_s": config.health.stop_grace_s,

@@ -26,6 +26,8 @@ from supervisor.seedimport import render_toml
 from tests.sshd import OpenSsh
 
 _NOTIFY_NUMBERS = itertools.count()
+#: How long a status reply waits for the log lines logged before it, at most.
+LOG_CATCH_UP_S = 10.0
 
 # The reference worker heartbeating fast, so tests see changes in fractions of a second.
 FAST_WORKER_ARGV = argv_template(heartbeat_interval_s=0.2)
@@ -191,8 +193,29 @@ class DaemonProcess:
         return match[0]
 
     async def status(self) -> dict[str, Any]:
-        """The daemon's ``status`` reply over the control socket."""
-        return await control.request(self.socket, "status")
+        """The daemon's ``status`` reply over the control socket, returned once every line the
+        daemon logged before the reply has been read (it writes its log from a thread of its
+        own, so a line can reach us after a reply it precedes)."""
+        reply: dict[str, Any] = await control.request(self.socket, "status")
+        await self._read_log_up_to(reply)
+        return reply
+
+    async def _read_log_up_to(self, reply: Mapping[str, Any]) -> None:
+        """Wait (at most ``LOG_CATCH_UP_S``) until we hold the lines logged before ``reply``."""
+        row = reply.get("daemon") or {}
+        logged = row.get("log_lines")
+        if not isinstance(logged, int):
+            return  # a standby's or an older daemon's reply: nothing to wait for
+        wanted = logged - int(row.get("log_lines_dropped") or 0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LOG_CATCH_UP_S):
+                while len(self.lines) < wanted and self.process is not None:
+                    if self.process.returncode is not None:
+                        return
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.05):
+                            await self._changed.wait()
 
     async def wait_status(
         self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str

@@ -83,6 +83,13 @@ async def test_status_human_and_json(running: tuple[DaemonProcess, Path]) -> Non
         } <= set(row)
         assert row["state"] == "ready" and row["ssh"] == "connected"
     assert status["daemon"]["running"] is True
+    # Every line logged before the reply reaches the daemon's stdout (none dropped); among
+    # them, both hosts' ready transitions.
+    daemon, logged = _daemon, status["daemon"]["log_lines"]
+    assert status["daemon"]["log_lines_dropped"] == 0
+    await daemon.wait_until(lambda: len(daemon.lines) >= logged, 30, f"{logged} log lines")
+    changed = {ln["host"] for ln in daemon.lines[:logged] if ln.get("event") == "host.state"}
+    assert changed >= {"worker-0", "worker-1"}
 
 
 async def test_config_may_come_from_the_environment(running: tuple[DaemonProcess, Path]) -> None:

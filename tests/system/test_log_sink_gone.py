@@ -98,12 +98,17 @@ async def test_sigterm_stops_the_fleet_after_the_log_reader_is_gone(
         assert victim is not None
         kill_quietly(victim)
 
+        # The lines are written (and found undeliverable) from the daemon's writer thread, a
+        # moment after the status that shows their effect: wait for the count as well.
         status = await status_when(
             socket,
-            lambda s: all_ready(s, 2) and host_pids(s)["worker-0"] not in (None, victim),
-            "worker-0 replaced",
+            lambda s: (
+                all_ready(s, 2)
+                and host_pids(s)["worker-0"] not in (None, victim)
+                and s["daemon"]["log_lines_dropped"] > 0
+            ),
+            "worker-0 replaced and the lines about it dropped",
         )
-        assert status["daemon"]["log_lines_dropped"] > 0
         pids = host_pids(status)
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(60):

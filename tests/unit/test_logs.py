@@ -334,11 +334,13 @@ def test_a_line_that_cannot_be_written_is_dropped_and_counted_never_raised(
     """structlog and stdlib records alike: a log call on a broken stream returns (it sits in
     signal handlers and task roots), and the count says how many lines were lost."""
     logs.configure(fmt, "info", stream=BrokenStream())
-    before = logs.dropped_lines()
+    before, logged = logs.dropped_lines(), logs.logged_lines()
     structlog.get_logger("t").info("daemon.stop_requested", by="SIGTERM")
     structlog.get_logger("t").error("history.not_saved", reason="x")
+    structlog.get_logger("t").debug("below.the.level")
     logging.getLogger("asyncssh").warning("a foreign record")
     assert logs.dropped_lines() == before + 3
+    assert logs.logged_lines() == logged + 3
     closed = io.StringIO()
     closed.close()
     logs.configure(fmt, "info", stream=closed)
@@ -393,7 +395,7 @@ def test_in_the_background_lines_past_the_bound_are_dropped_and_counted(
     r, w = os.pipe()
     out = os.fdopen(w, "w", encoding="utf-8")
     logs.configure("json", stream=out, background=True)
-    before = logs.dropped_lines()
+    before, logged = logs.dropped_lines(), logs.logged_lines()
     for i in range(3000):
         structlog.get_logger().info("line", i=i, payload="y" * 1000)
     # Kept at most: those waiting, a batch in the writer's hands, what the pipe holds.
@@ -401,6 +403,8 @@ def test_in_the_background_lines_past_the_bound_are_dropped_and_counted(
     got = _read_all_once_written(r, out)
     numbers = [line["i"] for line in got]
     assert numbers == sorted(numbers) and len(numbers) == 3000 - (logs.dropped_lines() - before)
+    # What a status reply's log_lines and log_lines_dropped tell a reader to expect.
+    assert logs.logged_lines() - logged - (logs.dropped_lines() - before) == len(got)
 
 
 def test_in_the_background_what_is_queued_is_written_at_exit(tmp_path: Path) -> None:
