@@ -364,6 +364,14 @@ def exit_record_of(spec: dict[str, Any], pid: int) -> dict[str, Any]:
     return record
 
 
+def worker_log_once_it_says(spec: dict[str, Any], text: str) -> str:
+    """The worker's log once it contains ``text``: the shepherd writes its "exited" line just
+    after the exit record (the record first, so that the daemon learns of the exit soonest)."""
+    log = Path(spec["log"])
+    wait_until(lambda: text in log.read_text(), f"{text!r} in the worker's log")
+    return log.read_text()
+
+
 def stop_and_await_shepherd(spec: dict[str, Any], launched: Launched) -> None:
     """SIGKILL the worker; wait for its exit record and its shepherd's end."""
     os.killpg(launched.pid, signal.SIGKILL)
@@ -512,8 +520,7 @@ def test_shepherd_shrugs_off_sigterm_sighup_sigint_and_still_records_the_exit(
     os.kill(launched.pid, signal.SIGTERM)
     record = exit_record_of(spec, launched.pid)
     assert record["signal"] == signal.SIGTERM
-    log = Path(spec["log"]).read_text()
-    assert f"worker pid {launched.pid} exited (signal {signal.SIGTERM})" in log
+    worker_log_once_it_says(spec, f"worker pid {launched.pid} exited (signal {signal.SIGTERM})")
 
 
 @pytest.mark.parametrize("filler_lines", [0, 500], ids=["short log", "log past the cap"])

@@ -34,6 +34,7 @@ from tests.integration.test_launcher import (
     make_spec,
     read_json,
     wait_until,
+    worker_log_once_it_says,
 )
 
 FAMILY_WORKER = Path(__file__).parent.parent / "family_worker.py"
@@ -150,8 +151,7 @@ def test_kill9_reaps_the_session_before_the_record_and_before_a_replacement(
     assert exit_record["reaped"] == FAMILY
     copies = later_exits(agent, news)
     assert copies[-1]["reaped"] == FAMILY, copies
-    log = Path(spec["log"]).read_text()
-    assert f"worker pid {launched.pid} exited (signal 9)" in log
+    worker_log_once_it_says(spec, f"worker pid {launched.pid} exited (signal 9)")
 
 
 def test_a_shepherd_that_cannot_sweep_leaves_it_to_the_agent(
@@ -195,8 +195,7 @@ def test_with_no_agent_the_shepherd_alone_reaps_the_session_before_the_record(
     assert [m for m in family if alive(m)] == [], "a family member outlived the record"
     assert exit_record["reaped"] == FAMILY
     assert "survivors" not in exit_record
-    log = Path(spec["log"]).read_text()
-    assert f"killed {FAMILY} left in its session" in log
+    worker_log_once_it_says(spec, f"killed {FAMILY} left in its session")
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)
