@@ -113,6 +113,7 @@ import importlib
 import json
 import math
 import multiprocessing
+import multiprocessing.context
 import os
 import resource
 import signal
@@ -733,6 +734,30 @@ def handles_signal(pid: int, sig: int) -> bool:
     return False
 
 
+class _PoolProcess(multiprocessing.context.SpawnProcess):
+    """A pool process, whose ``terminate`` is a SIGKILL.
+
+    The executor terminates the processes of a pool it finds broken, and only then. Ours
+    ignore SIGTERM (the coordinator decides when they end), so a SIGTERM would leave them
+    running, and from Python 3.12 the executor's manager thread then joins them holding the
+    executor's ``_shutdown_lock``, which ``submit`` takes: a coordinator that submits while
+    a pool breaks (a task file comes in, or a call ends and frees its slot, as a pool process
+    dies) would wait for that lock forever, with nobody left to kill them. SIGKILL ends
+    them, so the manager thread lets go and that submit raises BrokenProcessPool, which
+    :meth:`_Worker._submit` handles.
+    """
+
+    def terminate(self) -> None:
+        """SIGKILL the process: a SIGTERM is ignored by it."""
+        self.kill()
+
+
+class _PoolContext(multiprocessing.context.SpawnContext):
+    """The spawn start method, with :class:`_PoolProcess` processes."""
+
+    Process = _PoolProcess
+
+
 class _Pool:
     """One ``ProcessPoolExecutor`` and its processes.
 
@@ -745,13 +770,15 @@ class _Pool:
     def __init__(self, workers: int) -> None:
         self.executor = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=_PoolContext(),
             initializer=_pool_process_init,
             initargs=(os.getpid(),),
         )
         self.processes: Mapping[int, BaseProcess] = self.executor._processes
         self.manager: threading.Thread | None = None
         self.closed = False
+        #: Its break was seen through a task in flight (and logged): once per pool.
+        self.broken = False
 
     def submit(self, job: Job) -> Future[Outcome]:
         """Hand ``job`` to a pool process (started now if none is idle)."""
@@ -1149,7 +1176,10 @@ class _Worker:
     def _broken(self, job: _InFlight, exc: BrokenProcessPool) -> None:
         """``job``'s pool broke under it: replace the pool; answer the task with an error if
         this is its MAX_POOL_BREAKS-th break (it ran alone), else leave it to run alone."""
-        if job.pool is self.pool:
+        if not job.pool.broken:
+            # Not ``job.pool is self.pool``: a submit may have found the pool broken and
+            # replaced it first, and its break is still to be logged, once.
+            job.pool.broken = True
             _log("pool.broken", level="error", error=error_text(exc), task=job.task_id)
             self._retire(job.pool)
         breaks = self.breaks.get(job.name, 0) + 1
@@ -1163,7 +1193,7 @@ class _Worker:
     def _retire(self, pool: _Pool) -> None:
         """Kill what is left of a broken pool; the next task starts a new one."""
         pool.close(kill=True)
-        self.retired = [old for old in self.retired if not old.join(0)]
+        self.retired = [old for old in self.retired if old is not pool and not old.join(0)]
         self.retired.append(pool)
         if self.pool is pool:
             self.pool = None

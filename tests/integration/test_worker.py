@@ -660,6 +660,28 @@ def test_a_pool_process_that_dies_is_replaced_and_only_its_task_fails(
     wait_for(lambda: len(worker.pool_pids()) <= 3, "at most one pool of processes")
 
 
+def test_an_idle_pool_process_that_dies_costs_no_task(start_worker: StartWorker) -> None:
+    """An idle pool process killed (the OOM killer's pick) breaks the pool with nothing in
+    flight: the next task is scored on a new pool, by the same ready worker. On Python 3.12+
+    this hung the worker: the executor's manager thread joined the pool's other processes
+    (which ignore SIGTERM) while holding the lock that the next submit takes."""
+    worker = start_worker(concurrency=2)
+    ready = worker.wait_ready()
+    for i in range(2):
+        write_task(worker.root, task_record(f"warm{i}", "rewards_for_test.slow", seconds=0.3))
+    wait_for(lambda: len(worker.outbox()) == 2, "both warm-up results")
+    pool = wait_for(lambda: p if len(p := worker.pool_pids()) == 2 else None, "a pool of two")
+    os.kill(pool[0], signal.SIGKILL)
+    # Reaped: the executor has seen the death (its manager thread joins the pool's processes).
+    wait_for(lambda: not Path(f"/proc/{pool[0]}").exists(), "the dead pool process reaped")
+    write_task(worker.root, task_record("after"))
+    result = wait_for(lambda: worker.outbox().get("after"), "the task after the death")
+    assert (result["status"], result["score"]) == ("ok", 1.0)
+    status = worker.wait_status(lambda s: s["completed"] == 3, "the counters")
+    assert (status["errors"], status["ready"], status["pid"]) == (0, True, ready["pid"])
+    assert pool[1] not in worker.pool_pids()  # the broken pool's survivor is gone too
+
+
 # -- stopping ------------------------------------------------------------------------------
 
 
