@@ -691,11 +691,7 @@ def op_terminate(request: TerminateRequest) -> TerminateReply:
         outcome = "killed"
     if not leader:
         return TerminateReply(outcome, None)
-    shepherd = shepherd_of(pid, start_time)
-    if shepherd is not None:
-        reaped = swept_by_shepherd(request.spec, pid, start_time, shepherd)
-    else:
-        reaped = sweep_count(request.spec, pid, start_time)
+    reaped = sweep_count(request.spec, pid, start_time, shepherd_of(pid, start_time))
     # Its session at the SIGKILL counted, and the sweep's: mostly the same processes (the
     # sweep kills those the group's SIGKILL missed), so the larger count, not the sum.
     return TerminateReply(outcome, None if reaped is None else max(len(members), reaped))
@@ -882,21 +878,6 @@ def shepherd_of(pid: int, start_time: int | None) -> tuple[int, int] | None:
     return parent, ids[3]
 
 
-def swept_by_shepherd(
-    spec: dict[str, Any], pid: int, start_time: int, shepherd: tuple[int, int]
-) -> int | None:
-    """Once ``shepherd`` has ended, how many processes it killed in the session of dead worker
-    ``pid``, as its exit record says; where it did not (it hung past SHEPHERD_DONE_S, or ended
-    without the record), the agent sweeps, and says how many it killed. None: not swept
-    (``sweep_safe``)."""
-    if _wait_dead(shepherd[0], shepherd[1], SHEPHERD_DONE_S):
-        recorded, reaped = recorded_sweep(spec, pid, start_time)
-        if recorded:
-            return reaped
-    swept = sweep(pid, start_time)
-    return None if swept is None else len(swept[0])
-
-
 def recorded_sweep(spec: dict[str, Any], pid: int, start_time: int) -> tuple[bool, int | None]:
     """``(True, reaped)`` where worker ``pid`` (of ``start_time``)'s exit record is written:
     its shepherd swept (``reaped`` killed; None: unsafe to) before it wrote it."""
@@ -907,9 +888,15 @@ def recorded_sweep(spec: dict[str, Any], pid: int, start_time: int) -> tuple[boo
     return (True, reaped) if reaped is None or type(reaped) is int else (False, None)
 
 
-def sweep_count(spec: dict[str, Any], pid: int, start_time: int) -> int | None:
-    """How many processes dead worker ``pid`` left in its session were killed, where no live
-    shepherd is left to do it: by its shepherd, if its exit record says so, else now."""
+def sweep_count(
+    spec: dict[str, Any], pid: int, start_time: int, shepherd: tuple[int, int] | None = None
+) -> int | None:
+    """How many processes dead worker ``pid`` left in its session were killed: by its
+    shepherd, as its exit record says (once the live ``shepherd``, if one is given, has
+    ended: SHEPHERD_DONE_S at most), else by the agent now (no live shepherd, it hung, or it
+    ended without its record). None: not swept (``sweep_safe``)."""
+    if shepherd is not None:
+        _wait_dead(shepherd[0], shepherd[1], SHEPHERD_DONE_S)
     recorded, reaped = recorded_sweep(spec, pid, start_time)
     if recorded:
         return reaped
@@ -1133,7 +1120,7 @@ class ExitWatch:
     def _push_swept(entry: _Watched, news: WorkerExit, shepherd: tuple[int, int]) -> None:
         """Once the shepherd is done, the exit again with the count it (or, failing it, the
         agent) swept: the daemon keeps the larger count of the copies of one exit."""
-        reaped = swept_by_shepherd(entry.spec, entry.pid, entry.start_time, shepherd)
+        reaped = sweep_count(entry.spec, entry.pid, entry.start_time, shepherd)
         if reaped:
             with contextlib.suppress(Exception):
                 entry.send(push_line(replace(news, reaped=reaped)))
