@@ -476,10 +476,15 @@ class SilentListener:
         return self
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Keep one accepted connection open, silently, until the client leaves."""
+        """Keep one accepted connection open, silently, until the client leaves; then close
+        it (``aclose`` may have run before this handler did: the server's ``wait_closed``
+        waits for every connection)."""
         self.accepted += 1
         self._writers.append(writer)
-        await reader.read()  # until the client gives up; we never write
+        try:
+            await reader.read()  # until the client gives up; we never write
+        finally:
+            writer.close()
 
     async def aclose(self) -> None:
         """Close the listener and every held connection."""

@@ -1433,8 +1433,14 @@ async def test_listener_that_never_speaks_times_out_and_backs_off(
     accepted: list[asyncio.StreamWriter] = []
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Accept, keep the socket open, and never say a word."""
+        """Accept, keep the socket open, never say a word, and close it once the client has
+        gone: a connection whose handler had not run yet when the test closed the others
+        kept ``wait_closed`` (which waits for every connection, from 3.12) waiting for ever."""
         accepted.append(writer)
+        try:
+            await reader.read()
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(hold, "127.0.0.1", 0)
     try:
