@@ -78,6 +78,8 @@ AGENT_START_TIMEOUT_S: Final = 30.0
 #: A connection that stayed up this long resets the reconnect backoff; one that drops
 #: sooner (auth then disconnect, a flapping link) keeps backing off.
 STABLE_S: Final = 10.0
+#: SSH's port, on which a known_hosts line names a host without one (OpenSSH's rule).
+DEFAULT_SSH_PORT: Final = 22
 #: ``wait_closed()`` can hang on a peer that never answers our close.
 CLOSE_TIMEOUT_S: Final = 5.0
 #: sshd frees a finished session's slot only after it has processed our close, in a later
@@ -1349,7 +1351,18 @@ def algorithm_options(ssh: SshConfig) -> dict[str, Any]:
     return options
 
 
-def _trusted_hosts(path: Path) -> asyncssh.SSHKnownHosts:
+def _trusted_hosts(path: Path) -> Callable[[str, str, int | None], _Trusted]:
+    """asyncssh's known_hosts lookup for ``path`` (parsed, from the cache while the file is
+    unchanged), matching as OpenSSH matches (``known_hosts_name``)."""
+    parsed = _parsed_known_hosts(path)
+
+    def trusted(host: str, addr: str, port: int | None) -> _Trusted:
+        return _trusted_keys(parsed, host, port)
+
+    return trusted
+
+
+def _parsed_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
     """``path`` parsed, from the cache while the file is unchanged."""
     stamp = _stamp(path)
     hit = _known_hosts_cache.get(path)
@@ -1358,6 +1371,46 @@ def _trusted_hosts(path: Path) -> asyncssh.SSHKnownHosts:
     parsed = asyncssh.read_known_hosts(str(path))
     _known_hosts_cache[path] = (stamp, parsed)
     return parsed
+
+
+#: What a known_hosts lookup gives asyncssh: trusted keys, CA keys, revoked keys, then X.509
+#: certificates, revoked ones, subject names and revoked ones.
+_Trusted = tuple[
+    Sequence[asyncssh.SSHKey],
+    Sequence[asyncssh.SSHKey],
+    Sequence[asyncssh.SSHKey],
+    Sequence[Any],
+    Sequence[Any],
+    Sequence[Any],
+    Sequence[Any],
+]
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name a known_hosts line must carry for ``address:port``, as OpenSSH writes and
+    looks it up: the bare address on port 22, ``[address]:port`` on any other."""
+    return address if port == DEFAULT_SSH_PORT else f"[{address}]:{port}"
+
+
+def _trusted_keys(parsed: asyncssh.SSHKnownHosts, host: str, port: int | None) -> _Trusted:
+    """The keys ``parsed`` trusts for ``host`` on ``port`` (None: asyncssh's way of saying
+    22), by OpenSSH's rule (``sshconnect.c``, ``check_host_key``), not asyncssh's.
+
+    OpenSSH looks the host up under the name it was given: ``[name]:port`` on a port other
+    than 22, in plain or hashed (``|1|``) lines alike; when no line has that name, it tries
+    the bare name (a line written for port 22). It never trusts a key for the address the
+    name resolved to (``CheckHostIP`` only adds warnings, and is off since 8.5). asyncssh
+    also matches that address: a host configured as ``worker-3`` would be trusted by a line
+    for ``10.0.0.13``, which OpenSSH refuses. So asyncssh is asked about the name alone,
+    with no address, one name at a time. X.509 is off (``x509_trusted_certs=None``): its
+    entries are not passed on.
+    """
+    name = known_hosts_name(host, port or DEFAULT_SSH_PORT)
+    keys, ca_keys, revoked, *_ = parsed.match(name, "", None)
+    if not (keys or ca_keys) and name != host:
+        keys, ca_keys, bare_revoked, *_ = parsed.match(host, "", None)
+        revoked = [*revoked, *bare_revoked]
+    return (keys, ca_keys, revoked, (), (), (), ())
 
 
 def _client_keys(paths: tuple[Path, ...]) -> list[asyncssh.SSHKeyPair] | None:
@@ -1376,6 +1429,27 @@ def _client_keys(paths: tuple[Path, ...]) -> list[asyncssh.SSHKeyPair] | None:
     pairs = list(asyncssh.load_keypairs([str(path) for path in paths]))
     _client_keys_cache[paths] = (stamps, pairs)
     return pairs
+
+
+def host_key_advice(known_hosts: Path, address: str, port: int) -> str:
+    """What to put in ``known_hosts`` so that ``address:port`` is trusted: the line's form
+    (OpenSSH's), and why a line the file has for the host does not count."""
+    name = known_hosts_name(address, port)
+    scan = "reward-supervisor init --scan shows the key and its fingerprint, to check on the host"
+    try:
+        parsed = _parsed_known_hosts(known_hosts)
+    except (OSError, ValueError):
+        return f"it needs a line '{name} KEYTYPE KEY'; {scan}"
+    if _trusted_keys(parsed, address, port)[0]:
+        return (
+            f"the key it has for {address} on port {port} is not the one the host showed: the"
+            " host's key changed, or this is not that host; check on the host before"
+            " replacing the line (a changed key is never accepted)"
+        )
+    return (
+        f"it has no line for '{name}' (OpenSSH's form; a line for the address a name"
+        f" resolves to does not count, as in OpenSSH); {scan}"
+    )
 
 
 def _spec_json(spec: LaunchSpec) -> dict[str, Any]:
@@ -1421,7 +1495,7 @@ def _connect_failure(exc: BaseException, host: HostConfig, ssh: SshConfig) -> st
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         return (
             f"host key of {where} is not trusted by {ssh.known_hosts} ({exc.reason});"
-            " unknown or changed keys are never accepted: check the host, then fix known_hosts"
+            f" {host_key_advice(ssh.known_hosts, host.address, host.port)}"
         )
     if isinstance(exc, asyncssh.PermissionDenied):
         user = host.username or ssh.username

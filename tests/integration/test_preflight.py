@@ -149,6 +149,24 @@ async def test_wrong_host_key_and_refused_login_are_told_apart(
     assert preflight.failures(report) == ["worker-1: ssh"]
 
 
+async def test_an_untrusted_host_key_says_which_known_hosts_line_is_missing(
+    sshd: OpenSsh, tmp_path: Path
+) -> None:
+    """A host on a port other than 22 that known_hosts has no line for fails ``ssh`` with the
+    line it needs, in OpenSSH's ``[address]:port`` form; one whose key differs is told apart
+    (a changed key is checked on the host, never replaced blindly)."""
+    root = tmp_path / "run"
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    report = await check(make_config(sshd, root, ssh={"known_hosts": str(empty)}))
+    detail = checks_of(report)[CheckName.SSH].detail
+    assert f"it has no line for '[127.0.0.1]:{sshd.port}'" in detail, detail
+    assert "reward-supervisor init --scan" in detail
+    wrong = make_config(sshd, root, ssh={"known_hosts": str(sshd.wrong_known_hosts)})
+    detail = checks_of(await check(wrong))[CheckName.SSH].detail
+    assert f"the key it has for 127.0.0.1 on port {sshd.port} is not the one" in detail, detail
+
+
 async def test_a_missing_python_fails_python_and_skips_what_needs_it(
     sshd: OpenSsh, tmp_path: Path
 ) -> None:

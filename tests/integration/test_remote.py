@@ -1394,6 +1394,94 @@ def free_port() -> int:
     return ports.reserve("127.0.0.1")
 
 
+def _known_hosts_text(openssh: OpenSsh, lines: str) -> str:
+    """``lines`` (``NAME right|wrong`` each) as known_hosts text: the server's real key, or a
+    key it does not have; ``PORT`` in a name is the server's port."""
+    keys = {
+        "right": " ".join(openssh.known_hosts.read_text().split("\n", 1)[0].split()[1:3]),
+        "wrong": " ".join(openssh.wrong_known_hosts.read_text().split("\n", 1)[0].split()[1:3]),
+    }
+    return "".join(
+        f"{name.replace('PORT', str(openssh.port))} {keys[which]}\n"
+        for name, which in (line.split() for line in lines.split(";"))
+    )
+
+
+def _write_known_hosts(path: Path, openssh: OpenSsh, lines: str, *, hashed: bool) -> Path:
+    """``path`` holding ``_known_hosts_text``, its names hashed by ``ssh-keygen -H`` if asked."""
+    path.write_text(_known_hosts_text(openssh, lines))
+    if hashed:
+        subprocess.run(["ssh-keygen", "-H", "-f", str(path)], check=True, capture_output=True)
+        assert all(line.startswith("|1|") for line in path.read_text().splitlines())
+    return path
+
+
+def _openssh_accepts(openssh: OpenSsh, known_hosts: Path, address: str) -> bool:
+    """Whether OpenSSH's own client, with only ``known_hosts``, trusts the server."""
+    done = subprocess.run(
+        [
+            *("ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={known_hosts}"),
+            *("-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes"),
+            *("-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", str(openssh.client_key)),
+            *("-p", str(openssh.port), f"{openssh.username}@{address}", "true"),
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    if done.returncode not in (0, 255):
+        pytest.fail(f"ssh exited {done.returncode}: {done.stderr}")
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["plain", "hashed"])
+@pytest.mark.parametrize(
+    ("address", "lines", "trusted"),
+    [
+        ("127.0.0.1", "[127.0.0.1]:PORT right", True),
+        # No line for [127.0.0.1]:PORT: OpenSSH tries the bare name (port 22's line).
+        ("127.0.0.1", "127.0.0.1 right", True),
+        ("127.0.0.1", "[127.0.0.1]:2222 right", False),
+        # A line for [127.0.0.1]:PORT with another key: no falling back to the bare name.
+        ("127.0.0.1", "[127.0.0.1]:PORT wrong;127.0.0.1 right", False),
+        ("127.0.0.1", "127.0.0.1 wrong", False),
+        # A host configured by name is never trusted by a line for the address it resolves to.
+        ("localhost", "[127.0.0.1]:PORT right", False),
+        ("localhost", "127.0.0.1 right", False),
+        ("localhost", "[localhost]:PORT right", True),
+    ],
+)
+async def test_known_hosts_lines_count_exactly_as_in_openssh(
+    openssh: OpenSsh,
+    run_root: Path,
+    tmp_path: Path,
+    address: str,
+    lines: str,
+    trusted: bool,
+    hashed: bool,
+) -> None:
+    """A host is trusted by exactly the known_hosts lines OpenSSH's own client trusts it by
+    with the same file, plain or hashed: ``[address]:port``, else the bare address when no
+    line names that, never another port's line or the resolved address's; a refusal says
+    which line is needed."""
+    known_hosts = _write_known_hosts(tmp_path / "known_hosts", openssh, lines, hashed=hashed)
+    assert _openssh_accepts(openssh, known_hosts, address) is trusted
+    config = hosts_on(
+        make_config(openssh, run_root, ssh={"known_hosts": str(known_hosts)}), address
+    )
+    async with maintained(config, connect=False) as h:
+        await wait_until(lambda: h.events, "the first outcome")
+    [(up, reason)] = h.events
+    assert up is trusted, reason
+    if not trusted:
+        assert h.remote.last_failure is FailureKind.HOST_KEY
+        changed = "wrong" in lines
+        assert (f"no line for '[{address}]:{openssh.port}'" in reason) is not changed, reason
+        assert ("is not the one the host showed" in reason) is changed, reason
+
+
 #: Backoff bounds for the unreachable-host tests: short enough to see several attempts.
 FAST_RETRY = {"reconnect_min_s": 0.2, "reconnect_max_s": 0.4}
 #: How long the unreachable-host tests watch the retry loop.
