@@ -162,14 +162,18 @@ def layout_of(config: Config) -> RunLayout:
     return RunLayout(config.run.root)
 
 
-def ensure_run_dirs(config: Config) -> None:
-    """Create ``ctl/ status/ outbox/ inbox/<shard>/`` (existing ones are left as they are,
-    but must be real directories: one that is a symlink raises UnsafeFileError)."""
+def run_dirs(config: Config) -> tuple[Path, ...]:
+    """Every directory of the run under its root, parents first: ``ctl/ status/ outbox/
+    inbox/ inbox/<shard>/``."""
     layout = layout_of(config)
     shards = (layout.shard_inbox(shard) for shard in range(config.run.shard_count))
-    runfiles.ensure_dirs(
-        layout.root, (layout.ctl, layout.status_dir, layout.outbox, layout.inbox, *shards)
-    )
+    return (layout.ctl, layout.status_dir, layout.outbox, layout.inbox, *shards)
+
+
+def ensure_run_dirs(config: Config) -> None:
+    """Create the run root and ``run_dirs`` (existing ones are left as they are, but must be
+    real directories: one that is a symlink raises UnsafeFileError)."""
+    runfiles.ensure_dirs(config.run.root, run_dirs(config))
 
 
 def workers_list(config: Config) -> list[dict[str, Any]]:

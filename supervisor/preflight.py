@@ -521,8 +521,38 @@ def _notes(report: Report, options: Options) -> list[str]:
         f"run root {report.root}: nonce files written here, read on each host, then removed.",
     ]
     if report.created:
-        notes.append(f"created (as run would): {', '.join(report.created)}")
+        notes.append(f"created (as run would): {created_text(report.root, report.created)}")
     return notes
+
+
+def created_text(root: str, created: Sequence[str]) -> str:
+    """The directories created, briefly: those under the run root relative to it, and the
+    shards' inboxes as ranges (a thousand shards are one phrase, not a thousand paths)."""
+    named: list[str] = []
+    shards: list[int] = []
+    inbox = os.path.join(root, "inbox") + os.sep
+    for path in created:
+        tail = path.removeprefix(inbox)
+        if tail != path and tail.isdigit():
+            shards.append(int(tail))
+        elif path.startswith(root + os.sep):
+            named.append(os.path.relpath(path, root) + "/")
+        else:
+            named.append(path)
+    if shards:
+        named.append(f"inbox/N/ for shard{'s' * (len(shards) > 1)} {_ranges(sorted(shards))}")
+    return ", ".join(named)
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """``0-3, 7`` for ``[0, 1, 2, 3, 7]``."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def as_json(report: Report, options: Options) -> dict[str, Any]:
@@ -605,10 +635,11 @@ async def check_fleet(config: Config, options: Options) -> Report:
 
 
 def _prepare(config: Config) -> list[str]:
-    """Create the run directories ``run`` would; the ones that were missing."""
-    run_dir = layout.layout_of(config)
-    wanted = [run_dir.root, run_dir.ctl, run_dir.status_dir]
-    missing = [str(p) for p in wanted if not p.is_dir()]
+    """Create the run directories ``run`` would; every directory that was missing, the run
+    root's missing parents included, parents first."""
+    root = config.run.root
+    wanted = [*reversed(root.parents), root, *layout.run_dirs(config)]
+    missing = [str(p) for p in wanted if not os.path.lexists(p)]
     try:
         layout.ensure_run_dirs(config)
     except OSError as exc:

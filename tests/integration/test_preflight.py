@@ -92,12 +92,19 @@ async def test_a_healthy_fleet_passes_every_check_and_leaves_no_file(
     sshd: OpenSsh, tmp_path: Path
 ) -> None:
     """Three hosts: every check passes, the clock interval holds the true offset (zero: one
-    machine), the module is found where it is, and no nonce or probe file remains."""
+    machine), the module is found where it is, no nonce or probe file remains, and the
+    report names every directory it created, the run root's parent included."""
     root = tmp_path / "shared" / "run 1"
     config = make_config(sshd, root, hosts=3)
     report = await check(config)
     assert report.ok, preflight.render(report, ROOMY)
-    assert set(report.created) == {str(root), str(root / "ctl"), str(root / "status")}
+    # Exactly the directories that exist now and did not before, parents first.
+    made = [root.parent, root, *(root / d for d in ("ctl", "status", "outbox", "inbox"))]
+    made += [root / "inbox" / str(shard) for shard in range(3)]
+    assert list(report.created) == [str(p) for p in made]
+    assert {str(p) for p in root.parent.rglob("*") if p.is_dir()} | {str(root.parent)} == set(
+        report.created
+    )
     for host in ("worker-0", "worker-1", "worker-2"):
         found = checks_of(report, host)
         assert [c.status for c in found.values()] == [

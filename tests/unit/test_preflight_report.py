@@ -188,3 +188,13 @@ def test_a_host_too_old_for_hostcheck_fails_python_and_skips_the_rest() -> None:
     )
     later = list(CheckName)[list(CheckName).index(CheckName.PYTHON) + 1 :]
     assert later and all(checks[name].status is Status.SKIP for name in later)
+
+
+def test_what_was_created_is_named_briefly_with_shard_inboxes_as_ranges() -> None:
+    """The run root's parent by its path, the run's directories relative to the root, and
+    the shards' inboxes as ranges: every directory is named, a thousand in one phrase."""
+    created = ["/s", "/s/r", "/s/r/ctl", "/s/r/inbox", *(f"/s/r/inbox/{n}" for n in range(1000))]
+    created += ["/s/r/inbox/1002"]
+    text = preflight.created_text("/s/r", created)
+    assert text == "/s, /s/r, ctl/, inbox/, inbox/N/ for shards 0-999, 1002"
+    assert preflight.created_text("/r", ["/r/inbox/3"]) == "inbox/N/ for shard 3"
