@@ -325,6 +325,21 @@ def test_check_config_exit_codes() -> None:
             assert line.split(":")[0] in bad.stderr, (path.name, line, bad.stderr)
 
 
+def test_every_shipped_example_passes_its_own_check() -> None:
+    """``check-config`` on each example config the project ships (``systemd/*.toml``) is ok
+    and warns of nothing but the SSH files it names that this machine lacks: an example
+    that cannot beat the trainer would teach its reader the wrong numbers."""
+    repo = Path(__file__).parent.parent.parent
+    examples = sorted((repo / "systemd").glob("*.toml"))
+    assert examples
+    for example in examples:
+        checked = cli("check-config", str(example), "--json")
+        assert checked.returncode == 0, checked.stderr
+        warnings = json.loads(checked.stdout)["warnings"]
+        assert {w["key"] for w in warnings} <= {"ssh.known_hosts", "ssh.client_keys[0]"}, warnings
+        assert all(" does not exist: " in w["reason"] for w in warnings), warnings
+
+
 def test_check_config_json_lists_every_problem_with_its_key() -> None:
     """check-config --json: ok with the counts for a good file; for a bad one exit 2 and
     one object per problem, the same problems the text form prints."""
