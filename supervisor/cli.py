@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "check-config",
         cmd_check_config,
-        "validate a config file: every problem, exit 2; missing SSH files are warnings",
+        "validate a config file: every problem, exit 2; missing SSH files, settings that cannot"
+        " beat the trainer and a run.reward_fn the worker's python here cannot find are warnings",
     )
     # No environment default here: the file given on the command line, either way, must be
     # told apart from the environment's to refuse two different ones.
@@ -233,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "preflight",
         cmd_preflight,
         "check every host before the first run: SSH login, python, the worker module,"
-        " the shared run root, status/ and ctl/ writable, clock, free disk",
+        " run.reward_fn, the shared run root, status/ and ctl/ writable, clock, free disk",
     )
     with_config(p)
     with_json(p)
@@ -262,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--import-module",
         action="store_true",
-        help="import the worker's module on each host instead of only locating it"
-        " (runs its import-time code)",
+        help="import the worker's module and run.reward_fn's on each host instead of only"
+        " locating them, and find the reward function in its module (runs their import-time"
+        " code)",
     )
 
     p = command("cleanup", cmd_cleanup, "delete the run directory (inside cleanup_prefix only)")
@@ -798,10 +800,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     warnings (SSH files missing or empty) go to stderr either way."""
     path = _check_config_path(args)
     checked = config_mod.check(path)
+    here = None
+    warnings = list(checked.warnings)
+    if checked.config is not None:
+        from supervisor import preflight
+
+        here = preflight.reward_fn_here(checked.config)
+        if here.problem is not None:
+            warnings.append(ConfigProblem(path, "run.reward_fn", here.problem))
     if args.json:
         report: dict[str, Any] = {
             "ok": checked.config is not None,
-            "warnings": [_problem_json(w) for w in checked.warnings],
+            "warnings": [_problem_json(w) for w in warnings],
         }
         if checked.config is None:
             report["problems"] = [_problem_json(p) for p in checked.problems]
@@ -809,18 +819,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             cfg = checked.config
             report |= {"summary": cfg.summary(), "hosts": len(cfg.hosts)}
             report |= {"shards": cfg.run.shard_count, "root": str(cfg.run.root)}
+        if here is not None:
+            report["reward_fn"] = here.as_json()
         print(json.dumps(report, sort_keys=True))
         return EXIT_OK if checked.config is not None else EXIT_USAGE
     for problem in checked.problems:
         print(problem, file=sys.stderr)
-    for warning in checked.warnings:
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if checked.config is None:
-        count, warned = len(checked.problems), len(checked.warnings)
+        count, warned = len(checked.problems), len(warnings)
         also = f", {warned} warning{'s' * (warned != 1)}" if warned else ""
         print(f"{path}: {count} problem{'s' * (count != 1)}{also}", file=sys.stderr)
         return EXIT_USAGE
     print(checked.config.summary())
+    if here is not None and here.problem is None:
+        # A note (not checked here) goes with the warnings; a check that passed, with the summary.
+        print(terminal_text(here.line), file=sys.stderr if here.check is None else sys.stdout)
     return EXIT_OK
 
 

@@ -60,7 +60,10 @@ DEFAULT_ARGV: Final = (
     "--concurrency",
     "{concurrency}",
 )
-DEFAULT_REWARD_FN: Final = "areal.reward.gsm8k.gsm8k_reward_fn"
+#: The reward fn the manifest names (and a probe sends) when the config names none: one the
+#: AReaL shared-FS worker our users run has (``areal.reward.gsm8k`` is upstream AReaL's,
+#: and missing there). ``preflight`` checks that the workers can import it.
+DEFAULT_REWARD_FN: Final = "areal.reward.simple_answer.simple_answer_reward_fn"
 
 # A worker beats about once a second; a stale threshold under three beats restarts healthy
 # workers on scheduler noise, and no Python worker imports and reports ready in under 2 s.

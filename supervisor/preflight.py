@@ -68,6 +68,7 @@ class CheckName(StrEnum):
     SSH = "ssh"
     PYTHON = "python"
     MODULE = "module"
+    REWARD_FN = "reward_fn"
     RUN_ROOT = "run_root"
     WRITABLE = "writable"
     CLOCK = "clock"
@@ -79,6 +80,7 @@ TITLES: Final[Mapping[CheckName, str]] = {
     CheckName.SSH: "SSH",
     CheckName.PYTHON: "PYTHON",
     CheckName.MODULE: "MODULE",
+    CheckName.REWARD_FN: "REWARD FN",
     CheckName.RUN_ROOT: "RUN ROOT",
     CheckName.WRITABLE: "STATUS/ CTL/",
     CheckName.CLOCK: "CLOCK",
@@ -125,7 +127,8 @@ class Options:
     #: The whole run: hosts still unanswered then are reported as hung.
     timeout_s: float = 60.0
     min_free_bytes: int = 1 << 30
-    #: Import the worker's module instead of only locating it.
+    #: Import the worker's module and ``run.reward_fn``'s instead of only locating them (and
+    #: then the reward function must be in its module, and callable).
     import_module: bool = False
 
 
@@ -247,6 +250,7 @@ def evaluate(
     sent_wall: float,
     answered_wall: float,
     options: Options,
+    reward_fn: str = "",
 ) -> list[Check]:
     """Every check of a host that answered; ``sent_wall``/``answered_wall`` are our wall-clock
     times around the command (the host read its clock in between)."""
@@ -255,6 +259,7 @@ def evaluate(
         return [_ssh_ok(address), python, *_skipped(CheckName.PYTHON)]
     checks = [_ssh_ok(address), python]
     checks.append(_module(reply, module, module_argv, options))
+    checks.append(_reward_fn(reply, reward_fn, options))
     root = _run_root(reply)
     checks.append(root)
     if root.status is Status.OK:
@@ -334,6 +339,41 @@ def _module(
         status=Status.FAIL,
         cell="HUNG" if code == "hung" else "FAIL",
         detail=f"{what}, with worker.env: {error}",
+        code=code,
+        values=values,
+    )
+
+
+def _reward_fn(reply: Mapping[str, Any], reward_fn: str, options: Options) -> Check:
+    """``run.reward_fn``: its module found by the worker's interpreter (with ``worker.env``,
+    in the run root), or imported and the function in it, with ``--import-module``."""
+    raw = reply.get("reward_fn")
+    result: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+    values: dict[str, Any] = {"reward_fn": reward_fn}
+    how = "imported, the function found" if options.import_module else "module located"
+    if result.get("found") is True:
+        origin = _str(result.get("origin")) or "?"
+        values["origin"] = origin
+        detail = f"run.reward_fn {reward_fn}: {how}, {origin}"
+        return Check(
+            name=CheckName.REWARD_FN, status=Status.OK, cell="ok", detail=detail, values=values
+        )
+    error = _str(result.get("error")) or "no answer from the reward fn check"
+    values["error"] = error
+    if result.get("hung") is True:
+        code = "hung"
+    elif result.get("no_function") is True:
+        code = "no_function"  # the module imports, but has no such callable
+    elif result.get("raised") is True:
+        code = "import_failed"
+    else:
+        code = "not_found"
+    return Check(
+        name=CheckName.REWARD_FN,
+        status=Status.FAIL,
+        cell="HUNG" if code == "hung" else "FAIL",
+        detail=f"run.reward_fn {reward_fn}: {error} (the worker's interpreter, with"
+        " worker.env): every task naming it would be answered with an error",
         code=code,
         values=values,
     )
@@ -518,6 +558,13 @@ def _notes(report: Report, options: Options) -> list[str]:
         CLOCK_NOTE,
         f"module: the module after -m in worker.argv, {how}, by the worker's interpreter with"
         " worker.env in the run root (as the launch does); without -m, argv[0] on PATH.",
+        "reward fn: run.reward_fn's module "
+        + (
+            "imported and the function found in it"
+            if options.import_module
+            else "located, not imported (--import-module imports it and finds the function)"
+        )
+        + ", the same way.",
         f"run root {report.root}: nonce files written here, read on each host, then removed.",
     ]
     if report.created:
@@ -588,9 +635,95 @@ def as_json(report: Report, options: Options) -> dict[str, Any]:
         "notes": {
             "clock": CLOCK_NOTE,
             "module": "imported" if options.import_module else "located, not imported",
+            "reward_fn": "imported" if options.import_module else "located, not imported",
             "min_free_bytes": options.min_free_bytes,
         },
     }
+
+
+# --- on this machine (check-config) ---------------------------------------------------------
+
+#: How long check-config waits for the worker's interpreter here to find the reward fn.
+HERE_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Here:
+    """``run.reward_fn`` checked on this machine: the check, or why it could not be."""
+
+    check: Check | None
+    python: str
+    not_checked: str = ""
+
+    @property
+    def problem(self) -> str | None:
+        """What check-config warns of: the reward fn is not found here; None otherwise."""
+        if self.check is None or self.check.status is not Status.FAIL:
+            return None
+        fn, error = self.check.values["reward_fn"], self.check.values["error"]
+        return (
+            f"{fn}: {error} (by {self.python} here, with worker.env): every task naming it"
+            " would be answered with an error; preflight checks every host"
+        )
+
+    @property
+    def line(self) -> str:
+        """What check-config says of it when it is no warning."""
+        if self.check is None:
+            return f"note: run.reward_fn not checked here: {self.not_checked}"
+        return f"{self.check.detail} (by {self.python} here; preflight checks every host)"
+
+    def as_json(self) -> dict[str, Any]:
+        """check-config's ``reward_fn``: checked here or not, and what was found."""
+        if self.check is None:
+            return {"checked": False, "python": self.python, "detail": self.not_checked}
+        return {
+            "checked": True,
+            "python": self.python,
+            "ok": self.check.status is Status.OK,
+            "code": self.check.code,
+            "detail": self.check.detail,
+            **self.check.values,
+        }
+
+
+def reward_fn_here(config: Config, timeout_s: float = HERE_TIMEOUT_S) -> Here:
+    """``run.reward_fn``'s module located by the worker's interpreter on this machine, with
+    ``worker.env``, as preflight locates it on a host (hostcheck's module checks alone);
+    not checked when that interpreter is not here (preflight checks every host)."""
+    import shutil
+    import subprocess
+
+    host = (*config.hosts, *(spare_host(s) for s in config.spares))[0]
+    payload = _payload(config, host, "", "", "", Options(host_timeout_s=timeout_s))
+    argv = payload["module_argv"] if payload["module"] else payload["reward_argv"]
+    env = {**os.environ, **config.worker.env}
+    python = str(argv[0])
+    found = shutil.which(python, path=env.get("PATH", os.defpath))
+    if found is None:
+        why = f"worker.python {python} is not on this machine; preflight checks every host"
+        return Here(check=None, python=python, not_checked=why)
+    program = remote_program(hostcheck_source(), HOSTCHECK_PATH)
+    try:
+        done = subprocess.run(
+            [python, "-S", "-X", "utf8", "-c", _BOOTSTRAP, "hostcheck", program],
+            input=json.dumps({**payload, "modules_only": True}),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + MODULE_MARGIN_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Here(check=None, python=python, not_checked=f"{python} did not answer: {exc}")
+    reply = parse_reply(done.stdout)
+    if reply is None:
+        why = command_failed(python, done.returncode, done.stdout, done.stderr)
+        return Here(check=None, python=python, not_checked=why)
+    if reply.get("hostcheck") is False:
+        why = f"{python} is Python {_str(reply.get('python')) or '?'}, too old to check it"
+        return Here(check=None, python=python, not_checked=why)
+    return Here(check=_reward_fn(reply, config.run.reward_fn, Options()), python=python)
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -697,6 +830,9 @@ def _payload(
         "probe_name": probe_name,
         "module_argv": module_argv,
         "module": module,
+        "reward_fn": config.run.reward_fn,
+        # Without -m the worker's argv names no interpreter to ask: worker.python is asked.
+        "reward_argv": module_argv if module else [config.worker.python],
         "env": dict(config.worker.env),
         "import_module": options.import_module,
         "module_timeout_s": max(1.0, options.host_timeout_s - MODULE_MARGIN_S),
@@ -832,4 +968,5 @@ async def _run_hostcheck(
         sent_wall=sent_wall,
         answered_wall=answered_wall,
         options=options,
+        reward_fn=payload["reward_fn"],
     )

@@ -23,6 +23,8 @@ from supervisor.errors import ConfigError
 
 # The seed's defaults (reward_workers_ctl.py), kept so an imported run behaves the same.
 SEED_WORKER_MODULE = "areal.reward.fs_worker"
+#: Its ``--reward-fn`` default, what a launch_meta without one ran with.
+SEED_REWARD_FN = "areal.reward.gsm8k.gsm8k_reward_fn"
 SEED_PYTHON_VERSION = "3.12"
 SEED_POINTER_NAME = "sao-reward-current.json"
 #: The seed keeps its scratch files in ``$SAO_WS/tmp``: a workspace directory, not /tmp.
@@ -277,7 +279,7 @@ def _document(
         "experiment": str(manifest.get("experiment_name", "")),
         "trial": str(manifest.get("trial_name", "")),
         "run_id": str(meta.get("run_id", "")),
-        "reward_fn": str(meta.get("reward_fn") or config_mod.DEFAULT_REWARD_FN),
+        "reward_fn": str(meta.get("reward_fn") or SEED_REWARD_FN),
         "shard_count": int(meta.get("shard_count") or 0),
         "forbid_hosts": ["head"],
     }

@@ -24,6 +24,7 @@ import pytest
 from supervisor import preflight
 from supervisor.config import Config, parse
 from supervisor.preflight import Check, CheckName, Options, Report, Status
+from tests import areal as A
 from tests import ports
 from tests.conftest import mounted_tmpfs
 from tests.sshd import WORKER_ARGV, OpenSsh
@@ -233,6 +234,67 @@ async def test_the_module_is_looked_up_with_worker_env(sshd: OpenSsh, tmp_path: 
     imported = await check(config, replace(ROOMY, import_module=True))
     assert_only_failing(imported, "worker-0", CheckName.MODULE, "import_failed")
     assert "SystemExit: never imported" in checks_of(imported)[CheckName.MODULE].detail
+
+
+async def test_the_reward_fn_is_looked_up_with_worker_env_and_imported_on_request(
+    sshd: OpenSsh, tmp_path: Path
+) -> None:
+    """``run.reward_fn``'s module is found only where ``worker.env`` makes it visible to the
+    worker's interpreter (``not_found`` without it); it is located, not imported, unless
+    ``--import-module``, which then imports it and needs the function in it
+    (``no_function``), and shows the error of a module that raises (``import_failed``)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "rs_reward_probe.py").write_text("def score(*args, **kwargs):\n    return 1.0\n")
+    (lib / "rs_reward_broken.py").write_text("raise RuntimeError('a broken reward module')\n")
+    root = tmp_path / "run"
+    env = {"PYTHONPATH": str(lib)}
+    imported = replace(ROOMY, import_module=True)
+
+    def reward(path: str, **overrides: Any) -> Config:
+        raw = sshd.config_dict(root, 1, **overrides)
+        raw["run"]["reward_fn"] = path
+        return parse(raw, root.parent / "rs.toml")
+
+    without = await check(reward("rs_reward_probe.score"))
+    assert_only_failing(without, "worker-0", CheckName.REWARD_FN, "not_found")
+    assert "No module named 'rs_reward_probe'" in checks_of(without)[CheckName.REWARD_FN].detail
+    for how in (ROOMY, imported):
+        found = await check(reward("rs_reward_probe.score", env=env), how)
+        assert found.ok, preflight.render(found, how)
+        check_ = checks_of(found)[CheckName.REWARD_FN]
+        assert check_.values["origin"] == str(lib / "rs_reward_probe.py")
+    misspelt = reward("rs_reward_probe.scroe", env=env)
+    assert (await check(misspelt)).ok  # located only: the module is there
+    no_function = await check(misspelt, imported)
+    assert_only_failing(no_function, "worker-0", CheckName.REWARD_FN, "no_function")
+    assert "has no attribute 'scroe'" in checks_of(no_function)[CheckName.REWARD_FN].detail
+    broken = await check(reward("rs_reward_broken.score", env=env), imported)
+    assert_only_failing(broken, "worker-0", CheckName.REWARD_FN, "import_failed")
+    assert "a broken reward module" in checks_of(broken)[CheckName.REWARD_FN].detail
+
+
+async def test_the_default_reward_fn_is_one_the_real_worker_has(
+    sshd: OpenSsh, tmp_path: Path
+) -> None:
+    """With the real AReaL worker's package on the path (areal-fs), the default
+    ``run.reward_fn`` imports and is a function, while the old default,
+    ``areal.reward.gsm8k.gsm8k_reward_fn``, fails ``reward_fn`` as not found."""
+    areal = A.areal_dir()
+    if areal is None:
+        pytest.skip(A.areal_missing_reason())
+    root = tmp_path / "run"
+    raw = sshd.config_dict(root, 1, env=A.worker_env(areal))
+    del raw["run"]["reward_fn"]
+    config = parse(raw, root.parent / "rs.toml")
+    imported = replace(ROOMY, import_module=True)
+    report = await check(config, imported)
+    assert report.ok, preflight.render(report, imported)
+    assert checks_of(report)[CheckName.REWARD_FN].values["origin"].startswith(str(areal))
+    old = replace(config, run=replace(config.run, reward_fn="areal.reward.gsm8k.gsm8k_reward_fn"))
+    failed = await check(old, imported)
+    assert_only_failing(failed, "worker-0", CheckName.REWARD_FN, "not_found")
+    assert "areal.reward.gsm8k" in checks_of(failed)[CheckName.REWARD_FN].detail
 
 
 @pytest.fixture

@@ -340,6 +340,40 @@ def test_every_shipped_example_passes_its_own_check() -> None:
         assert all(" does not exist: " in w["reason"] for w in warnings), warnings
 
 
+def test_check_config_looks_for_the_reward_fn_with_the_workers_python_here(
+    openssh: OpenSsh, tmp_path: Path
+) -> None:
+    """Where ``worker.python`` is on this machine, check-config locates ``run.reward_fn``'s
+    module with it and ``worker.env``: found, it says where; missing, it warns (exit 0: the
+    hosts may differ) with the error; where that python is not here, it says it did not
+    check, and that preflight checks every host."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "rs_reward_probe.py").write_text("def score(*args, **kwargs):\n    return 1.0\n")
+    raw = openssh.config_dict(tmp_path / "run", 1, env={"PYTHONPATH": str(lib)})
+    raw["run"]["reward_fn"] = "rs_reward_probe.score"
+    found = cli("check-config", str(write_config(tmp_path / "found.toml", raw)))
+    assert found.returncode == 0, found.stderr
+    assert f"run.reward_fn rs_reward_probe.score: module located, {lib}" in found.stdout
+    assert found.stderr == ""
+    raw["run"]["reward_fn"] = "rs_reward_missing.score"
+    missing = cli("check-config", str(write_config(tmp_path / "missing.toml", raw)), "--json")
+    assert missing.returncode == 0, missing.stderr
+    report = json.loads(missing.stdout)
+    [warning] = report["warnings"]
+    assert warning["key"] == "run.reward_fn"
+    assert "No module named 'rs_reward_missing'" in warning["reason"]
+    assert (report["reward_fn"]["checked"], report["reward_fn"]["code"]) == (True, "not_found")
+    raw["worker"]["python"] = str(tmp_path / "no-such-python")
+    raw["worker"]["argv"] = ["{python}", "-m", "supervisor.demo.worker"]
+    elsewhere = cli("check-config", str(write_config(tmp_path / "elsewhere.toml", raw)))
+    assert elsewhere.returncode == 0
+    assert elsewhere.stderr.splitlines() == [
+        f"note: run.reward_fn not checked here: worker.python {tmp_path}/no-such-python is not"
+        " on this machine; preflight checks every host"
+    ]
+
+
 def test_check_config_json_lists_every_problem_with_its_key() -> None:
     """check-config --json: ok with the counts for a good file; for a bad one exit 2 and
     one object per problem, the same problems the text form prints."""

@@ -17,7 +17,10 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=12,
 )
-KEYS = ("python", "executable", "root_exists", "dirs", "writable", "disk", "module", "time")
+KEYS = (
+    *("python", "executable", "root_exists", "dirs", "writable", "disk", "module", "reward_fn"),
+    "time",
+)
 GOOD: dict[str, Any] = {
     "preflight": 1,
     "python": "3.11.7",
@@ -27,6 +30,7 @@ GOOD: dict[str, Any] = {
     "writable": {"ctl": "ok", "status": "ok"},
     "disk": {"free_bytes": 5 << 30, "free_inodes": 1000},
     "module": {"found": True, "origin": "/opt/w/fs_worker.py"},
+    "reward_fn": {"found": True, "origin": "/opt/w/simple_answer.py"},
     "time": 100.9,
     "elapsed_s": 0.5,
 }
@@ -42,6 +46,7 @@ def evaluate(reply: dict[str, Any], options: Options | None = None) -> dict[Chec
         sent_wall=100.0,
         answered_wall=101.0,
         options=options or Options(),
+        reward_fn="areal.reward.simple_answer.simple_answer_reward_fn",
     )
     assert [c.name for c in checks] == list(CheckName)
     return {c.name: c for c in checks}
@@ -79,7 +84,8 @@ def test_the_clock_interval_leaves_out_the_hosts_own_work() -> None:
 
 def test_each_bad_answer_fails_its_own_check() -> None:
     """A stranger's nonce, an unwritable status/, little disk, an old python, a missing
-    module: each fails the check it belongs to, with its code."""
+    module, a reward fn missing or without its function: each fails the check it belongs
+    to, with its code."""
     cases: list[tuple[dict[str, Any], str, str]] = [
         (
             {"dirs": {".": "missing", "ctl": "missing", "status": "missing"}},
@@ -93,6 +99,11 @@ def test_each_bad_answer_fails_its_own_check() -> None:
         ({"module": {"found": False, "error": "No module named 'x'"}}, "module", "not_found"),
         ({"module": {"found": False, "hung": True}}, "module", "hung"),
         ({"module": {"found": False, "raised": True}}, "module", "import_failed"),
+        ({"reward_fn": {"found": False, "error": "No module"}}, "reward_fn", "not_found"),
+        ({"reward_fn": {"found": False, "raised": True}}, "reward_fn", "import_failed"),
+        ({"reward_fn": {"found": False, "no_function": True}}, "reward_fn", "no_function"),
+        ({"reward_fn": {"found": False, "hung": True}}, "reward_fn", "hung"),
+        ({"reward_fn": "garbage"}, "reward_fn", "not_found"),
     ]
     for patch, name, code in cases:
         checks = evaluate({**GOOD, **patch})
