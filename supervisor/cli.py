@@ -416,7 +416,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.notify import Notifier
 
     logs.configure(args.log_format, args.log_level, cache=True, background=True)
-    cfg = _load_config(args.config)
+    cfg = _load_config(args.config, daemon=True)
     if args.standby:
         cfg = dataclasses.replace(cfg, ha=dataclasses.replace(cfg.ha, standby=True))
     if args.control_socket:
@@ -1007,15 +1007,30 @@ def cmd_worker(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _load_config(path: str | None) -> config_mod.Config:
+def _load_config(path: str | None, *, daemon: bool = False) -> config_mod.Config:
+    """The config at ``path``; for a client of the daemon (not ``daemon``), with the control
+    socket its daemon is on (``_daemon_socket``)."""
     if not path:
         raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
     try:
-        return config_mod.load(path)
+        cfg = config_mod.load(path)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
+    if daemon:
+        return cfg
+    socket = _daemon_socket(config_mod.socket_candidates(cfg), cfg.control.socket)
+    return dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, socket=socket))
+
+
+def _daemon_socket(candidates: Sequence[Path], default: Path) -> Path:
+    """Where the daemon is: the default socket's place can change while it runs (a user's
+    /run/user/UID comes and goes with their sessions), so each place it may have bound is
+    looked in; ``default`` (where it would bind now) when none holds a socket."""
+    from supervisor import control
+
+    return control.find_socket(candidates, default)
 
 
 def _positive_seconds(text: str) -> float:
@@ -1038,11 +1053,11 @@ def _socket_of(path: str | None) -> Path:
     if not path:
         raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
     with contextlib.suppress(ConfigError):
-        return config_mod.load(path).control.socket
-    socket = config_mod.socket_from_raw_file(Path(path))
-    if socket is None:
-        raise CliError(f"cannot find the control socket from {path}", EXIT_USAGE)
-    return socket
+        cfg = config_mod.load(path)
+        return _daemon_socket(config_mod.socket_candidates(cfg), cfg.control.socket)
+    candidates = config_mod.sockets_from_raw_file(Path(path))
+    default = candidates[0] if len(candidates) == 1 else config_mod.default_socket_path(Path(path))
+    return _daemon_socket(candidates, default)
 
 
 def _request(socket: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> Any:

@@ -7,6 +7,7 @@ This module owns ``tomllib`` and the rules of a valid config; it reads no other 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import itertools
 import json
@@ -497,17 +498,18 @@ def launch_key(config: Config, host: HostConfig) -> tuple[object, ...]:
     )
 
 
-def socket_from_raw_file(path: Path) -> Path | None:
-    """``control.socket`` of a config file that may not validate (or its default)."""
+def sockets_from_raw_file(path: Path) -> tuple[Path, ...]:
+    """``socket_candidates`` of a config file that may not validate: its ``control.socket``,
+    or every default place."""
     try:
         raw = _read(path)
     except ConfigError:
-        return default_socket_path(path)
+        return default_socket_candidates(path)
     control = raw.get("control")
     socket = control.get("socket") if isinstance(control, dict) else None
     if isinstance(socket, str) and socket.startswith("/"):
-        return Path(socket)
-    return default_socket_path(path)
+        return (Path(socket),)
+    return default_socket_candidates(path)
 
 
 def privilege_warnings(config: Config, euid: int) -> list[tuple[str, dict[str, Any]]]:
@@ -569,13 +571,79 @@ def open_file_limit_warnings(config: Config, limit: int) -> list[tuple[str, dict
     ]
 
 
+#: Where a root daemon's control socket goes by default, and the shipped unit's
+#: ``RuntimeDirectory`` (owned by the unit's user, 0700).
+SYSTEM_SOCKET_DIR: Final = Path("/run/reward-supervisor")
+#: A user's runtime directory as systemd-logind makes it (0700, what ``$XDG_RUNTIME_DIR``
+#: names in a login session); named from the uid, never read from the environment, so that a
+#: daemon and a CLI of one user started from different environments agree.
+USER_RUNTIME_DIR: Final = "/run/user/{uid}"
+#: The last resort: a directory of our own in /tmp, made 0700 by the daemon, which refuses it
+#: if someone else made it first.
+TMP_SOCKET_DIR: Final = "/tmp/reward-supervisor-{uid}"  # noqa: S108 - private, checked
+#: A config name longer than this is shortened in the socket's name (with a hash of the
+#: whole, so names stay apart), keeping the longest default path under AF_UNIX's 107 bytes.
+MAX_SOCKET_STEM: Final = 48
+
+
+def default_socket_candidates(config_path: Path, euid: int | None = None) -> tuple[Path, ...]:
+    """Every place the control socket of ``config_path`` may be when ``[control] socket`` is
+    not set, in order of preference; the daemon binds the first usable one
+    (``default_socket_path``), the CLI looks in each."""
+    uid = os.geteuid() if euid is None else euid
+    name = _socket_name(config_path.stem or "reward-supervisor")
+    system = SYSTEM_SOCKET_DIR / name
+    if uid == 0:
+        return (system,)
+    return (
+        system,
+        Path(USER_RUNTIME_DIR.format(uid=uid)) / "reward-supervisor" / name,
+        Path(TMP_SOCKET_DIR.format(uid=uid)) / name,
+    )
+
+
 def default_socket_path(config_path: Path) -> Path:
-    """Where the control socket goes when ``[control] socket`` is not set."""
-    stem = config_path.stem or "reward-supervisor"
-    if os.geteuid() == 0:
-        return Path("/run/reward-supervisor") / f"{stem}.sock"
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"  # noqa: S108 - private 0700 subdir
-    return Path(base) / f"reward-supervisor-{os.geteuid()}" / f"{stem}.sock"
+    """Where the control socket goes when ``[control] socket`` is not set: for root,
+    ``/run/reward-supervisor/NAME.sock``; for another user, the same where that directory
+    is theirs and private (the shipped unit's ``RuntimeDirectory``), else under their
+    runtime directory ``/run/user/UID`` (while it exists), else in a private
+    ``/tmp/reward-supervisor-UID``."""
+    uid = os.geteuid()
+    candidates = default_socket_candidates(config_path, uid)
+    for candidate in candidates[:-1]:
+        # /run/reward-supervisor itself; /run/user/UID, above our own subdirectory.
+        base = (
+            candidate.parent if candidate.parent == SYSTEM_SOCKET_DIR else candidate.parent.parent
+        )
+        if uid == 0 or _private_to(base, uid):
+            return candidate
+    return candidates[-1]
+
+
+def socket_candidates(config: Config) -> tuple[Path, ...]:
+    """Where the daemon of ``config`` may have its control socket: the configured one, or
+    every default place (``default_socket_candidates``)."""
+    if "control.socket" in config.keys_set:
+        return (config.control.socket,)
+    return default_socket_candidates(config.source)
+
+
+def _socket_name(stem: str) -> str:
+    """``STEM.sock``; a stem past MAX_SOCKET_STEM bytes is cut, with a hash of the whole."""
+    encoded = os.fsencode(stem)
+    if len(encoded) <= MAX_SOCKET_STEM:
+        return f"{stem}.sock"
+    digest = hashlib.sha256(encoded).hexdigest()[:8]
+    return f"{encoded[:32].decode('utf-8', 'ignore')}-{digest}.sock"
+
+
+def _private_to(directory: Path, uid: int) -> bool:
+    """``directory`` is a real directory owned by ``uid`` that nobody else may write."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -15,7 +15,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -935,6 +935,16 @@ async def request(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any)
     if line is None:
         raise ControlError(f"the daemon at {path} closed the connection without replying")
     return _unwrap(path, line)
+
+
+def find_socket(candidates: Sequence[Path], default: Path) -> Path:
+    """The first of ``candidates`` (where a daemon may have its socket) that holds a socket;
+    ``default`` (where a daemon would put it now) when none does."""
+    for path in candidates:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                return path
+    return default
 
 
 def request_sync(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> dict[str, Any]:

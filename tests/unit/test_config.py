@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -234,7 +235,7 @@ def test_a_config_larger_than_the_cap_is_refused_unread(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="larger than"):
         config.load(big)
     assert "larger than" in str(config.check(big).problems[0])
-    assert config.socket_from_raw_file(big) == config.default_socket_path(big)
+    assert config.sockets_from_raw_file(big) == config.default_socket_candidates(big)
 
 
 def test_socket_path_too_long_is_refused() -> None:
@@ -756,3 +757,31 @@ def test_spares_take_the_host_keys_without_a_shard_and_names_stay_unique() -> No
     ]:
         with pytest.raises(ConfigError, match=where.replace("[", r"\[").replace("]", r"\]")):
             config.parse(minimal(spares=bad), Path("/etc/x.toml"))
+
+
+def test_the_default_socket_places_are_root_s_or_the_user_s_and_fit_af_unix() -> None:
+    """Root's daemon has one place, /run/reward-supervisor; another user's looks there
+    (the shipped unit's runtime directory), then in /run/user/UID (what $XDG_RUNTIME_DIR
+    names in a login session, derived from the uid so that every environment agrees), then
+    in a private /tmp directory; a long config name is shortened (with a hash of it), so
+    that the longest place stays within AF_UNIX's limit, and two long names stay apart."""
+    path = Path("/etc/reward-supervisor/gsm8k.toml")
+    assert config.default_socket_candidates(path, 0) == (Path("/run/reward-supervisor/gsm8k.sock"),)
+    assert config.default_socket_candidates(path, 1000) == (
+        Path("/run/reward-supervisor/gsm8k.sock"),
+        Path("/run/user/1000/reward-supervisor/gsm8k.sock"),
+        Path("/tmp/reward-supervisor-1000/gsm8k.sock"),
+    )
+    long_a, long_b = Path(f"/x/{'é' * 120}a.toml"), Path(f"/x/{'é' * 120}b.toml")
+    a = config.default_socket_candidates(long_a, 4294967294)
+    b = config.default_socket_candidates(long_b, 4294967294)
+    assert all(len(os.fsencode(str(p))) <= config.MAX_SOCKET_PATH for p in a + b)
+    assert {p.name for p in a}.isdisjoint({p.name for p in b})
+    raw = minimal()
+    parsed = config.parse(raw, Path("/etc/x.toml"))
+    assert config.socket_candidates(parsed) == config.default_socket_candidates(Path("/etc/x.toml"))
+    assert parsed.control.socket in config.socket_candidates(parsed)
+    raw["control"] = {"socket": "/srv/rs/x.sock"}
+    assert config.socket_candidates(config.parse(raw, Path("/etc/x.toml"))) == (
+        Path("/srv/rs/x.sock"),
+    )
