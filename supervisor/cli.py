@@ -93,6 +93,87 @@ def build_parser() -> argparse.ArgumentParser:
             " (a standby on the leader's machine has one of its own)",
         )
 
+    p = command(
+        "init",
+        cmd_init,
+        "write a starter config for a first fleet, and its known_hosts (keys from a known_hosts"
+        " file, or read from the hosts and confirmed); then preflight, run, status",
+    )
+    p.add_argument(
+        "--hosts",
+        required=True,
+        metavar="HOSTS",
+        help="the worker hosts, comma-separated: [NAME=]ADDRESS[:PORT] each (shards in this"
+        " order; a host without NAME is named by its address)",
+    )
+    p.add_argument(
+        "--root", required=True, help="run directory: an absolute path every host mounts"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the config to write (default ./fleet.toml); its"
+        " known_hosts goes beside it, .known_hosts for .toml",
+    )
+    p.add_argument("--user", default=None, help="login on the hosts (default: you)")
+    p.add_argument(
+        "--key",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="private key to log in with (default: ~/.ssh/id_ed25519, id_ecdsa or id_rsa)",
+    )
+    trust = p.add_mutually_exclusive_group()
+    trust.add_argument(
+        "--known-hosts",
+        default=None,
+        metavar="FILE",
+        help="take the hosts' keys from this known_hosts file, found as OpenSSH finds them"
+        " (default ~/.ssh/known_hosts)",
+    )
+    trust.add_argument(
+        "--scan",
+        action="store_true",
+        help="read the keys from the hosts and show their fingerprints, to confirm",
+    )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="with --scan: trust the keys read without asking (for scripts; check them first)",
+    )
+    p.add_argument(
+        "--python", default="python3", help="worker.python on the hosts (default python3)"
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="worker.env entry, e.g. PYTHONPATH=/opt/areal (repeatable)",
+    )
+    p.add_argument(
+        "--worker-module",
+        default="areal.reward.fs_worker",
+        metavar="MODULE",
+        help="the worker, run as python -m MODULE (default areal.reward.fs_worker)",
+    )
+    p.add_argument(
+        "--reward-fn",
+        default=config_mod.DEFAULT_REWARD_FN,
+        metavar="FN",
+        help="run.reward_fn, the reward fn the trainer's tasks name"
+        f" (default {config_mod.DEFAULT_REWARD_FN})",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_int_between(1, 4096),
+        default=None,
+        metavar="N",
+        help="each worker's --concurrency (default 48)",
+    )
+    p.add_argument("--force", action="store_true", help="replace files that exist")
+
     p = command("run", cmd_run, "run the daemon in the foreground (systemd runs this)")
     with_config(p)
     _log_args(p)
@@ -407,6 +488,43 @@ def _log_args(p: argparse.ArgumentParser, default_format: str = "auto") -> None:
 
 # --------------------------------------------------------------------------------------
 # Commands
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """``init --hosts H --root R``: a starter config and its known_hosts."""
+    import getpass
+
+    from supervisor import starter
+
+    def confirm(question: str) -> bool:
+        if args.yes:
+            print("trusted without asking (--yes)")
+            return True
+        if not sys.stdin.isatty():
+            return False
+        return input(question).strip().lower() in ("y", "yes")
+
+    try:
+        request = starter.request_from(
+            hosts=args.hosts,
+            root=args.root,
+            output=args.output,
+            username=args.user,
+            keys=args.key,
+            known_hosts=args.known_hosts,
+            scan=args.scan,
+            python=args.python,
+            env=args.env,
+            worker_module=args.worker_module,
+            reward_fn=args.reward_fn,
+            concurrency=args.concurrency,
+            force=args.force,
+            home=Path.home(),
+            user=getpass.getuser(),
+        )
+        return starter.run(request, say=lambda line: print(terminal_text(line)), confirm=confirm)
+    except starter.StarterProblem as exc:
+        raise CliError(str(exc), exc.code) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1431,6 +1431,67 @@ def _client_keys(paths: tuple[Path, ...]) -> list[asyncssh.SSHKeyPair] | None:
     return pairs
 
 
+@dataclass(frozen=True, slots=True)
+class HostKey:
+    """A host's public key: its type, its text as a known_hosts line carries it, and its
+    fingerprint as ``ssh-keygen -lf`` prints it on the host."""
+
+    algorithm: str
+    text: str
+    fingerprint: str
+
+
+def _host_key(key: asyncssh.SSHKey) -> HostKey:
+    text = " ".join(key.export_public_key("openssh").decode("ascii").split()[:2])
+    return HostKey(key.get_algorithm(), text, key.get_fingerprint("sha256"))
+
+
+def known_host_keys(known_hosts: Path, address: str, port: int) -> list[HostKey]:
+    """The host keys ``known_hosts`` trusts for ``address:port``, as a connection would
+    (OpenSSH's lookup, ``_trusted_keys``). Raises OSError or ValueError for a file that
+    cannot be read or parsed."""
+    keys = _trusted_keys(_parsed_known_hosts(known_hosts), address, port)[0]
+    return [_host_key(key) for key in keys]
+
+
+#: The host key types ``scan_host_keys`` asks for, one handshake each (ssh-keyscan's too).
+SCAN_KEY_ALGS: Final = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512")
+
+
+async def scan_host_keys(address: str, port: int, timeout_s: float) -> list[HostKey]:
+    """The host keys ``address:port`` shows, one handshake per type in SCAN_KEY_ALGS (a type
+    the host lacks is skipped); nothing is trusted or logged in to. Raises RemoteError when
+    the host shows none (it cannot be reached, or is not an SSH server)."""
+    found: list[HostKey] = []
+    why = "no host key of any type asked for"
+    for alg in SCAN_KEY_ALGS:
+        try:
+            async with asyncio.timeout(timeout_s):
+                key = await asyncssh.get_server_host_key(
+                    address, port, server_host_key_algs=[alg], config=None
+                )
+        except asyncssh.KeyExchangeFailed as exc:
+            why = _describe(exc)
+            continue  # the host has no key of this type
+        except TimeoutError:
+            why = f"no SSH handshake within {timeout_s:g}s"
+            break
+        except ConnectionRefusedError:
+            why = "connection refused"
+            break
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            break
+        except asyncssh.Error as exc:
+            why = _describe(exc)
+            break
+        if key is not None and all(k.text != _host_key(key).text for k in found):
+            found.append(_host_key(key))
+    if not found:
+        raise RemoteError(f"{address}:{port}", why)
+    return found
+
+
 def host_key_advice(known_hosts: Path, address: str, port: int) -> str:
     """What to put in ``known_hosts`` so that ``address:port`` is trusted: the line's form
     (OpenSSH's), and why a line the file has for the host does not count."""

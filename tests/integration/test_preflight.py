@@ -252,6 +252,7 @@ async def test_the_reward_fn_is_looked_up_with_worker_env_and_imported_on_reques
     imported = replace(ROOMY, import_module=True)
 
     def reward(path: str, **overrides: Any) -> Config:
+        """The config with ``run.reward_fn`` = ``path``."""
         raw = sshd.config_dict(root, 1, **overrides)
         raw["run"]["reward_fn"] = path
         return parse(raw, root.parent / "rs.toml")
