@@ -602,22 +602,23 @@ def default_socket_candidates(config_path: Path, euid: int | None = None) -> tup
     )
 
 
-def default_socket_path(config_path: Path) -> Path:
+def default_socket_path(config_path: Path, euid: int | None = None) -> Path:
     """Where the control socket goes when ``[control] socket`` is not set: for root,
     ``/run/reward-supervisor/NAME.sock``; for another user, the same where that directory
     is theirs and private (the shipped unit's ``RuntimeDirectory``), else under their
     runtime directory ``/run/user/UID`` (while it exists), else in a private
     ``/tmp/reward-supervisor-UID``."""
-    uid = os.geteuid()
+    uid = os.geteuid() if euid is None else euid
     candidates = default_socket_candidates(config_path, uid)
-    for candidate in candidates[:-1]:
-        # /run/reward-supervisor itself; /run/user/UID, above our own subdirectory.
-        base = (
-            candidate.parent if candidate.parent == SYSTEM_SOCKET_DIR else candidate.parent.parent
-        )
-        if uid == 0 or _private_to(base, uid):
-            return candidate
-    return candidates[-1]
+    if uid == 0:
+        return candidates[0]
+    system, user_runtime, tmp = candidates
+    if _private_to(system.parent, uid):
+        return system
+    # /run/user/UID itself, above the subdirectory the daemon makes.
+    if _private_to(user_runtime.parent.parent, uid):
+        return user_runtime
+    return tmp
 
 
 def socket_candidates(config: Config) -> tuple[Path, ...]:

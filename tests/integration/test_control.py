@@ -22,6 +22,7 @@ from supervisor.control import (
     ControlServer,
     EventHub,
     Subscription,
+    find_socket,
     follow_events,
     request,
     request_sync,
@@ -692,6 +693,24 @@ async def test_client_reports_a_missing_socket(sock_path: Path) -> None:
     with pytest.raises(DaemonNotRunning) as caught:
         await request(sock_path, "status")
     assert str(caught.value) == f"daemon not running? no socket at {sock_path}"
+
+
+def test_the_cli_finds_the_daemon_in_whichever_place_holds_its_socket(tmp_path: Path) -> None:
+    """Of the places a daemon may have bound (its default moves with the user's runtime
+    directory), the first holding a socket is the one asked; a plain file there is not a
+    socket; with none, the place a daemon would bind now."""
+    first, second, third = (tmp_path / name / "x.sock" for name in ("a", "b", "c"))
+    for path in (first, second, third):
+        path.parent.mkdir()
+    default = tmp_path / "now.sock"
+    assert find_socket((first, second, third), default) == default
+    first.write_text("not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:
+        bound.bind(str(third))
+        assert find_socket((first, second, third), default) == third
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as earlier:
+            earlier.bind(str(second))
+            assert find_socket((first, second, third), default) == second
 
 
 async def test_client_reports_a_stale_socket(sock_path: Path) -> None:

@@ -785,3 +785,35 @@ def test_the_default_socket_places_are_root_s_or_the_user_s_and_fit_af_unix() ->
     assert config.socket_candidates(config.parse(raw, Path("/etc/x.toml"))) == (
         Path("/srv/rs/x.sock"),
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives directories to another uid: needs root")
+def test_a_user_s_daemon_takes_the_first_private_place_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a user who is not root, /run/reward-supervisor only where it is theirs and no one
+    else may write it (the unit's runtime directory), else /run/user/UID only where that is
+    theirs and private, else the /tmp directory (made private, or refused, by the daemon)."""
+    uid = 4242
+    system, runtime = tmp_path / "run-rs", tmp_path / "run-user"
+    monkeypatch.setattr(config, "SYSTEM_SOCKET_DIR", system)
+    monkeypatch.setattr(config, "USER_RUNTIME_DIR", str(runtime / "{uid}"))
+    monkeypatch.setattr(config, "TMP_SOCKET_DIR", str(tmp_path / "tmp-{uid}"))
+    path = Path("/etc/x.toml")
+    tmp, user_runtime, unit = (
+        tmp_path / "tmp-4242" / "x.sock",
+        runtime / "4242" / "reward-supervisor" / "x.sock",
+        system / "x.sock",
+    )
+    assert config.default_socket_path(path, uid) == tmp
+    (runtime / "4242").mkdir(parents=True, mode=0o700)
+    assert config.default_socket_path(path, uid) == tmp  # not the user's: root's
+    os.chown(runtime / "4242", uid, uid)
+    assert config.default_socket_path(path, uid) == user_runtime
+    system.mkdir(mode=0o770)
+    os.chown(system, uid, uid)
+    system.chmod(0o770)
+    assert config.default_socket_path(path, uid) == user_runtime  # the group may write it
+    system.chmod(0o700)
+    assert config.default_socket_path(path, uid) == unit
+    assert config.default_socket_path(path, 0) == unit
