@@ -331,7 +331,7 @@ RESTART_ALLOWANCE_S: Final = 1.0
 
 
 def trainer_defaults(trainer: TrainerConfig, watch: WatchConfig) -> Policy:
-    """The ``[health]`` defaults that beat the trainer's client (README, "Defaults that beat
+    """The ``[health]`` defaults that beat the trainer's client (docs/CONFIG.md, "Defaults that beat
     the trainer"): a third of its heartbeat limit to call a worker hung and to wait before a
     second restart, a third of its task timeout to call one stuck, and no longer than the
     task timeout for a stop's drain (past it the trainer has given up on those tasks)."""
@@ -921,7 +921,7 @@ def _listen_problem(listen: str) -> str | None:
     return None
 
 
-#: Every table and its keys (``[[hosts]]`` entries as one table). The README's
+#: Every table and its keys (``[[hosts]]`` entries as one table). docs/CONFIG.md's
 #: configuration reference is checked against it, and so are the dataclasses' fields.
 #: How a machine is reached and what its worker gets: the keys ``[[hosts]]`` and
 #: ``[[spares]]`` share.
@@ -1132,7 +1132,7 @@ SCHEMA: Final[Mapping[str, Section]] = {
 }
 
 #: Every key of every section: the validator rejects others (with a did-you-mean), and the
-#: README's configuration reference is checked against this table by a test.
+#: configuration reference (docs/CONFIG.md) is checked against this table by a test.
 KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     name: tuple(section.keys) for name, section in SCHEMA.items()
 }

@@ -38,7 +38,7 @@ CONFIG_ENV: Final = "COVERAGE_PROCESS_CONFIG"
 #: end with ``os._exit``; each child measures itself and saves its data.
 _HOST_PATCHES: Final = ("fork", "_exit")
 
-# Parses as the oldest host python the README promises, like agent.py. The source travels
+# Parses as the oldest host python the docs promise, like agent.py. The source travels
 # compressed: repr() of it would grow the one argv string the kernel caps at 128 KiB. A
 # python of the test run's version started with -S (hostcheck) has no site-packages: it is
 # given the directory coverage.py is in, last on its path. A process that could not write

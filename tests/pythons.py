@@ -28,8 +28,8 @@ EXTRA_ENV = "REWARD_SUPERVISOR_PYTHONS"
 #: Set to 1 to let ``./dev test`` and the mixed-fleet tests pass although a promised version
 #: has no interpreter here (the run still says which ones it could not test).
 ALLOW_MISSING_ENV = "REWARD_SUPERVISOR_ALLOW_MISSING_PYTHONS"
-#: The oldest Python a worker host may have (README): it runs the agent, launcher and
-#: shepherd (``supervisor/agent.py``); 3.6 cannot parse it.
+#: The oldest Python a worker host may have (README, docs/INSTALL.md): it runs the agent,
+#: launcher and shepherd (``supervisor/agent.py``); 3.6 cannot parse it.
 OLDEST_HOST = "3.7"
 #: Host Pythons older than every promised supervisor version, tested where present.
 OLD_HOSTS = ("3.7", "3.8")

@@ -1,5 +1,5 @@
 """Taking a fleet over from the old script itself (reward_workers_ctl.py, ``tests/seed.py``),
-running or stopped, exactly as the README's migration section says, under the invariant
+running or stopped, exactly as docs/MIGRATING.md says, under the invariant
 monitor: no worker restarted, never two workers on a shard, every task answered once."""
 
 from __future__ import annotations

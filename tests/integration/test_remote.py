@@ -844,7 +844,7 @@ async def test_agent_death_fails_in_flight_requests_and_agent_restarts(
 
 def test_agent_source_is_old_host_python_syntax_and_fits_one_argument() -> None:
     """agent.py and the modules sent with it (safefiles.py; codecache.py, plain, ahead of
-    them) parse as the oldest host Python the README promises, and what is sent of them stays
+    them) parse as the oldest host Python the docs promise, and what is sent of them stays
     at most half of Linux's 128 KiB limit on one argv string."""
     import ast
 
@@ -862,7 +862,7 @@ def test_agent_source_is_old_host_python_syntax_and_fits_one_argument() -> None:
 async def test_agent_runs_on_old_host_pythons(
     version: str, openssh: OpenSsh, run_root: Path, reaper: Reaper
 ) -> None:
-    """With an old ``worker.python`` (down to the oldest the README promises) the agent and
+    """With an old ``worker.python`` (down to the oldest the docs promise) the agent and
     shepherd launch, probe and terminate."""
     python = pythons.find(version)
     if python is None:

@@ -62,7 +62,7 @@ def test_shipped_example_and_minimal_configs_are_valid() -> None:
 
 
 def test_defaults_are_the_documented_ones() -> None:
-    """Keys left out take the README's defaults (the health ones derived from the trainer
+    """Keys left out take docs/CONFIG.md's defaults (the health ones derived from the trainer
     client's 15 s heartbeat limit and 30 s task timeout); host address defaults to its name."""
     c = config.parse(minimal(), Path("/etc/x.toml"))
     assert (c.trainer.heartbeat_stale_s, c.trainer.task_timeout_s) == (15, 30)
