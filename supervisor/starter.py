@@ -287,6 +287,11 @@ def keys_from_file(path: Path, targets: Sequence[Target]) -> dict[str, list[remo
     naming every host the file has no key for, and the line it needs."""
     try:
         keys = {t.name: remote.known_host_keys(path, t.address, t.port) for t in targets}
+    except FileNotFoundError:
+        raise StarterProblem(
+            f"no {path}: pass --scan to read the keys from the hosts (and confirm them), or"
+            " --known-hosts FILE"
+        ) from None
     except (OSError, ValueError) as exc:
         raise StarterProblem(f"cannot read {path}: {exc}") from None
     missing = [t for t in targets if not keys[t.name]]

@@ -85,6 +85,15 @@ def test_a_host_the_file_has_no_key_for_is_named_with_the_line_it_needs(
     assert not request.output.parent.exists()
 
 
+def test_without_a_known_hosts_file_init_says_to_scan(openssh: OpenSsh, tmp_path: Path) -> None:
+    """No known_hosts file where one was expected (a user who never logged in with ssh):
+    init says to pass --scan, and writes nothing."""
+    request = _request(tmp_path, openssh, known_hosts_from=tmp_path / "none")
+    with pytest.raises(StarterProblem, match=r"no .*/none: pass --scan"):
+        _run(request)
+    assert not request.output.parent.exists()
+
+
 def test_scanned_keys_are_shown_with_the_host_s_fingerprint_and_written_once_confirmed(
     openssh: OpenSsh, tmp_path: Path
 ) -> None:
