@@ -155,7 +155,7 @@ def parts(config: Config) -> str:
     payload = preflight._payload(config, host, "bench.nonce", "token", "bench.probe", OPTIONS)
     python = config.worker.python
     hostcheck = [python, "-S", "-X", "utf8", "-c", preflight.hostcheck_source(), "hostcheck"]
-    no_module = {**payload, "module": None}
+    no_module = {**payload, "module": None, "reward_fn": ""}
     measured = {
         "`python -S -c pass`": child_cpu_ms([python, "-S", "-c", "pass"]),
         "`python -c pass` (with site)": child_cpu_ms([python, "-c", "pass"]),
