@@ -23,7 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.common import SCRATCH
-from supervisor import fleet, health, view
+from supervisor import freeze as freezes
+from supervisor import health, view, vocabulary
 from supervisor.statusfiles import parse_status, read_status
 
 POLICY = health.Policy(heartbeat_stale_s=60.0)
@@ -68,13 +69,13 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
         state["host"], _ = health.step(state["host"], event, now + 2 + i * 1e-3, POLICY)
 
     fleet_hosts = [replace(host, name=f"h{i}") for i in range(hosts)]
-    policy = fleet.FleetPolicy()
+    policy = vocabulary.FleetPolicy()
     silent_after_s = POLICY.heartbeat_stale_s / 2
-    freeze = fleet.Freeze()
+    freeze = freezes.Freeze()
 
     def assess(_i: int) -> None:
-        surveyed = fleet.survey(freeze, fleet_hosts, now + 3, silent_after_s)
-        fleet.assess(freeze, fleet_hosts, now + 3, policy, silent_after_s, surveyed=surveyed)
+        surveyed = freezes.survey(freeze, fleet_hosts, now + 3, silent_after_s)
+        freezes.assess(freeze, fleet_hosts, now + 3, policy, silent_after_s, surveyed=surveyed)
 
     def summary(_i: int) -> None:
         view.summary(h.state.value for h in fleet_hosts)

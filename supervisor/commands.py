@@ -3,7 +3,7 @@ SIGHUP's reload, turned into events for the cores; each answered when the core r
 its token, refused with the core's code and message.
 
 It decides nothing: whether a command is refused, and why, is the cores' answer
-(``fleet.Refusal``, ``leadership.refusal``); a reload reads and validates the file
+(``vocabulary.Refusal``, ``leadership.refusal``); a reload reads and validates the file
 (``config.py``) and hands the result to the fleet core, which reconciles.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, layout, leadership
+from supervisor import layout, leadership, vocabulary
 from supervisor.config import Config
 from supervisor.control import EventSubscription
 from supervisor.errors import ConfigError, ControlError
@@ -39,7 +39,7 @@ class Operator:
         notifier: NotifierProtocol,
         facts: Facts,
         leading: Callable[[], leadership.Leadership],
-        serving: Callable[[], bool],
+        refusal: Callable[[], vocabulary.Refusal | None],
         request_stop: Callable[[str], None],
         apply_config: Callable[[Config], None],
     ) -> None:
@@ -48,18 +48,18 @@ class Operator:
         self._notifier = notifier
         self._facts = facts
         self._leading = leading
-        self._serving = serving
+        self._refusal = refusal
         self._request_stop = request_stop
         self._apply_config = apply_config
         self._tokens = itertools.count(1)
-        self._replies: dict[int, asyncio.Future[fleet.Reply]] = {}
+        self._replies: dict[int, asyncio.Future[vocabulary.Reply]] = {}
         self._lead_replies: dict[int, leadership.Reply] = {}
         self._reload_wanted = asyncio.Event()
         self._reload_lock = asyncio.Lock()
 
     # --- the cores' answers -------------------------------------------------------------------
 
-    def replied(self, action: fleet.Reply) -> None:
+    def replied(self, action: vocabulary.Reply) -> None:
         """The fleet core answered a command's token."""
         future = self._replies.get(action.token)
         if future is not None and not future.done():
@@ -75,15 +75,15 @@ class Operator:
             if not future.done():
                 future.set_exception(ControlError("the daemon is stopping"))
 
-    async def _ask(self, make: Callable[[int], fleet.Event]) -> fleet.Reply:
+    async def _ask(self, make: Callable[[int], vocabulary.Event]) -> vocabulary.Reply:
         """Queue an operator command and wait for the core's answer to it."""
         refused = leadership.refusal(self._leading(), "command")
         if refused is not None:
             raise ControlError(refused)
-        if not self._serving():
+        if self._refusal() is not None:
             raise ControlError("the daemon is not serving commands (starting or stopping)")
         token = next(self._tokens)
-        future: asyncio.Future[fleet.Reply] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[vocabulary.Reply] = asyncio.get_running_loop().create_future()
         self._replies[token] = future
         try:
             self._shell.emit(make(token))
@@ -114,28 +114,28 @@ class Operator:
 
     async def restart_host(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "restart-host", "host": H}``; response the host's new row."""
-        await self._ask(lambda token: fleet.RestartHostRequested(host=host, token=token))
+        await self._ask(lambda token: vocabulary.RestartHostRequested(host=host, token=token))
         return self._presenter.row(host)
 
     async def stop_host(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "stop-host", "host": H}``: writes ``ctl/H.stop``, so it stays so."""
-        await self._ask(lambda token: fleet.StopHostRequested(host=host, token=token))
+        await self._ask(lambda token: vocabulary.StopHostRequested(host=host, token=token))
         return self._presenter.row(host)
 
     async def start_host(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "start-host", "host": H}``: removes the sentinel, clears ``failed``."""
-        await self._ask(lambda token: fleet.StartHostRequested(host=host, token=token))
+        await self._ask(lambda token: vocabulary.StartHostRequested(host=host, token=token))
         return self._presenter.row(host)
 
     async def drain(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "drain", "host": H}``: H's shard moves to a free spare and H
         stays out; response ``{"label", "shard", "to"}``."""
-        reply = await self._ask(lambda token: fleet.DrainRequested(host=host, token=token))
+        reply = await self._ask(lambda token: vocabulary.DrainRequested(host=host, token=token))
         return dict(reply.result or {})
 
     async def undrain(self, host: str) -> dict[str, Any]:
         """Request ``{"cmd": "undrain", "host": H}``: a drained H is a spare again."""
-        reply = await self._ask(lambda token: fleet.UndrainRequested(host=host, token=token))
+        reply = await self._ask(lambda token: vocabulary.UndrainRequested(host=host, token=token))
         return dict(reply.result or {})
 
     async def stop(self) -> dict[str, Any]:
@@ -145,7 +145,7 @@ class Operator:
 
     async def unfreeze(self) -> dict[str, Any]:
         """Request ``{"cmd": "unfreeze"}``; response ``{"frozen": false, "was_frozen": bool}``."""
-        reply = await self._ask(lambda token: fleet.UnfreezeRequested(token=token))
+        reply = await self._ask(lambda token: vocabulary.UnfreezeRequested(token=token))
         return dict(reply.result or {})
 
     async def handover(self) -> dict[str, Any]:
@@ -219,7 +219,7 @@ class Operator:
             log.error("run.files_not_written", reason=str(exc))
         members = config_mod.members(new)
         reply = await self._ask(
-            lambda token: fleet.Reconfigured(
+            lambda token: vocabulary.Reconfigured(
                 members=members, health=new.health, policy=new.fleet, token=token
             )
         )

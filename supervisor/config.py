@@ -23,9 +23,9 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, cast, get_args
 
 from supervisor.errors import ConfigError, ConfigProblem
-from supervisor.fleet import FleetPolicy, Member
 from supervisor.health import Policy
 from supervisor.leadership import Policy as HaPolicy
+from supervisor.vocabulary import FleetPolicy, Member
 
 WatchMode = Literal["auto", "inotify", "poll"]
 OnExit = Literal["stop", "detach"]

@@ -37,7 +37,7 @@ from typing import Any, Final
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, leadership
+from supervisor import fleet, leadership, vocabulary
 from supervisor.commands import Operator
 from supervisor.config import Config
 from supervisor.control import ControlServer
@@ -77,20 +77,20 @@ class _Inbox:
     """The one queue of events: every input and every action's result goes through it."""
 
     def __init__(self) -> None:
-        self._items: deque[fleet.Event] = deque()
+        self._items: deque[vocabulary.Event] = deque()
         self._ready = asyncio.Event()
 
-    def put(self, event: fleet.Event) -> None:
+    def put(self, event: vocabulary.Event) -> None:
         """Queue one event."""
         self._items.append(event)
         self._ready.set()
 
-    def put_all(self, events: Iterable[fleet.Event]) -> None:
+    def put_all(self, events: Iterable[vocabulary.Event]) -> None:
         """Queue events to be taken in this order, in one batch where possible."""
         self._items.extend(events)
         self._ready.set()
 
-    async def take(self) -> list[fleet.Event]:
+    async def take(self) -> list[vocabulary.Event]:
         """Everything queued so far (waits for at least one event)."""
         while not self._items:
             self._ready.clear()
@@ -137,7 +137,7 @@ class Daemon:
         self.links = Links(
             self,
             remote_factory=remote_factory,
-            after_terminate=lambda action, cfg: self.rundir.quarantine(action, cfg),
+            after_terminate=lambda action: self.rundir.quarantine(action),
             timed=lambda op, seconds: self.present.timed(op, seconds),
         )
         self.rundir = RunDirectory(
@@ -145,7 +145,6 @@ class Daemon:
             watcher_factory(config),
             histories=self._fleet.histories,
             seats=self._fleet.saved_seats,
-            shard_of=lambda name: self.links.cfg(name).shard,
         )
         self.present = Presenter(
             self,
@@ -162,7 +161,7 @@ class Daemon:
             notifier=notifier,
             facts=self._facts,
             leading=lambda: self._leadership,
-            serving=lambda: not self._fleet.finished and self._tg is not None,
+            refusal=self._command_refusal,
             request_stop=self.request_stop,
             apply_config=self._apply_config,
         )
@@ -176,37 +175,38 @@ class Daemon:
     def _fleet_routes(self) -> dict[type[Any], Callable[[Any], None]]:
         links, rundir, present, commands = self.links, self.rundir, self.present, self.commands
         return {
-            fleet.HostStateChanged: present.state_changed,
-            fleet.HistoryChanged: rundir.history_changed,
-            fleet.WritePointer: rundir.write_pointer,
-            fleet.PointerNotWritten: present.pointer_not_written,
-            fleet.Probe: links.probe,
-            fleet.RecheckStatus: rundir.recheck,
-            fleet.SendRewardProbe: self.probes.send,
-            fleet.LaunchAsked: present.launch_asked,
-            fleet.Launch: links.launch,
-            fleet.Terminate: links.terminate,
-            fleet.LaunchesWaiting: present.launches_waiting,
-            fleet.ScanFiles: rundir.scan,
-            fleet.Connect: links.connect,
-            fleet.Disconnect: links.disconnect,
-            fleet.Release: links.release,
-            fleet.Reconnect: links.reconnect,
-            fleet.WriteStopSentinel: rundir.write_sentinel,
-            fleet.DeleteStopSentinel: rundir.delete_sentinel,
-            fleet.Reply: commands.replied,
-            fleet.FreezeChanged: self._freeze_changed,
-            fleet.DiagnoseFilesystem: rundir.diagnose,
-            fleet.FreezeExplained: present.freeze_explained,
-            fleet.CrashSignatureFound: present.crash_signature_found,
-            fleet.CrashSignatureCleared: present.crash_signature_cleared,
-            fleet.Settled: self._settled,
-            fleet.Failover: self._failed_over,
-            fleet.KillLeftovers: links.kill_leftovers,
-            fleet.NoFreeSpare: present.no_free_spare,
-            fleet.KeepSpare: links.keep_spare,
-            fleet.ShutdownBegan: present.shutdown_began,
-            fleet.ShutdownDone: present.shutdown_done,
+            vocabulary.HostStateChanged: present.state_changed,
+            vocabulary.HistoryChanged: rundir.history_changed,
+            vocabulary.WritePointer: rundir.write_pointer,
+            vocabulary.PointerNotWritten: present.pointer_not_written,
+            vocabulary.Probe: links.probe,
+            vocabulary.RecheckStatus: rundir.recheck,
+            vocabulary.SendRewardProbe: self.probes.send,
+            vocabulary.LaunchAsked: present.launch_asked,
+            vocabulary.Launch: links.launch,
+            vocabulary.Terminate: links.terminate,
+            vocabulary.LaunchesWaiting: present.launches_waiting,
+            vocabulary.ScanFiles: rundir.scan,
+            vocabulary.Connect: links.connect,
+            vocabulary.Disconnect: links.disconnect,
+            vocabulary.Release: links.release,
+            vocabulary.Reconnect: links.reconnect,
+            vocabulary.WriteStopSentinel: rundir.write_sentinel,
+            vocabulary.DeleteStopSentinel: rundir.delete_sentinel,
+            vocabulary.Reply: commands.replied,
+            vocabulary.FreezeChanged: self._freeze_changed,
+            vocabulary.DiagnoseFilesystem: rundir.diagnose,
+            vocabulary.FreezeExplained: present.freeze_explained,
+            vocabulary.CrashSignatureFound: present.crash_signature_found,
+            vocabulary.CrashSignatureCleared: present.crash_signature_cleared,
+            vocabulary.Settled: self._settled,
+            vocabulary.Failover: self._failed_over,
+            vocabulary.KillLeftovers: links.kill_leftovers,
+            vocabulary.NoFreeSpare: present.no_free_spare,
+            vocabulary.ExitReported: present.exit_reported,
+            vocabulary.KeepSpare: links.keep_spare,
+            vocabulary.ShutdownBegan: present.shutdown_began,
+            vocabulary.ShutdownDone: present.shutdown_done,
         }
 
     def _leadership_routes(self) -> dict[type[Any], Callable[[Any], None]]:
@@ -235,6 +235,13 @@ class Daemon:
             leadership.RoleChanged: present.role_changed,
         }
 
+    def _command_refusal(self) -> vocabulary.Refusal | None:
+        """Why no command can be served now: the fleet core's answer, or no task group to
+        act in yet (or any more)."""
+        if self._tg is None or self._tearing_down:
+            return vocabulary.Refusal.NOT_STARTED
+        return self._fleet.command_refusal()
+
     # ------------------------------------------------------------------------------------
     # shell.Shell: what the adapters are given
 
@@ -248,11 +255,11 @@ class Daemon:
         """This leadership's epoch (0 until we lead)."""
         return self._leadership.epoch
 
-    def emit(self, event: fleet.Event) -> None:
+    def emit(self, event: vocabulary.Event) -> None:
         """Queue one event for the fleet core."""
         self._inbox.put(event)
 
-    def emit_all(self, events: Iterable[fleet.Event]) -> None:
+    def emit_all(self, events: Iterable[vocabulary.Event]) -> None:
         """Queue events for the fleet core, in order."""
         self._inbox.put_all(events)
 
@@ -369,7 +376,7 @@ class Daemon:
 
     def _timer_fired(self) -> None:
         self._timer = None
-        self._inbox.put(fleet.DeadlinePassed())
+        self._inbox.put(vocabulary.DeadlinePassed())
 
     # ------------------------------------------------------------------------------------
     # The leadership core, fed directly
@@ -425,7 +432,7 @@ class Daemon:
         that serve it."""
         histories, seats = await asyncio.to_thread(self.rundir.load_state)
         await self.probes.sweep()  # what a daemon killed mid-probe left, before any probe
-        self._inbox.put(fleet.Booted(histories=histories, seats=seats))
+        self._inbox.put(vocabulary.Booted(histories=histories, seats=seats))
         self._background += [
             self.spawn(self.rundir.watcher.run(self.rundir.on_observations), "watcher"),
             self.spawn(self.rundir.persist_loop(), "persist"),
@@ -434,12 +441,12 @@ class Daemon:
 
     def _stand_down(self, action: leadership.StandDown) -> None:
         self.present.stood_down(action)
-        self._inbox.put(fleet.LeadershipEnded())
+        self._inbox.put(vocabulary.LeadershipEnded())
 
     def _deposed(self, action: leadership.Deposed) -> None:
         """Stop acting at once: abandon every operation, write nothing, exit non-zero."""
         self.links.abandon_operations()
-        self._inbox.put(fleet.LeadershipEnded())
+        self._inbox.put(vocabulary.LeadershipEnded())
         self.present.deposed(action)
 
     def _hand_over(self, action: leadership.HandOver) -> None:
@@ -449,16 +456,16 @@ class Daemon:
     # ------------------------------------------------------------------------------------
     # The fleet's life-cycle actions
 
-    def _settled(self, action: fleet.Settled) -> None:
+    def _settled(self, action: vocabulary.Settled) -> None:
         self.present.settled(action)
         self._lead(leadership.FleetSettled())  # after a takeover: in charge
         self._collector = self.spawn(self._collect_loop(), "gc")
 
-    def _failed_over(self, action: fleet.Failover) -> None:
+    def _failed_over(self, action: vocabulary.Failover) -> None:
         self.links.move(action)
         self.present.failed_over(action)
 
-    def _freeze_changed(self, change: fleet.FreezeChanged) -> None:
+    def _freeze_changed(self, change: vocabulary.FreezeChanged) -> None:
         if not change.frozen:
             self.rundir.end_diagnosis()  # the freeze is over: its diagnosis is moot
         self.present.freeze_changed(change)
@@ -491,12 +498,12 @@ class Daemon:
     def request_stop(self, why: str = "request", *, detach: bool | None = None) -> None:
         """Begin a graceful stop (SIGTERM, SIGINT, ``stop`` command); a standby just exits.
         Whether the workers are stopped or left running is the fleet core's (``run.on_exit``,
-        or ``detach`` for a handover)."""
-        if not self._facts.stopping:
-            self._facts.stopping = True
-            log.info("daemon.stop_requested", by=why, role=self._leadership.shown_role)
-            self._inbox.put(fleet.ShutdownRequested(detach=detach))
-            self._lead(leadership.StopAsked())
+        or ``detach`` for a handover); a stop asked again is the same stop."""
+        if leadership.asked_to_stop(self._leadership):
+            return
+        log.info("daemon.stop_requested", by=why, role=self._leadership.shown_role)
+        self._inbox.put(vocabulary.ShutdownRequested(detach=detach))
+        self._lead(leadership.StopAsked())
 
     # ------------------------------------------------------------------------------------
     # Background loops

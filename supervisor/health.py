@@ -71,7 +71,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Final, Literal, assert_never
+from typing import Any, Final, Literal, assert_never, cast
 
 
 class HostState(StrEnum):
@@ -443,6 +443,18 @@ class RewardProbeAnswered:
     round_trip_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Relocated:
+    """The fleet moved this host's shard to another machine (a failover or a drain). What
+    ran on the old machine is fenced there (the shard lock, the epoch, its leftovers
+    killed), never waited for; the new machine runs nothing of ours, so nothing is probed:
+    the worker is launched as soon as ``ssh_up`` (False: a drain's, until the old worker is
+    killed, then ``SshRestored``)."""
+
+    reason: str
+    ssh_up: bool
+
+
 Event = (
     HeartbeatSeen
     | StatusMissing
@@ -469,6 +481,7 @@ Event = (
     | RestartReleased
     | StatusRechecked
     | RewardProbeAnswered
+    | Relocated
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -982,7 +995,9 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 return host, False  # an earlier worker's answer
             scored = host.pid if verdict is None else (host.probe_scored_pid if busy else None)
             return replace(host, probe_scored_pid=scored), True
-        case DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested():
+        case (
+            DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested() | Relocated()
+        ):
             return host, True
         case _:
             assert_never(event)
@@ -1667,6 +1682,40 @@ def _sentinel_takes_over(host: Host, event: Event, now: float, policy: Policy) -
     return host
 
 
+def _relocated(host: Host, event: Event, now: float, policy: Policy) -> Host:
+    """Start afresh on the new machine: the history stays (a host that keeps failing over
+    keeps backing off), and so do the fleet's holds and what was seen of the status file
+    (the same file: the new worker's first heartbeat counts at once). A host stopped on
+    purpose stays stopped; its old worker is the old machine's to kill."""
+    moved = cast(Relocated, event)  # the table routes only Relocated here
+    fresh = replace(
+        new_host(host.name, now, history=history_of(host)),
+        reason=moved.reason,
+        next_restart_at=None,
+        needs_probe=False,
+        held=host.held,
+        frozen=host.frozen,
+        ssh_up=moved.ssh_up,
+        ssh_reason="connected" if moved.ssh_up else "waiting for its old machine's worker",
+        beat_pid=host.beat_pid,
+        beat_ready=host.beat_ready,
+        remote_heartbeat_at=host.remote_heartbeat_at,
+        remote_seq=host.remote_seq,
+        beat_changed_at=host.beat_changed_at,
+        status_seen=host.status_seen,
+        status_problem=host.status_problem,
+        last_pid=host.pid if host.pid is not None else host.last_pid,
+    )
+    if host.state in STOP_STATES:
+        return replace(
+            fresh,
+            state=S.STOPPED,
+            stop_sentinel=host.stop_sentinel,
+            stop_cause=host.stop_cause,
+        )
+    return fresh
+
+
 def _each(
     states: frozenset[HostState], event: type[Event], handler: _Handler
 ) -> dict[tuple[HostState, type[Event]], _Handler]:
@@ -1705,6 +1754,7 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
     **_each(ALL_STATES, StopRequested, _stop),
     **_each(ALL_STATES - STOP_STATES, StopSentinelAppeared, _stop),
     **_each(STOP_STATES, StopSentinelAppeared, _sentinel_takes_over),
+    **_each(ALL_STATES, Relocated, _relocated),
 }
 
 

@@ -189,6 +189,11 @@ def not_ours(epoch: int, on_disk: int | None) -> str | None:
     return f"the run directory's epoch is {on_disk}, ours {epoch}"
 
 
+def asked_to_stop(state: Leadership) -> bool:
+    """A stop was asked already: another request is the same stop."""
+    return state.stopping
+
+
 def refusal(state: Leadership, command: Literal["command", "reload", "handover"]) -> str | None:
     """Why an operator ``command`` that only a leader serves is refused here, or None."""
     if not state.standing_by:

@@ -9,7 +9,6 @@ back as events through the ``Shell`` (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
@@ -17,7 +16,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, layout, leadership
+from supervisor import health, layout, leadership, vocabulary
 from supervisor.agent import WorkerExit
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import Fenced, RemoteError, ShardHeld
@@ -79,7 +78,7 @@ RemoteFactory = Callable[
 ]
 #: Work done after a worker is confirmed dead and before the core hears it (the stuck-task
 #: quarantine), so before its successor can start.
-AfterTerminate = Callable[[fleet.Terminate, HostConfig], Awaitable[None]]
+AfterTerminate = Callable[[vocabulary.Terminate], Awaitable[None]]
 #: Told how long a launch or a terminate took (``"launch"``/``"terminate"``, seconds).
 Timed = Callable[[str, float], None]
 
@@ -107,48 +106,36 @@ def default_remote_factory(
 
 @dataclass
 class Link:
-    """One member's outside world: its config, connection, and the tasks acting for it."""
+    """One machine's connection and the tasks acting on it. A machine is a member's own
+    host, a spare, or (a standby's) a host kept warm for a takeover; which member it
+    serves, if any, is the fleet core's to know: every action says it."""
 
+    #: The machine's own settings (address, port, user: its connection's).
     cfg: HostConfig
     remote: RemoteLike
     maintain: asyncio.Task[None] | None = None
+    #: A standby's: keeps the agent started on every connection, for a takeover.
+    warmer: asyncio.Task[None] | None = None
+    #: Set at each news of the connection (the warmer waits on it).
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Its agent has started (and said hello) on some connection (a standby's count).
+    agent_started: bool = False
     ops: set[asyncio.Task[None]] = field(default_factory=set)
 
     def cancel_tasks(self) -> None:
-        """Stop everything that acts for this host."""
-        if self.maintain is not None:
-            self.maintain.cancel()
+        """Stop everything that acts on this machine."""
+        for task in (self.maintain, self.warmer, *self.ops):
+            if task is not None:
+                task.cancel()
+
+    def cancel_ops(self) -> None:
+        """Abandon the remote operations in flight (their answers are moot)."""
         for task in self.ops:
             task.cancel()
 
 
-@dataclass
-class Warm:
-    """A standby's connection to one host, kept ready for the takeover: connected and its
-    agent started, so that taking over costs no SSH handshake and no agent start. Nothing
-    is asked of the agent: a probe's answer would be stale by the takeover (whose own probe
-    is what counts), and the agent would watch the leader's worker and push its exit here."""
-
-    cfg: HostConfig
-    remote: RemoteLike
-    maintain: asyncio.Task[None] | None = None
-    warmer: asyncio.Task[None] | None = None
-    #: The connection's last reported state (None: no outcome yet) and why.
-    up: bool | None = None
-    reason: str = ""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    #: Its agent has started (and said hello) on some connection.
-    agent_started: bool = False
-
-    def cancel_tasks(self) -> None:
-        """Stop everything that acts for this host."""
-        for task in (self.maintain, self.warmer):
-            if task is not None:
-                task.cancel()
-
-
 class Links:
-    """Every host's connection and the remote actions on it."""
+    """Every machine's connection and the remote actions on it."""
 
     def __init__(
         self,
@@ -163,37 +150,31 @@ class Links:
         self._after_terminate = after_terminate
         self._timed = timed
         self._handshakes = asyncio.Semaphore(shell.config.ssh.max_concurrent_handshakes)
-        self._links: dict[str, Link] = {}
-        self._warm: dict[str, Warm] = {}
-        # Failover: a machine's own settings (hosts and spares), the links of machines that
-        # serve no member (spares, and machines that lost their shard), and which member a
-        # machine serves where that is not its own name (None: none).
-        self._own: dict[str, HostConfig] = {h.name: h for h in shell.config.hosts}
-        self._own.update((s.name, config_mod.spare_host(s)) for s in shell.config.spares)
         self._machines: dict[str, Link] = {}
-        self._label_of: dict[str, str | None] = {}
-        # Every host of every config loaded: a host joins (Connect) with the settings of
-        # the config the core admitted it under, even while a newer one is being applied.
+        # Every machine's own settings, from every config loaded: a host joins (Connect)
+        # with the settings of the config the core admitted it under, even while a newer
+        # one is being applied; a spare's are its newest.
         self._host_configs: dict[str, HostConfig] = {h.name: h for h in shell.config.hosts}
+        self._spares: dict[str, HostConfig] = {
+            s.name: config_mod.spare_host(s) for s in shell.config.spares
+        }
 
     # --- queries -----------------------------------------------------------------------
 
-    def cfg(self, name: str) -> HostConfig:
-        """The settings ``name`` runs under: its link's, else the newest config's."""
-        link = self._links.get(name)
-        return link.cfg if link is not None else self._host_configs[name]
-
-    def linked(self, name: str) -> bool:
-        """``name`` has a link (the core connected it)."""
-        return name in self._links
+    def machine_cfg(self, machine: str) -> HostConfig:
+        """The settings ``machine``'s connection runs under (a host's or a spare's)."""
+        link = self._machines.get(machine)
+        if link is not None:
+            return link.cfg
+        return self._host_configs.get(machine) or self._spares[machine]
 
     def warm_counts(self) -> dict[str, int]:
         """A standby's warm connections: ``{"hosts", "connected", "probed"}``."""
-        warm = self._warm.values()
+        warm = [link for link in self._machines.values() if link.warmer is not None]
         return {
-            "hosts": len(self._warm),
-            "connected": sum(1 for w in warm if w.up),
-            "probed": sum(1 for w in warm if w.agent_started),
+            "hosts": len(warm),
+            "connected": sum(1 for link in warm if link.remote.connected),
+            "probed": sum(1 for link in warm if link.agent_started),
         }
 
     # --- configuration -------------------------------------------------------------------
@@ -204,116 +185,65 @@ class Links:
 
     # --- the fleet's actions -------------------------------------------------------------
 
-    def connect(self, action: fleet.Connect) -> None:
-        """A host joins: adopt a standby's warm connection to it, or open one (to the spare
-        serving it, when a previous daemon had moved its shard there)."""
-        name = action.host
-        cfg = self._host_configs[name]
-        machine = action.machine or name
-        if machine != name:
-            cfg = replace(self._own[machine], name=name, shard=action.shard)
-            self._label_of[machine] = name
-        warm = self._warm.pop(name, None)
-        if warm is not None and warm.cfg == cfg and warm.maintain is not None:
-            # Taken over with this host's connection warm: adopt it as it is, and tell the
-            # core what the standby saw of it (a state is reported only when it changes).
-            if warm.warmer is not None:
-                warm.warmer.cancel()
-            self._links[name] = Link(cfg=cfg, remote=warm.remote, maintain=warm.maintain)
-            if warm.up is not None:
-                event = health.SshRestored() if warm.up else health.SshLost(reason=warm.reason)
-                self._shell.emit(fleet.HostObserved(name, event))
-            return
-        if warm is not None:  # its settings changed meanwhile: a connection of its own
-            warm.cancel_tasks()
-            self._shell.spawn(_aclose_quietly(warm.remote, name), f"close:{name}")
-        remote = self._new_remote(cfg, machine)
-        link = Link(cfg=cfg, remote=remote)
-        self._links[name] = link
-        link.maintain = self._shell.spawn(self._maintain(name, remote), f"ssh:{name}")
-        if action.added:
-            log.info("host.added", host=name, shard=action.shard)
-
-    def disconnect(self, action: fleet.Disconnect) -> None:
-        """A host left: close its connection."""
-        name = action.host
-        link = self._links.pop(name)
-        link.cancel_tasks()
-        self._shell.spawn(_aclose_quietly(link.remote, name), f"close:{name}")
-        log.info("host.removed", host=name)
-
-    def release(self, action: fleet.Release) -> None:
-        """A host served by a spare left: the spare's connection stays, serving none."""
-        link = self._links.pop(action.host)
-        for task in link.ops:
-            task.cancel()
+    def connect(self, action: vocabulary.Connect) -> None:
+        """A host joins on its machine: that machine's connection, kept (a spare's or a
+        standby's, open already, as it is: the core knows what it said) or opened."""
         machine = action.machine
-        self._machines[machine] = replace(link, cfg=self._own[machine], ops=set())
-        self._label_of[machine] = None
+        own = machine == action.host
+        cfg = self._host_configs[machine] if own else self._spares[machine]
+        self._keep(machine, cfg)
+        if action.added:
+            log.info("host.added", host=action.host, shard=action.shard)
+
+    def keep_spare(self, action: vocabulary.KeepSpare) -> None:
+        """Connect to a spare and keep it connected, serving nothing."""
+        self._keep(action.machine, self._spares[action.machine])
+
+    def disconnect(self, action: vocabulary.Disconnect) -> None:
+        """A host left: close its machine's connection."""
+        link = self._machines.pop(action.machine)
+        link.cancel_tasks()
+        self._shell.spawn(_aclose_quietly(link.remote, action.machine), f"close:{action.machine}")
         log.info("host.removed", host=action.host)
 
-    def reconnect(self, action: fleet.Reconnect) -> None:
+    def release(self, action: vocabulary.Release) -> None:
+        """A host served by a spare left: the spare's connection stays, serving none."""
+        self._machines[action.machine].cancel_ops()
+        log.info("host.removed", host=action.host)
+
+    def reconnect(self, action: vocabulary.Reconnect) -> None:
         """A host's SSH settings changed: its connection takes them at its next connect."""
-        link = self._links[action.host]
-        link.cfg = self._shell.config.host(action.host) or link.cfg
+        link = self._machines[action.machine]
+        link.cfg = self._shell.config.host(action.machine) or link.cfg
         link.remote.update(link.cfg, self._fleet_ssh(), self._shell.config.worker.python)
 
-    def launch(self, action: fleet.Launch) -> None:
+    def launch(self, action: vocabulary.Launch) -> None:
         """Start the host's worker; the core hears ``Launched`` or why not."""
         log.info("host.launch_begin", host=action.host)
-        self._spawn_op(action.host, self._launch(action.host), "launch")
+        self._spawn_op(action.machine, self._launch(action), f"launch:{action.host}")
 
-    def terminate(self, action: fleet.Terminate) -> None:
+    def terminate(self, action: vocabulary.Terminate) -> None:
         """End the host's worker (its evidence first, if asked)."""
         log.info("host.terminate", host=action.host, pid=action.pid, grace_s=action.grace_s)
-        self._spawn_op(action.host, self._terminate(action), "terminate")
+        self._spawn_op(action.machine, self._terminate(action), f"terminate:{action.host}")
 
-    def probe(self, action: fleet.Probe) -> None:
+    def probe(self, action: vocabulary.Probe) -> None:
         """Ask the host's agent whether the worker runs."""
-        self._spawn_op(action.host, self._probe(action), "probe")
+        self._spawn_op(action.machine, self._probe(action), f"probe:{action.host}")
 
-    # --- failover's actions ---------------------------------------------------------------
+    def move(self, action: vocabulary.Failover) -> None:
+        """``action.label``'s shard is served by ``to_machine`` from now on: what was asked
+        of its old machine is abandoned (its answers are moot); that machine's connection
+        stays, serving nothing, for its leftovers to be killed when it answers."""
+        self._machines[action.from_machine].cancel_ops()
 
-    def keep_spare(self, action: fleet.KeepSpare) -> None:
-        """Connect to a spare and keep it connected, serving nothing."""
-        name = action.machine
-        cfg = self._own[name]
-        warm = self._warm.pop(name, None)
-        if warm is not None:  # a standby's, to this machine as a host: it serves none now
-            warm.cancel_tasks()
-            self._shell.spawn(_aclose_quietly(warm.remote, name), f"close:{name}")
-        link = Link(cfg=cfg, remote=self._new_remote(cfg, name))
-        self._machines[name] = link
-        self._label_of[name] = None
-        link.maintain = self._shell.spawn(self._maintain(name, link.remote), f"ssh:{name}")
-
-    def move(self, action: fleet.Failover) -> None:
-        """``action.label``'s shard is served by ``to_machine`` from now on: the member's
-        link takes the spare's connection, and its old machine's connection stays, serving
-        nothing, for its leftovers to be killed when it answers."""
-        label, old_machine, new_machine = action.label, action.from_machine, action.to_machine
-        old = self._links.pop(label)
-        for task in old.ops:  # operations on the old machine: their answers are moot now
-            task.cancel()
-        spare = self._machines.pop(new_machine)
-        cfg = replace(self._own[new_machine], name=label, shard=action.shard)
-        self._links[label] = Link(cfg=cfg, remote=spare.remote, maintain=spare.maintain)
-        own = self._own.get(old_machine, old.cfg)
-        self._machines[old_machine] = Link(cfg=own, remote=old.remote, maintain=old.maintain)
-        self._label_of[new_machine] = label
-        self._label_of[old_machine] = None
-
-    def kill_leftovers(self, action: fleet.KillLeftovers) -> None:
+    def kill_leftovers(self, action: vocabulary.KillLeftovers) -> None:
         """Kill the worker a machine that lost its shard may still run."""
-        link = self._machines[action.machine]
-        task = self._shell.spawn(self._kill_leftovers(action, link), f"leftovers:{action.machine}")
-        link.ops.add(task)
-        task.add_done_callback(link.ops.discard)
+        self._spawn_op(action.machine, self._kill_leftovers(action), f"leftovers:{action.machine}")
 
-    async def _kill_leftovers(self, action: fleet.KillLeftovers, link: Link) -> None:
+    async def _kill_leftovers(self, action: vocabulary.KillLeftovers) -> None:
         machine = action.machine
-        cfg = replace(self._own.get(machine, link.cfg), name=action.label, shard=action.shard)
-        spec = replace(layout.launch_spec(self._shell.config, cfg), epoch=self._shell.epoch)
+        spec = self._spec(machine, action.label, action.shard)
         error: str | None = None
         # Only the pid it ran is looked for, never the pidfile's: that file is the shard's,
         # and names the worker that serves it now (on one box, the agent would find it).
@@ -321,6 +251,7 @@ class Links:
         try:
             reaped = None
             if pid is not None:
+                link = self._machines[machine]
                 reaped = await link.remote.terminate(spec, pid, grace_s=action.grace_s, kill=True)
         except Fenced as exc:
             log.error("host.fenced", host=machine, op="leftovers", reason=exc.reason)
@@ -341,73 +272,48 @@ class Links:
             )
         if error is not None:
             log.warning("spare.leftovers_failed", machine=machine, label=action.label, reason=error)
-        self._shell.emit(fleet.LeftoversKilled(machine=machine, error=error))
+        self._shell.emit(vocabulary.LeftoversKilled(machine=machine, error=error))
 
     # --- leadership's actions --------------------------------------------------------------
 
     def warm_up(self, cfg: HostConfig) -> None:
         """Connect to ``cfg``'s host and keep its agent started (a standby's wait)."""
-        warm = Warm(cfg=cfg, remote=self._new_remote(cfg, cfg.name))
-        self._warm[cfg.name] = warm
-        warm.maintain = self._shell.spawn(self._maintain(cfg.name, warm.remote), f"ssh:{cfg.name}")
-        warm.warmer = self._shell.spawn(self._keep_warm(warm), f"warm:{cfg.name}")
+        link = self._keep(cfg.name, cfg)
+        link.warmer = self._shell.spawn(self._keep_warm(link), f"warm:{cfg.name}")
 
     def abandon_operations(self) -> None:
         """Deposed: every remote operation in flight is abandoned at once."""
-        for link in self._links.values():
-            for task in link.ops:
-                task.cancel()
+        for link in self._machines.values():
+            link.cancel_ops()
 
     # --- the end -----------------------------------------------------------------------
 
     def cancel_tasks(self) -> None:
-        """Stop every task acting for a host (the daemon is stopping)."""
-        for link in (*self._links.values(), *self._machines.values()):
+        """Stop every task acting on a machine (the daemon is stopping)."""
+        for link in self._machines.values():
             link.cancel_tasks()
-        for warm in self._warm.values():
-            warm.cancel_tasks()
 
     async def aclose(self) -> None:
         """Close every connection, each within CLOSE_TIMEOUT_S."""
         async with asyncio.TaskGroup() as tg:
-            for name, link in (*self._links.items(), *self._machines.items()):
+            for name, link in self._machines.items():
                 tg.create_task(_aclose_quietly(link.remote, name))
-            for name, warm in self._warm.items():
-                tg.create_task(_aclose_quietly(warm.remote, name))
 
     # --- inputs ----------------------------------------------------------------------------
 
-    def _on_connection(self, name: str, up: bool, reason: str) -> None:
-        log.info("ssh.up" if up else "ssh.down", host=name, reason=reason)
-        warm = self._warm.get(name)
-        if warm is not None and name not in self._links:
-            # A standby's warm connection: remembered, told to the core once it adopts it.
-            warm.up, warm.reason = up, reason
-            warm.changed.set()
-            return
-        label = self._label_of.get(name, name)
-        if label is None:  # a machine serving no member: a spare, or one that lost its shard
-            self._shell.emit(fleet.SpareObserved(machine=name, up=up, reason=reason))
-            return
+    def _on_connection(self, machine: str, link: Link, up: bool, reason: str) -> None:
+        if self._machines.get(machine) is not link:
+            return  # a connection closed since: not this machine's news any more
+        log.info("ssh.up" if up else "ssh.down", host=machine, reason=reason)
+        link.changed.set()
         event = health.SshRestored() if up else health.SshLost(reason=reason)
-        self._shell.emit(fleet.HostObserved(label, event))
+        self._shell.emit(vocabulary.MachineObserved(machine, event))
 
-    def _on_exit_pushed(self, machine: str, news: WorkerExit) -> None:
-        """The host's agent saw a worker end: the same fact as its exit record, sooner; the
-        core acts on whichever comes first and takes the other as old news."""
-        name = self._label_of.get(machine, machine)
-        if name is None:  # a leftover of a machine that lost its shard: not a member's
-            log.info("spare.exit_reported", machine=machine, pid=news.pid)
+    def _on_exit_pushed(self, machine: str, link: Link, news: WorkerExit) -> None:
+        """The machine's agent saw a worker end: the same fact as its exit record, sooner;
+        the core acts on whichever comes first and takes the other as old news."""
+        if self._machines.get(machine) is not link:
             return
-        log.info(
-            "worker.exit_reported",
-            host=name,
-            pid=news.pid,
-            exit_code=news.exit_code,
-            signal=news.signal,
-            reaped=news.reaped,
-            via="agent",
-        )
         event = health.WorkerExited(
             pid=news.pid,
             exit_code=news.exit_code,
@@ -415,41 +321,59 @@ class Links:
             log_tail=news.log_tail,
             reaped=news.reaped,
         )
-        self._shell.emit(fleet.HostObserved(name, event))
+        self._shell.emit(vocabulary.MachineObserved(machine, event))
 
     # --- the work --------------------------------------------------------------------------
 
-    def _spawn_op(self, name: str, coro: Any, what: str) -> None:
-        link = self._links[name]
-        task = self._shell.spawn(coro, f"{what}:{name}")
+    def _keep(self, machine: str, cfg: HostConfig) -> Link:
+        """``machine``'s link: the one it has (taking ``cfg`` if it changed, and no longer a
+        standby's warm-up), or a new connection."""
+        link = self._machines.get(machine)
+        if link is None:
+            # Its news names the link it came from: a connection closed since is not heard.
+            made: list[Link] = []
+            remote = self._remote_factory(
+                cfg,
+                self._fleet_ssh(),
+                self._shell.config.worker.python,
+                self._handshakes,
+                lambda up, reason: self._on_connection(machine, made[0], up, reason),
+                lambda news: self._on_exit_pushed(machine, made[0], news),
+            )
+            link = Link(cfg=cfg, remote=remote)
+            made.append(link)
+            self._machines[machine] = link
+            link.maintain = self._shell.spawn(self._maintain(machine, remote), f"ssh:{machine}")
+            return link
+        if link.warmer is not None:
+            link.warmer.cancel()  # a takeover adopts it as it is
+            link.warmer = None
+        if link.cfg != cfg:
+            link.cfg = cfg
+            link.remote.update(cfg, self._fleet_ssh(), self._shell.config.worker.python)
+        return link
+
+    def _spawn_op(self, machine: str, coro: Any, name: str) -> None:
+        link = self._machines[machine]
+        task = self._shell.spawn(coro, name)
         link.ops.add(task)
         task.add_done_callback(link.ops.discard)
-
-    def _new_remote(self, cfg: HostConfig, machine: str) -> RemoteLike:
-        # Its news is told by machine: which member that is, if any, is looked up then.
-        name = machine
-        return self._remote_factory(
-            cfg,
-            self._fleet_ssh(),
-            self._shell.config.worker.python,
-            self._handshakes,
-            lambda up, reason: self._on_connection(name, up, reason),
-            lambda news: self._on_exit_pushed(name, news),
-        )
 
     def _fleet_ssh(self) -> SshConfig:
         """The SSH settings each connection uses: keepalives spread over the whole fleet."""
         config = self._shell.config
         return config_mod.fleet_ssh(config.ssh, len(config.hosts))
 
-    def _spec(self, link: Link) -> LaunchSpec:
+    def _spec(self, machine: str, host: str, shard: int) -> LaunchSpec:
+        """What ``host``'s worker for ``shard`` is on ``machine`` (``--host host --shard
+        shard``, the machine's own settings otherwise)."""
+        cfg = replace(self.machine_cfg(machine), name=host, shard=shard)
         # Every launch and terminate carries this leadership's epoch: the agent refuses one
         # lower than the run directory's (fencing a deposed leader).
-        spec = layout.launch_spec(self._shell.config, link.cfg)
-        return replace(spec, epoch=self._shell.epoch)
+        return replace(layout.launch_spec(self._shell.config, cfg), epoch=self._shell.epoch)
 
     async def _maintain(self, name: str, remote: RemoteLike) -> None:
-        """The host's connection for as long as it is a member; its faults stay its own."""
+        """The machine's connection for as long as it is kept; its faults stay its own."""
         while True:
             try:
                 await remote.maintain()
@@ -459,35 +383,38 @@ class Links:
             else:
                 return
 
-    async def _keep_warm(self, warm: Warm) -> None:
+    async def _keep_warm(self, link: Link) -> None:
         """Have the agent started once per connection: the connection starts it too, but
         says nothing of a failure, and a takeover's first request must find it running."""
+        name = link.cfg.name
         started_up = False
         while True:
-            await warm.changed.wait()
-            warm.changed.clear()
-            if not warm.up:
+            await link.changed.wait()
+            link.changed.clear()
+            if not link.remote.connected:
                 started_up = False
                 continue
             if started_up:
                 continue
             try:
-                await warm.remote.start_agent()
+                await link.remote.start_agent()
             except Exception as exc:  # task root: a standby's warm-up is only a warm-up
                 if isinstance(exc, RemoteError):
-                    log.info("ha.warm_probe_failed", host=warm.cfg.name, reason=exc.reason)
+                    log.info("ha.warm_probe_failed", host=name, reason=exc.reason)
                 else:
-                    log.exception("ha.warm_probe_failed", host=warm.cfg.name)
+                    log.exception("ha.warm_probe_failed", host=name)
                 await asyncio.sleep(WARM_RETRY_S)
-                warm.changed.set()  # try again while the connection is up
+                link.changed.set()  # try again while the connection is up
                 continue
-            warm.agent_started = started_up = True
-            log.debug("ha.warm", host=warm.cfg.name)
+            link.agent_started = started_up = True
+            log.debug("ha.warm", host=name)
 
-    async def _launch(self, name: str) -> None:
-        link = self._links[name]
-        spec = self._spec(link)
-        started = time.monotonic()
+    async def _launch(self, action: vocabulary.Launch) -> None:
+        name = action.host
+        link = self._machines[action.machine]
+        spec = self._spec(action.machine, name, action.shard)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         event: health.Event
         try:
             result = await link.remote.launch(spec)
@@ -509,22 +436,26 @@ class Links:
             log.exception("host.launch_failed", host=name, reason=repr(exc))
             event = health.LaunchFailed(reason=f"internal error: {exc!r}", uncertain=True)
         else:
-            elapsed = time.monotonic() - started
+            elapsed = loop.time() - started
             self._timed("launch", elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.launched", host=name, pid=result.pid, elapsed_ms=elapsed_ms)
             event = health.Launched(pid=result.pid)
-        self._shell.emit(fleet.HostObserved(name, event))
+        self._shell.emit(vocabulary.HostObserved(name, event))
 
-    async def _terminate(self, action: fleet.Terminate) -> None:
+    async def _terminate(self, action: vocabulary.Terminate) -> None:
         name = action.host
-        link = self._links[name]
+        link = self._machines[action.machine]
         evidence = await self._evidence(action) if action.collect_evidence else None
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         event: health.Event
         try:
             reaped = await link.remote.terminate(
-                self._spec(link), action.pid, grace_s=action.grace_s, kill=action.kill
+                self._spec(action.machine, name, action.shard),
+                action.pid,
+                grace_s=action.grace_s,
+                kill=action.kill,
             )
         except Fenced as exc:
             log.error("host.fenced", host=name, op="terminate", pid=action.pid, reason=exc.reason)
@@ -539,7 +470,7 @@ class Links:
                 pid=action.pid, reason=f"internal error: {exc!r}", evidence=evidence
             )
         else:
-            elapsed = time.monotonic() - started
+            elapsed = loop.time() - started
             self._timed("terminate", elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
             log.info(
@@ -550,22 +481,23 @@ class Links:
                 reaped=reaped,
             )
             # Before the core hears it is dead, so before its successor can start.
-            await self._after_terminate(action, link.cfg)
+            await self._after_terminate(action)
             event = health.TerminateConfirmed(pid=action.pid, evidence=evidence, reaped=reaped)
-        self._shell.emit(fleet.HostObserved(name, event))
+        self._shell.emit(vocabulary.HostObserved(name, event))
 
-    async def _evidence(self, action: fleet.Terminate) -> health.Evidence:
+    async def _evidence(self, action: vocabulary.Terminate) -> health.Evidence:
         """The worker's stacks and log tail, from its host's agent, within
         ``health.evidence_timeout_s`` (plus a round trip): never raises, never holds the
         terminate back longer; what went wrong is a note."""
         name, pid = action.host, action.pid
-        link = self._links[name]
+        link = self._machines[action.machine]
         policy = self._shell.config.health
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             async with asyncio.timeout(policy.evidence_timeout_s + EVIDENCE_SLACK_S):
                 evidence = await link.remote.evidence(
-                    self._spec(link),
+                    self._spec(action.machine, name, action.shard),
                     pid,
                     timeout_s=policy.evidence_timeout_s,
                     stacks=policy.evidence_stacks,
@@ -574,11 +506,11 @@ class Links:
             reason = exc.reason if isinstance(exc, RemoteError) else "no answer in time"
             log.warning("host.evidence_failed", host=name, pid=pid, reason=reason)
             notes: tuple[str, ...] = (f"not collected: {reason}",)
-            return health.Evidence(pid=pid, notes=notes, elapsed_s=_since(started))
+            return health.Evidence(pid=pid, notes=notes, elapsed_s=_since(loop, started))
         except Exception as exc:  # task root of the capture: the terminate must go on
             log.exception("host.evidence_failed", host=name, pid=pid)
             notes = (f"not collected: internal error: {exc!r}",)
-            return health.Evidence(pid=pid, notes=notes, elapsed_s=_since(started))
+            return health.Evidence(pid=pid, notes=notes, elapsed_s=_since(loop, started))
         log.info(
             "host.evidence",
             host=name,
@@ -586,16 +518,18 @@ class Links:
             via=evidence.stacks_via,
             stacks_chars=len(evidence.stacks or ""),
             notes=list(evidence.notes),
-            elapsed_ms=round(1000 * _since(started), 1),
+            elapsed_ms=round(1000 * _since(loop, started), 1),
         )
         return evidence
 
-    async def _probe(self, action: fleet.Probe) -> None:
+    async def _probe(self, action: vocabulary.Probe) -> None:
         name = action.host
-        link = self._links[name]
+        link = self._machines[action.machine]
         event: health.Event
         try:
-            pid = await link.remote.probe(self._spec(link), action.pid)
+            pid = await link.remote.probe(
+                self._spec(action.machine, name, action.shard), action.pid
+            )
         except RemoteError as exc:
             log.warning("host.probe_failed", host=name, reason=exc.reason)
             event = health.ProbeFailed(reason=exc.reason)
@@ -605,11 +539,12 @@ class Links:
         else:
             log.info("host.probe", host=name, found_pid=pid)
             event = health.ProbeResult(pid=pid)
-        self._shell.emit(fleet.HostObserved(name, event))
+        self._shell.emit(vocabulary.HostObserved(name, event))
 
 
-def _since(started: float) -> float:
-    return round(time.monotonic() - started, 3)
+def _since(loop: asyncio.AbstractEventLoop, started: float) -> float:
+    """Seconds since ``started`` on the loop's clock, the clock the cores run on."""
+    return round(loop.time() - started, 3)
 
 
 async def _aclose_quietly(remote: RemoteLike, name: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeGuard
 from urllib.parse import quote
 
-from supervisor import fleet, health
+from supervisor import health, vocabulary
 from supervisor.terminal import terminal_text
 from supervisor.view import work_text
 
@@ -46,7 +46,7 @@ _RANK: Final = {
     health.HostState.COOLING_DOWN.value: 2,
     health.HostState.STARTING.value: 4,
     health.HostState.STOPPING.value: 5,
-    fleet.WAITING: 6,
+    vocabulary.WAITING: 6,
     health.HostState.STOPPED.value: 7,
     health.HostState.READY.value: 9,
 }

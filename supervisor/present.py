@@ -12,13 +12,14 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, leadership, logs, page, view
+from supervisor import fleet, health, leadership, logs, page, view, vocabulary
+from supervisor.config import HostConfig
 from supervisor.control import EventHub, EventSubscription
 from supervisor.errors import ControlError
 from supervisor.links import Links
@@ -41,8 +42,6 @@ class Facts:
 
     started_wall: float = field(default_factory=time.time)
     started_at: float = 0.0
-    stopping: bool = False
-    ready: bool = False
     reloads: int = 0
     last_reload_errors: list[str] = field(default_factory=list)
 
@@ -75,7 +74,7 @@ class Presenter:
 
     # --- the fleet core's actions --------------------------------------------------------
 
-    def state_changed(self, change: fleet.HostStateChanged) -> None:
+    def state_changed(self, change: vocabulary.HostStateChanged) -> None:
         """``host.state``: logged, streamed, and in ``STATUS=`` soon."""
         fields: dict[str, Any] = {
             "host": change.host,
@@ -93,18 +92,18 @@ class Presenter:
         self._events.publish({"event": "host.state", "timestamp": _utc_now(), **fields})
         self.publish_status_soon()
 
-    def launch_asked(self, action: fleet.LaunchAsked) -> None:
+    def launch_asked(self, action: vocabulary.LaunchAsked) -> None:
         """``host.launch``, and a restart counted by its cause."""
         log.info("host.launch", host=action.host, reason=action.reason, restart=action.is_restart)
         if action.is_restart and self._metrics is not None:
             reason = action.cause.value if action.cause is not None else "other"
             self._metrics.restarts.labels(host=action.host, reason=reason).inc()
 
-    def launches_waiting(self, action: fleet.LaunchesWaiting) -> None:
+    def launches_waiting(self, action: vocabulary.LaunchesWaiting) -> None:
         """Launches queued behind the fleet's budget."""
         log.info("fleet.launches_queued", waiting=action.waiting)
 
-    def pointer_not_written(self, action: fleet.PointerNotWritten) -> None:
+    def pointer_not_written(self, action: vocabulary.PointerNotWritten) -> None:
         """The pointer file could not be written; the core retries it."""
         log.error(
             "pointer.not_written",
@@ -114,7 +113,7 @@ class Presenter:
             retry_in_s=round(action.retry_at - asyncio.get_running_loop().time(), 3),
         )
 
-    def freeze_changed(self, change: fleet.FreezeChanged) -> None:
+    def freeze_changed(self, change: vocabulary.FreezeChanged) -> None:
         """The fleet froze or thawed."""
         if change.frozen:
             log.error("fleet.frozen", reason=change.reason, hosts=list(change.hosts))
@@ -123,13 +122,13 @@ class Presenter:
         self.publish_event("fleet.frozen" if change.frozen else "fleet.thawed", change.reason)
         self.publish_status(force=True)
 
-    def freeze_explained(self, action: fleet.FreezeExplained) -> None:
+    def freeze_explained(self, action: vocabulary.FreezeExplained) -> None:
         """What the diagnosis of a freeze found."""
         log.error("fleet.freeze_finding", finding=action.finding, free_bytes=action.free_bytes)
         self.publish_event("fleet.freeze_finding", reason=action.finding)
         self.publish_status(force=True)
 
-    def crash_signature_found(self, action: fleet.CrashSignatureFound) -> None:
+    def crash_signature_found(self, action: vocabulary.CrashSignatureFound) -> None:
         """Hosts crashed (or failed their reward probe) the same way: restarts held but for
         the canary."""
         event = f"fleet.{action.kind}_signature"
@@ -143,7 +142,7 @@ class Presenter:
         self.publish_event(event, reason=action.signature)
         self.publish_status(force=True)
 
-    def crash_signature_cleared(self, action: fleet.CrashSignatureCleared) -> None:
+    def crash_signature_cleared(self, action: vocabulary.CrashSignatureCleared) -> None:
         """A crash (or probe) signature no longer holds restarts."""
         event = f"fleet.{action.kind}_signature_cleared"
         log.warning(
@@ -152,7 +151,7 @@ class Presenter:
         self.publish_event(event, reason=action.reason)
         self.publish_status(force=True)
 
-    def failed_over(self, action: fleet.Failover) -> None:
+    def failed_over(self, action: vocabulary.Failover) -> None:
         """``shard.failover``: a member's shard is served by a spare from now on."""
         log.warning(
             "shard.failover",
@@ -169,13 +168,29 @@ class Presenter:
         )
         self.publish_status(force=True)
 
-    def no_free_spare(self, action: fleet.NoFreeSpare) -> None:
+    def no_free_spare(self, action: vocabulary.NoFreeSpare) -> None:
         """A member's machine is lost and no spare is free: its shard stays unserved."""
         log.error(
             "shard.no_free_spare", host=action.label, shard=action.shard, machine=action.machine
         )
         self.publish_event(
             "shard.no_free_spare", reason=f"{action.label} lost ({action.machine}): no free spare"
+        )
+
+    def exit_reported(self, action: vocabulary.ExitReported) -> None:
+        """A worker's exit its machine's agent pushed: ``worker.exit_reported`` for a host's,
+        ``spare.exit_reported`` for a leftover of a machine serving none."""
+        if action.host is None:
+            log.info("spare.exit_reported", machine=action.machine, pid=action.pid)
+            return
+        log.info(
+            "worker.exit_reported",
+            host=action.host,
+            pid=action.pid,
+            exit_code=action.exit_code,
+            signal=action.signal,
+            reaped=action.reaped,
+            via="agent",
         )
 
     def probe_answered(self, host: str, answer: health.RewardProbeAnswered) -> None:
@@ -200,22 +215,21 @@ class Presenter:
             if cause is not None:
                 self._metrics.probe_failures.labels(host=host, cause=cause).inc()
 
-    def settled(self, action: fleet.Settled) -> None:
+    def settled(self, action: vocabulary.Settled) -> None:
         """Start-up is over: READY for systemd, ``daemon.ready`` in the journal."""
         if action.slow:
             waited = self._shell.config.fleet.startup_timeout_s
             log.warning("daemon.ready_without", hosts=list(action.slow), waited_s=waited)
-        self._facts.ready = True
         self.notifier.ready()
         self.publish_status()
         log.info("daemon.ready", summary=self._summary, watch_mode=self._rundir.watcher.mode)
 
-    def shutdown_began(self, action: fleet.ShutdownBegan) -> None:
+    def shutdown_began(self, action: vocabulary.ShutdownBegan) -> None:
         """STOPPING for systemd."""
         self.notifier.stopping()
         log.info("daemon.stopping", on_exit=self._shell.config.run.on_exit)
 
-    def shutdown_done(self, done: fleet.ShutdownDone) -> None:
+    def shutdown_done(self, done: vocabulary.ShutdownDone) -> None:
         """The hosts the stop could not end, if any."""
         if done.incomplete:
             log.error(
@@ -257,14 +271,14 @@ class Presenter:
 
     def in_charge(self, action: leadership.InCharge) -> None:
         """A takeover is complete."""
-        core = self._core
+        hosts = self._core.hosts.values()
         log.info(
             "ha.in_charge",
             epoch=action.epoch,
             since_lock_s=action.since_lock_s,
             since_lock_free_s=action.since_lock_free_s,
-            adopted=sum(1 for h in core.hosts.values() if h.pid is not None),
-            hosts=len(core.hosts),
+            adopted=sum(1 for h in hosts if h.pid is not None),
+            hosts=len(hosts),
         )
 
     def stood_by(self, action: leadership.StandBy) -> None:
@@ -370,13 +384,15 @@ class Presenter:
             self._publish_pending = True
             asyncio.get_running_loop().call_later(STATUS_COALESCE_S, self.publish_status)
 
-    def publish_status(self, *, force: bool = False) -> None:
+    def publish_status(self, shown: fleet.FleetView | None = None, *, force: bool = False) -> None:
         """``STATUS=`` with the fleet's summary, if it changed (or ``force``)."""
         self._publish_pending = False
-        text = view.status_line(self._core)
+        if shown is None:
+            shown = self._core.view(asyncio.get_running_loop().time())
+        text = view.status_line(shown)
         if text != self._summary or force:
             self._summary = text
-            if self._facts.ready:
+            if self._core.settled:
                 self.notifier.status(text)
 
     def publish_event(self, event: str, reason: str) -> None:
@@ -395,45 +411,57 @@ class Presenter:
 
     def status(self) -> dict[str, Any]:
         """``{"daemon": {...}, "hosts": {...}}``: every configured host's row."""
-        self.publish_status()  # the summary as of now, not as of the last coalesced update
         now = asyncio.get_running_loop().time()
-        core = self._core
-        policy = core.health_policy
+        shown = self._core.view(now)
+        self.publish_status(shown)  # the summary as of now, not as of the last coalesced one
+        policy = shown.health_policy
         hosts = {
             name: {
-                **view.shown_row(shown, self._links.cfg(name), now, policy),
-                "machine": core.machine_of(name),
+                **view.shown_row(host, self._settings(shown, name), now, policy),
+                "machine": shown.machines[name],
             }
-            for name, shown in core.shown(now).items()
+            for name, host in shown.hosts.items()
         }
-        return {"daemon": self._daemon_row(now), "hosts": hosts}
+        return {"daemon": self._daemon_row(shown, now), "hosts": hosts}
 
     def host_status(self, name: str) -> dict[str, Any]:
         """``{"daemon": {...}, "host": H, ...}``: the host's row with its progress, restarts,
         last exit and evidence in full."""
-        self.publish_status()
         now = asyncio.get_running_loop().time()
-        core = self._core
-        shown = core.shown(now).get(name)
-        if shown is None:
+        shown = self._core.view(now)
+        self.publish_status(shown)
+        host = shown.hosts.get(name)
+        if host is None:
             raise ControlError(f"unknown host {name!r}")
-        cfg = self._links.cfg(name)
         detail = view.shown_row(
-            shown, cfg, now, core.health_policy, detail=True, wall_now=time.time()
+            host,
+            self._settings(shown, name),
+            now,
+            shown.health_policy,
+            detail=True,
+            wall_now=time.time(),
         )
         return {
-            "daemon": self._daemon_row(now),
+            "daemon": self._daemon_row(shown, now),
             "host": name,
             **detail,
-            "machine": core.machine_of(name),
+            "machine": shown.machines[name],
         }
 
-    def row(self, host: str) -> dict[str, Any]:
+    def row(self, name: str) -> dict[str, Any]:
         """One host's row, as a command's answer."""
         now = asyncio.get_running_loop().time()
-        core = self._core
-        row = view.host_row(core.hosts[host], self._links.cfg(host), now, core.health_policy)
-        return {"host": host, **row}
+        shown = self._core.view(now)
+        host = self._core.host(name)
+        if host is None:  # it left between the command and its answer
+            raise ControlError(f"unknown host {name!r}")
+        row = view.host_row(host, self._settings(shown, name), now, shown.health_policy)
+        return {"host": name, **row}
+
+    def _settings(self, shown: fleet.FleetView, name: str) -> HostConfig:
+        """What ``status`` shows of a host's settings: its machine's address, its own shard."""
+        cfg = self._links.machine_cfg(shown.machines[name])
+        return replace(cfg, name=name, shard=shown.shards[name])
 
     def standby_status(self, view_at: float | None) -> dict[str, Any]:
         """A standby's status: who leads, the epoch, its warm connections, and the hosts as
@@ -467,15 +495,14 @@ class Presenter:
             "root": str(config.run.root),
             "uptime_s": round(now - self._facts.started_at, 3),
             "started_at": self._facts.started_wall,
-            "stopping": self._facts.stopping,
+            "stopping": leadership.asked_to_stop(self._leading()),
             "log_lines": logs.logged_lines(),
             "log_lines_dropped": logs.dropped_lines(),
             "on_exit": config.run.on_exit,
             "stop_grace_s": config.health.stop_grace_s,
         }
 
-    def _daemon_row(self, now: float) -> dict[str, Any]:
-        core = self._core
+    def _daemon_row(self, shown: fleet.FleetView, now: float) -> dict[str, Any]:
         lead = self._leading()
         watcher = self._rundir.watcher
         return {
@@ -483,52 +510,54 @@ class Presenter:
             "role": lead.shown_role,
             "leader": lead.leader,
             "epoch": lead.epoch,
-            "ready": self._facts.ready,
-            "all_ready": core.all_ready,
+            "ready": self._core.settled,
+            "all_ready": shown.all_ready,
             "summary": self._summary,
             "watch_mode": watcher.mode,
             "reloads": self._facts.reloads,
             "last_reload_errors": self._facts.last_reload_errors,
-            "frozen": core.freeze.frozen,
-            "frozen_reason": core.freeze.reason or None,
-            "freeze_finding": core.finding,
+            "frozen": shown.frozen,
+            "frozen_reason": shown.frozen_reason or None,
+            "freeze_finding": shown.finding,
             "crash_signatures": [
-                _signature_row(core, sig, now)
-                for sig in core.signatures.values()
+                _signature_row(sig, held, now)
+                for sig, held in shown.signatures
                 if sig.kind == "crash"
             ],
             #: Reward probes failing the same way on several hosts (``[probe]``).
             "probe_signatures": [
-                _signature_row(core, sig, now)
-                for sig in core.signatures.values()
+                _signature_row(sig, held, now)
+                for sig, held in shown.signatures
                 if sig.kind == "probe"
             ],
             #: ``[trainer] task_timeout_s``, beside which a probe's round trip is judged.
             "trainer_task_timeout_s": self._shell.config.trainer.task_timeout_s,
             #: ``[[spares]]``: each spare machine's role; shards moved to one, by reason.
-            "spares": core.spare_rows(),
-            "free_spares": core.free_spares,
-            "failovers": core.moving(),
-            "failover_counts": dict(core.failovers),
-            "launches_waiting": len(core.budget.waiting),
-            "launches_in_flight": len(core.budget.in_flight),
+            "spares": shown.spares,
+            "free_spares": shown.free_spares,
+            "failovers": shown.moves,
+            "failover_counts": dict(shown.failover_counts),
+            "launches_waiting": shown.launches_waiting,
+            "launches_in_flight": shown.launches_in_flight,
             "status_parse_errors": getattr(watcher, "parse_errors", 0),
             "pointer": view.pointer_row(
                 self._shell.config.run.pointer_file,
-                core.pointer,
+                shown.pointer,
                 self._rundir.pointer_written_wall,
                 now,
             ),
         }
 
 
-def _signature_row(core: fleet.Fleet, sig: fleet.CrashSignature, now: float) -> dict[str, Any]:
+def _signature_row(
+    sig: vocabulary.CrashSignature, held: tuple[str, ...], now: float
+) -> dict[str, Any]:
     return {
         "signature": sig.signature,
         "since_s": round(now - sig.since_at, 3),
         "hosts": sorted(sig.hosts),
         "canary": sig.canary,
-        "held": core.held_by(sig.signature),
+        "held": list(held),
     }
 
 

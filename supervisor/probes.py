@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import structlog
 
-from supervisor import fleet, health, runfiles
+from supervisor import health, runfiles, vocabulary
 from supervisor.shell import Shell
 
 log = structlog.get_logger("supervisor.daemon")
@@ -177,7 +177,7 @@ class Prober:
         #: may still write a result.
         self._owed: dict[int, list[str]] = {}
 
-    def send(self, action: fleet.SendRewardProbe) -> None:
+    def send(self, action: vocabulary.SendRewardProbe) -> None:
         """Perform ``SendRewardProbe``; the core hears ``RewardProbeAnswered``."""
         self._shell.spawn(self._probe(action), f"probe:{action.host}")
 
@@ -196,7 +196,7 @@ class Prober:
             if removed:
                 log.info("probe.swept", removed=removed)
 
-    async def _probe(self, action: fleet.SendRewardProbe) -> None:
+    async def _probe(self, action: vocabulary.SendRewardProbe) -> None:
         root = self._shell.config.run.root
         owed = self._owed.get(action.shard)
         if owed:
@@ -229,7 +229,7 @@ class Prober:
             await self._remove(root, action.shard, task_id)
         answer = answer_of(action.pid, record, error, time.monotonic() - started)
         self._answered(action.host, answer)
-        self._shell.emit(fleet.HostObserved(action.host, answer))
+        self._shell.emit(vocabulary.HostObserved(action.host, answer))
 
     async def _remove(self, root: Path, shard: int, task_id: str) -> None:
         try:

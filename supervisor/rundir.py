@@ -20,8 +20,7 @@ from typing import Any, Final, assert_never
 
 import structlog
 
-from supervisor import fleet, health, layout, leadership, runfiles, tasks, view
-from supervisor.config import HostConfig
+from supervisor import health, layout, leadership, runfiles, tasks, view, vocabulary
 from supervisor.errors import RunLocked
 from supervisor.mounts import check_filesystem
 from supervisor.shell import Shell
@@ -60,14 +59,12 @@ class RunDirectory:
         watcher: WatcherProtocol,
         *,
         histories: Callable[[], dict[str, health.History]],
-        seats: Callable[[], fleet.SavedSeats | None],
-        shard_of: Callable[[str], int],
+        seats: Callable[[], vocabulary.SavedSeats | None],
     ) -> None:
         self._shell = shell
         self.watcher = watcher
         self._histories = histories
         self._seats = seats
-        self._shard_of = shard_of
         # The leadership core's I/O: not in the daemon's task group, since the first try of
         # the lock comes before the group and a handover's looks after it.
         self._lock_ops: set[asyncio.Task[None]] = set()
@@ -215,7 +212,7 @@ class RunDirectory:
                 )
         self._shell.emit_all(events_of(observations))
 
-    def scan(self, action: fleet.ScanFiles) -> None:
+    def scan(self, action: vocabulary.ScanFiles) -> None:
         """Read joining hosts' files; the core hears the sentinels first, then the rest."""
         self._shell.spawn(self._scan(action.hosts), "scan")
 
@@ -231,14 +228,14 @@ class RunDirectory:
         sentinels = frozenset(
             o.host for o in observations if isinstance(o, SentinelObserved) and o.present
         )
-        scanned = fleet.FilesScanned(hosts=frozenset(hosts), sentinels=sentinels)
+        scanned = vocabulary.FilesScanned(hosts=frozenset(hosts), sentinels=sentinels)
         self._shell.emit_all([scanned, *events_of(observations)])
 
-    def recheck(self, action: fleet.RecheckStatus) -> None:
+    def recheck(self, action: vocabulary.RecheckStatus) -> None:
         """Read a host's files afresh before a verdict from silence."""
         self._shell.spawn(self._recheck(action), f"recheck:{action.host}")
 
-    async def _recheck(self, action: fleet.RecheckStatus) -> None:
+    async def _recheck(self, action: vocabulary.RecheckStatus) -> None:
         """The core hears the status as ``StatusRechecked`` (None when the read failed or
         took too long), with the count of its shard's old task files when that was asked."""
         name = action.host
@@ -260,10 +257,9 @@ class RunDirectory:
                     others.append(obs)
         old_tasks = None
         if action.tasks_older_than_s is not None:
-            shard = self._shard_of(name)
-            old_tasks = await self._count_old_tasks(shard, name, action.tasks_older_than_s)
+            old_tasks = await self._count_old_tasks(action.shard, name, action.tasks_older_than_s)
         recheck = health.StatusRechecked(beat=beat, old_tasks=old_tasks)
-        self._shell.emit_all([*events_of(others), fleet.HostObserved(name, recheck)])
+        self._shell.emit_all([*events_of(others), vocabulary.HostObserved(name, recheck)])
 
     async def _count_old_tasks(self, shard: int, name: str, older_than_s: float) -> int | None:
         """Task files of ``name``'s shard at least ``older_than_s`` old (None: not known)."""
@@ -285,11 +281,11 @@ class RunDirectory:
 
     # --- files written for the fleet ---------------------------------------------------------
 
-    def write_sentinel(self, action: fleet.WriteStopSentinel) -> None:
+    def write_sentinel(self, action: vocabulary.WriteStopSentinel) -> None:
         """Write ``ctl/<host>.stop``; the core hears ``StopSentinelWritten``."""
         self._shell.spawn(self._write_sentinel(action), f"stop-host:{action.host}")
 
-    async def _write_sentinel(self, action: fleet.WriteStopSentinel) -> None:
+    async def _write_sentinel(self, action: vocabulary.WriteStopSentinel) -> None:
         run = layout.layout_of(self._shell.config)
         error: str | None = None
         try:
@@ -299,14 +295,14 @@ class RunDirectory:
         except OSError as exc:
             error = str(exc)
         self._shell.emit(
-            fleet.StopSentinelWritten(host=action.host, token=action.token, error=error)
+            vocabulary.StopSentinelWritten(host=action.host, token=action.token, error=error)
         )
 
-    def delete_sentinel(self, action: fleet.DeleteStopSentinel) -> None:
+    def delete_sentinel(self, action: vocabulary.DeleteStopSentinel) -> None:
         """Remove ``ctl/<host>.stop``; the core hears ``StopSentinelDeleted``."""
         self._shell.spawn(self._delete_sentinel(action), f"start-host:{action.host}")
 
-    async def _delete_sentinel(self, action: fleet.DeleteStopSentinel) -> None:
+    async def _delete_sentinel(self, action: vocabulary.DeleteStopSentinel) -> None:
         run = layout.layout_of(self._shell.config)
         error: str | None = None
         try:
@@ -314,10 +310,10 @@ class RunDirectory:
         except OSError as exc:
             error = str(exc)
         self._shell.emit(
-            fleet.StopSentinelDeleted(host=action.host, token=action.token, error=error)
+            vocabulary.StopSentinelDeleted(host=action.host, token=action.token, error=error)
         )
 
-    def write_pointer(self, action: fleet.WritePointer) -> None:
+    def write_pointer(self, action: vocabulary.WritePointer) -> None:
         """Write the pointer file; the core hears ``PointerWritten``."""
         self._shell.spawn(self._write_pointer(action.path), "pointer")
 
@@ -335,9 +331,9 @@ class RunDirectory:
         else:
             self.pointer_written_wall = time.time()
             log.info("pointer.written", path=path)
-        self._shell.emit(fleet.PointerWritten(path=path, error=error))
+        self._shell.emit(vocabulary.PointerWritten(path=path, error=error))
 
-    async def quarantine(self, action: fleet.Terminate, cfg: HostConfig) -> None:
+    async def quarantine(self, action: vocabulary.Terminate) -> None:
         """Take the tasks a stuck worker hung on out of its shard's inbox, each answered with
         an error result (``tasks.quarantine_stuck``); never raises, bounded in time."""
         if action.quarantine <= 0:
@@ -345,32 +341,32 @@ class RunDirectory:
         config = self._shell.config
         stale_s = config.health.progress_stale_s
         reason = (
-            f"reward call stuck: {cfg.name} (shard {cfg.shard}) finished no task in"
+            f"reward call stuck: {action.host} (shard {action.shard}) finished no task in"
             f" {stale_s:g}s with {action.quarantine} in flight and was replaced; this task"
-            f" was quarantined by reward-supervisor in ctl/quarantine/{cfg.shard}/"
+            f" was quarantined by reward-supervisor in ctl/quarantine/{action.shard}/"
         )
         try:
             async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
                 done = await asyncio.to_thread(
                     tasks.quarantine_stuck,
                     config.run.root,
-                    cfg.shard,
-                    cfg.name,
+                    action.shard,
+                    action.host,
                     count=action.quarantine,
                     older_than_s=stale_s,
                     reason=reason,
                 )
         except (OSError, TimeoutError) as exc:
             why = str(exc) or "the run root did not answer in time"
-            log.error("tasks.quarantine_failed", host=cfg.name, shard=cfg.shard, reason=why)
+            log.error("tasks.quarantine_failed", host=action.host, shard=action.shard, reason=why)
             return
         except Exception:  # task root of the quarantine: the restart must go on
-            log.exception("tasks.quarantine_failed", host=cfg.name, shard=cfg.shard)
+            log.exception("tasks.quarantine_failed", host=action.host, shard=action.shard)
             return
         log.warning(
             "tasks.quarantined",
-            host=cfg.name,
-            shard=cfg.shard,
+            host=action.host,
+            shard=action.shard,
             asked=action.quarantine,
             task_ids=list(done.task_ids[:50]),
             count=len(done.task_ids),
@@ -380,7 +376,7 @@ class RunDirectory:
 
     # --- a frozen fleet's diagnosis -----------------------------------------------------------
 
-    def diagnose(self, action: fleet.DiagnoseFilesystem) -> None:
+    def diagnose(self, action: vocabulary.DiagnoseFilesystem) -> None:
         """Tell the operator whether the run root itself is hung or full, the two causes this
         node can check, instead of only "suspect the shared filesystem"."""
         self.end_diagnosis()
@@ -394,16 +390,16 @@ class RunDirectory:
     async def _diagnose(self) -> None:
         check = await check_filesystem(self._shell.config.run.root, FS_CHECK_TIMEOUT_S)
         self._shell.emit(
-            fleet.FilesystemDiagnosed(finding=check.finding, free_bytes=check.free_bytes)
+            vocabulary.FilesystemDiagnosed(finding=check.finding, free_bytes=check.free_bytes)
         )
 
     # --- the restart history -----------------------------------------------------------------
 
-    def history_changed(self, action: fleet.HistoryChanged) -> None:
+    def history_changed(self, action: vocabulary.HistoryChanged) -> None:
         """Some host's restart history changed: saved within PERSIST_INTERVAL_S."""
         self._history_dirty.set()
 
-    def load_state(self) -> tuple[dict[str, health.History], fleet.SavedSeats | None]:
+    def load_state(self) -> tuple[dict[str, health.History], vocabulary.SavedSeats | None]:
         """The restart history and the seats a previous daemon left (in a thread)."""
         config = self._shell.config
         run = layout.layout_of(config)
@@ -467,13 +463,13 @@ class RunDirectory:
         return True
 
 
-def events_of(observations: Iterable[Observation]) -> list[fleet.Event]:
+def events_of(observations: Iterable[Observation]) -> list[vocabulary.Event]:
     """The events that observations stand for, each about its host."""
-    out: list[fleet.Event] = []
+    out: list[vocabulary.Event] = []
     for obs in observations:
         event = event_of(obs)
         if event is not None:
-            out.append(fleet.HostObserved(obs.host, event))
+            out.append(vocabulary.HostObserved(obs.host, event))
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any, Final, ParamSpec, TypeGuard, TypeVar
 
 import structlog
 
-from supervisor import fleet, health, safefiles
+from supervisor import health, safefiles, vocabulary
 from supervisor.errors import RunLocked, UnsafeFileError
 
 log = structlog.get_logger("supervisor.runfiles")
@@ -391,7 +391,7 @@ class HistoryEncoder:
         saved_at: float,
         hostname: str,
         version: int,
-        seats: fleet.SavedSeats | None = None,
+        seats: vocabulary.SavedSeats | None = None,
     ) -> bytes:
         """The whole file: ``{"hostname", "hosts", "saved_at", "seats", "version"}``, keys
         sorted; ``seats`` only when a shard was ever moved to a spare (failover)."""
@@ -416,9 +416,9 @@ class HistoryEncoder:
         return (head + ("\n" + hosts + "\n" if hosts else "") + tail).encode("utf-8")
 
 
-def seats_record(seats: fleet.SavedSeats | None) -> dict[str, Any]:
+def seats_record(seats: vocabulary.SavedSeats | None) -> dict[str, Any]:
     """``SavedSeats`` as the state file's ``seats`` object."""
-    seats = seats or fleet.SavedSeats()
+    seats = seats or vocabulary.SavedSeats()
     return {
         "serving": dict(seats.serving),
         "fenced": sorted(seats.fenced),
@@ -443,7 +443,7 @@ def _names(value: object) -> frozenset[str] | None:
     return frozenset(value)
 
 
-def seats_from_json(raw: object) -> fleet.SavedSeats | None:
+def seats_from_json(raw: object) -> vocabulary.SavedSeats | None:
     """The state file's ``seats``, or None when it has none or any part of it is malformed
     (then the config's seats: every host on its own machine). Never raises."""
     seats = raw.get("seats") if isinstance(raw, dict) else None
@@ -471,14 +471,14 @@ def seats_from_json(raw: object) -> fleet.SavedSeats | None:
         if pid is not None and (type(pid) is not int or pid <= 0):
             return None
         leftovers[machine] = (label, shard, pid)
-    return fleet.SavedSeats(
+    return vocabulary.SavedSeats(
         serving=dict(pairs), fenced=fenced, drained=drained, held=held, left=leftovers
     )
 
 
 def load_state(
     path: Path, *, root: Path, policy: health.Policy
-) -> tuple[dict[str, health.History], fleet.SavedSeats | None]:
+) -> tuple[dict[str, health.History], vocabulary.SavedSeats | None]:
     """The restart history and the seats a previous daemon left, read once; an unreadable
     file is logged and is neither, a bad entry or seats object is logged and skipped. Never
     raises."""

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
-from supervisor import fleet, leadership
+from supervisor import leadership, vocabulary
 from supervisor.config import Config
 
 
@@ -30,11 +30,11 @@ class Shell(Protocol):
         """This leadership's epoch (0 until the daemon leads): every remote act carries it."""
         ...
 
-    def emit(self, event: fleet.Event) -> None:
+    def emit(self, event: vocabulary.Event) -> None:
         """Queue one event for the fleet core."""
         ...
 
-    def emit_all(self, events: Iterable[fleet.Event]) -> None:
+    def emit_all(self, events: Iterable[vocabulary.Event]) -> None:
         """Queue events for the fleet core, in this order, in one batch where possible."""
         ...
 

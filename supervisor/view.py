@@ -12,13 +12,16 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from supervisor import fleet, health, runfiles
+from supervisor import health, pointer, runfiles, vocabulary
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.statusfiles import StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
+
+if TYPE_CHECKING:
+    from supervisor import fleet
 
 # Order of states in summaries: the ones that need attention last, where the eye lands.
 _SUMMARY_ORDER = [s.value for s in health.HostState]
@@ -160,13 +163,17 @@ def host_detail(
     return detail
 
 
-def waiting_row(member: fleet.Member) -> dict[str, Any]:
-    """A configured host that waits for its shard or name to be free (``fleet.WAITING``)."""
-    return {"state": fleet.WAITING, "shard": member.shard, "last_reason": fleet.WAITING_REASON}
+def waiting_row(member: vocabulary.Member) -> dict[str, Any]:
+    """A configured host that waits for its shard or name to be free (``vocabulary.WAITING``)."""
+    return {
+        "state": vocabulary.WAITING,
+        "shard": member.shard,
+        "last_reason": vocabulary.WAITING_REASON,
+    }
 
 
 def shown_row(
-    shown: health.Host | fleet.Member,
+    shown: health.Host | vocabulary.Member,
     cfg: HostConfig,
     now: float,
     policy: health.Policy,
@@ -175,7 +182,7 @@ def shown_row(
     wall_now: float | None = None,
 ) -> dict[str, Any]:
     """A host as ``Fleet.shown`` gives it: its row (``detail``: in full), or a waiting one's."""
-    if isinstance(shown, fleet.Member):
+    if isinstance(shown, vocabulary.Member):
         return waiting_row(shown)
     if detail:
         return host_detail(shown, cfg, now, policy, wall_now=wall_now)
@@ -285,7 +292,7 @@ def log_lines(config: Config, host: str, lines: int) -> dict[str, Any]:
 
 
 def pointer_row(
-    path: Path | None, pointer: fleet.Pointer, written_wall: float | None, now: float
+    path: Path | None, pointer: pointer.Pointer, written_wall: float | None, now: float
 ) -> dict[str, Any] | None:
     """The pointer file's progress for ``status`` (None when no pointer file is configured)."""
     if path is None:
@@ -310,17 +317,22 @@ def summary(states: Iterable[str]) -> str:
     return ", ".join(parts)
 
 
-def status_line(core: fleet.Fleet) -> str:
+def status_line(fleet_view: fleet.FleetView) -> str:
     """The one line for ``STATUS=`` (``systemctl status``) and ``status``'s ``summary``: the
-    states, led by what holds restarts (a freeze, crash signatures). A signature quotes a
-    worker's log line, and systemctl prints the line raw: it is escaped here."""
-    text = summary(h.state.value for h in core.hosts.values())
-    freeze = core.freeze
-    if freeze.frozen:
-        finding = f"{core.finding}; " if core.finding else ""
-        text = f"FROZEN ({finding}restarts held: {freeze.reason}); {text}"
-    for signature in core.signatures.values():
-        held = len(core.held_by(signature.signature))
+    states of the joined hosts, led by what holds restarts (a freeze, crash signatures). A
+    signature quotes a worker's log line, and systemctl prints the line raw: it is escaped
+    here."""
+    shown = fleet_view.hosts
+    text = summary(
+        h.state.value
+        for name, h in shown.items()
+        if isinstance(h, health.Host) and name not in fleet_view.joining
+    )
+    if fleet_view.frozen:
+        finding = f"{fleet_view.finding}; " if fleet_view.finding else ""
+        text = f"FROZEN ({finding}restarts held: {fleet_view.frozen_reason}); {text}"
+    for signature, held_hosts in fleet_view.signatures:
+        held = len(held_hosts)
         text = (
             f"{signature.kind.upper()} SIGNATURE ({terminal_text(signature.signature)}):"
             f" restarts held on {held} hosts, canary {signature.canary}; {text}"

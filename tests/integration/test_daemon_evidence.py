@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, leadership
+from supervisor import health, leadership, vocabulary
 from supervisor.config import Config, HostConfig, SshConfig
 from supervisor.errors import RemoteError
 from supervisor.layout import LaunchSpec
@@ -86,15 +86,15 @@ class RecordingShell:
         """Record into empty lists."""
         self.config = config
         self.epoch = 1
-        self.events: list[fleet.Event] = []
+        self.events: list[vocabulary.Event] = []
         self.led: list[leadership.Event] = []
         self.tasks: list[asyncio.Task[None]] = []
 
-    def emit(self, event: fleet.Event) -> None:
+    def emit(self, event: vocabulary.Event) -> None:
         """Recorded."""
         self.events.append(event)
 
-    def emit_all(self, events: Iterable[fleet.Event]) -> None:
+    def emit_all(self, events: Iterable[vocabulary.Event]) -> None:
         """Recorded, in order."""
         self.events.extend(events)
 
@@ -120,7 +120,7 @@ async def linked(tmp_path: Path, stand_in: StandIn) -> AsyncIterator[tuple[Links
     }
     shell = RecordingShell(config_mod.parse(raw, tmp_path / "rs.toml"))
 
-    async def nothing_after(action: fleet.Terminate, cfg: HostConfig) -> None:
+    async def nothing_after(action: vocabulary.Terminate) -> None:
         """No quarantine here."""
 
     links = Links(
@@ -129,7 +129,7 @@ async def linked(tmp_path: Path, stand_in: StandIn) -> AsyncIterator[tuple[Links
         after_terminate=nothing_after,
         timed=lambda op, seconds: None,
     )
-    links.connect(fleet.Connect(host="worker-0", shard=0, added=False))
+    links.connect(vocabulary.Connect(host="worker-0", shard=0, added=False, machine="worker-0"))
     try:
         yield links, shell
     finally:
@@ -138,7 +138,7 @@ async def linked(tmp_path: Path, stand_in: StandIn) -> AsyncIterator[tuple[Links
         await asyncio.gather(*shell.tasks, return_exceptions=True)
 
 
-async def terminated(links: Links, shell: RecordingShell, action: fleet.Terminate) -> float:
+async def terminated(links: Links, shell: RecordingShell, action: vocabulary.Terminate) -> float:
     """Perform ``action`` and wait for its task; the seconds it took."""
     started = time.monotonic()
     links.terminate(action)
@@ -154,11 +154,19 @@ async def test_the_terminate_goes_ahead_within_the_bound_whatever_the_agent_does
     that fails is a note; one that answers hands its stacks on: in every case the terminate
     follows and its confirmation carries the evidence."""
     stand_in = StandIn(how)
-    action = fleet.Terminate(host="worker-0", pid=41, grace_s=1.0, kill=True, collect_evidence=True)
+    action = vocabulary.Terminate(
+        host="worker-0",
+        machine="worker-0",
+        shard=0,
+        pid=41,
+        grace_s=1.0,
+        kill=True,
+        collect_evidence=True,
+    )
     async with linked(tmp_path, stand_in) as (links, shell):
         elapsed = await terminated(links, shell, action)
     [observed] = shell.events
-    assert isinstance(observed, fleet.HostObserved)
+    assert isinstance(observed, vocabulary.HostObserved)
     event = observed.event
     assert isinstance(event, health.TerminateConfirmed) and event.pid == 41
     assert stand_in.terminated == [41]
@@ -177,9 +185,11 @@ async def test_the_terminate_goes_ahead_within_the_bound_whatever_the_agent_does
 async def test_no_evidence_is_taken_when_the_core_does_not_ask(tmp_path: Path) -> None:
     """A terminate without ``collect_evidence`` (an operator's stop) asks the host nothing."""
     stand_in = StandIn("fail")
-    action = fleet.Terminate(host="worker-0", pid=41, grace_s=1.0, kill=True)
+    action = vocabulary.Terminate(
+        host="worker-0", machine="worker-0", shard=0, pid=41, grace_s=1.0, kill=True
+    )
     async with linked(tmp_path, stand_in) as (links, shell):
         await terminated(links, shell, action)
     [observed] = shell.events
-    assert isinstance(observed, fleet.HostObserved)
+    assert isinstance(observed, vocabulary.HostObserved)
     assert observed.event == health.TerminateConfirmed(pid=41)

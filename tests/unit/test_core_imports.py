@@ -1,19 +1,28 @@
-"""The cores stay pure: health.py, fleet.py and leadership.py import only a few stdlib
-modules, and fleet.py nothing of ours but health.py."""
+"""The cores stay pure: health.py and leadership.py import only a few stdlib modules; the fleet
+core and its sub-cores (and their vocabulary) nothing of ours but each other and health.py."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 import supervisor.fleet
 import supervisor.health
 import supervisor.leadership
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
+#: The fleet's sub-cores and their vocabulary: the fleet core is a coordinator of these.
+SUB_CORES = ("vocabulary", "failover", "signatures", "freeze", "budget", "pointer")
 #: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
-#: and the per-host core it drives.
-FLEET_ALLOWED = ALLOWED | {"heapq", "re", "supervisor", "supervisor.health"}
+#: the per-host core it drives and its sub-cores.
+FLEET_ALLOWED = (
+    ALLOWED
+    | {"heapq", "re", "supervisor", "supervisor.health"}
+    | {f"supervisor.{name}" for name in SUB_CORES}
+)
+PACKAGE = Path(supervisor.health.__file__).parent
 
 
 def _imports(path: Path) -> set[str]:
@@ -34,9 +43,13 @@ def test_health_imports_only_allowed_stdlib_modules() -> None:
     assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
 
 
-def test_fleet_imports_only_allowed_stdlib_modules_and_the_host_core() -> None:
-    """No I/O, clock or asyncio in the fleet core either; of ours, only health.py."""
-    path = Path(supervisor.fleet.__file__)
+@pytest.mark.parametrize("module", ["fleet", *SUB_CORES])
+def test_the_fleet_and_its_sub_cores_import_only_each_other_and_the_host_core(
+    module: str,
+) -> None:
+    """No I/O, clock or asyncio in the fleet core or a sub-core either; of ours, only
+    health.py and each other."""
+    path = PACKAGE / f"{module}.py"
     assert _imports(path) <= FLEET_ALLOWED, _imports(path) - FLEET_ALLOWED
 
 

@@ -8,12 +8,14 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import fleet
+from supervisor import budget as budgets
+from supervisor import freeze as freezes
 from supervisor import health as h
+from supervisor import vocabulary
 from supervisor.health import HostState as S
 from tests.examples import examples
 
-POLICY = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30)
+POLICY = vocabulary.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30)
 #: Half of a 60 s stale threshold: when a ready host counts as silent.
 SILENT_S = 30.0
 
@@ -28,7 +30,7 @@ def test_most_hosts_falling_silent_together_freezes_before_any_stale_deadline() 
     hosts = [host(f"w{i}", 100.0 + i * 0.1) for i in range(6)] + [
         host(f"w{i}", 135.0) for i in range(6, 10)
     ]
-    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    freeze, change = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert change is not None
     assert change.frozen
     assert freeze.hosts == {f"w{i}" for i in range(6)}
@@ -38,7 +40,7 @@ def test_most_hosts_falling_silent_together_freezes_before_any_stale_deadline() 
 def test_a_few_silent_hosts_are_ordinary_failures() -> None:
     """4 of 10 silent is below the fraction: no freeze, each host is handled alone."""
     hosts = [host(f"w{i}", 100.0) for i in range(4)] + [host(f"w{i}", 135.0) for i in range(4, 10)]
-    freeze, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    freeze, change = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert change is None
     assert not freeze.frozen
 
@@ -48,25 +50,25 @@ def test_silences_spread_wider_than_the_window_are_not_common_mode() -> None:
     hosts = [host(f"w{i}", 100.0 + 40.0 * i) for i in range(6)] + [
         host(f"w{i}", 400.0) for i in range(6, 10)
     ]
-    _freeze, change = fleet.assess(fleet.Freeze(), hosts, 400.0, POLICY, SILENT_S)
+    _freeze, change = freezes.assess(freezes.Freeze(), hosts, 400.0, POLICY, SILENT_S)
     assert change is None
 
 
 def test_a_single_host_fleet_never_freezes() -> None:
     """One silent host of one is a worker problem; freezing needs at least two."""
-    _freeze, change = fleet.assess(fleet.Freeze(), [host("w0", 0.0)], 100.0, POLICY, SILENT_S)
+    _freeze, change = freezes.assess(freezes.Freeze(), [host("w0", 0.0)], 100.0, POLICY, SILENT_S)
     assert change is None
 
 
 def test_thaws_when_heartbeats_return() -> None:
     """Once enough of the frozen hosts beat again, the fleet thaws."""
     hosts = [host(f"w{i}", 100.0) for i in range(8)] + [host("w8", 135.0), host("w9", 135.0)]
-    frozen, change = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    frozen, change = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert change is not None and change.frozen
     # Five of the eight beat again; the two that never stalled keep beating too.
     hosts = [host(f"w{i}", 200.0) for i in range(5)] + hosts[5:8]
     hosts += [host("w8", 200.0), host("w9", 200.0)]
-    thawed, change = fleet.assess(frozen, hosts, 201.0, POLICY, SILENT_S)
+    thawed, change = freezes.assess(frozen, hosts, 201.0, POLICY, SILENT_S)
     assert change is not None and not change.frozen
     assert not thawed.frozen
     assert "heartbeats returned" in change.reason
@@ -76,14 +78,14 @@ def test_a_stalled_host_replaced_after_a_crash_stays_silent_until_its_new_worker
     """A frozen host whose worker really dies leaves ``ready``, but that is no heartbeat:
     the fleet stays frozen until the replacement beats, and only then thaws."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 135.0)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    frozen, _ = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     assert frozen.hosts == {"a", "b"}
     relaunched = replace(hosts[0], state=S.STARTING, alive_at=None, pid=2)
     hosts = [relaunched, hosts[1], host("c", 140.0)]
-    still, change = fleet.assess(frozen, hosts, 141.0, POLICY, SILENT_S)
+    still, change = freezes.assess(frozen, hosts, 141.0, POLICY, SILENT_S)
     assert change is None and still.frozen
     hosts[0] = replace(relaunched, state=S.READY, alive_at=150.0)
-    thawed, change = fleet.assess(still, hosts, 150.5, POLICY, SILENT_S)
+    thawed, change = freezes.assess(still, hosts, 150.5, POLICY, SILENT_S)
     assert change is not None and not change.frozen and not thawed.frozen
     assert change.reason == "heartbeats returned (1 of 2 stalled hosts beating again)"
 
@@ -91,18 +93,18 @@ def test_a_stalled_host_replaced_after_a_crash_stays_silent_until_its_new_worker
 def test_a_stalled_host_an_operator_stops_no_longer_holds_the_freeze() -> None:
     """Hosts that should not run any more (stopped, failed) drop out of the thaw count."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 135.0)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    frozen, _ = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
     hosts[0] = replace(hosts[0], state=S.STOPPED)
-    _thawed, change = fleet.assess(frozen, hosts, 132.0, POLICY, SILENT_S)
+    _thawed, change = freezes.assess(frozen, hosts, 132.0, POLICY, SILENT_S)
     assert change is not None and not change.frozen
 
 
 def test_hosts_falling_silent_during_a_freeze_join_it() -> None:
     """A host whose last beat came just after the freeze fired is part of the same stall."""
     hosts = [host("a", 100.0), host("b", 100.0), host("c", 100.06)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 130.01, POLICY, SILENT_S)
+    frozen, _ = freezes.assess(freezes.Freeze(), hosts, 130.01, POLICY, SILENT_S)
     assert frozen.hosts == {"a", "b"}
-    later, change = fleet.assess(frozen, hosts, 131.0, POLICY, SILENT_S)
+    later, change = freezes.assess(frozen, hosts, 131.0, POLICY, SILENT_S)
     assert change is None
     assert later.hosts == {"a", "b", "c"}
 
@@ -110,8 +112,8 @@ def test_hosts_falling_silent_during_a_freeze_join_it() -> None:
 def test_stays_frozen_while_the_silence_lasts() -> None:
     """A stall that goes on keeps the fleet frozen, however long it lasts."""
     hosts = [host(f"w{i}", 100.0) for i in range(8)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
-    later, change = fleet.assess(frozen, hosts, 5000.0, POLICY, SILENT_S)
+    frozen, _ = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    later, change = freezes.assess(frozen, hosts, 5000.0, POLICY, SILENT_S)
     assert change is None
     assert later.frozen
 
@@ -119,20 +121,20 @@ def test_stays_frozen_while_the_silence_lasts() -> None:
 def test_operator_unfreeze_sticks_for_old_silences() -> None:
     """After an operator thaw, the same silent hosts do not freeze the fleet again."""
     hosts = [host(f"w{i}", 100.0) for i in range(8)]
-    frozen, _ = fleet.assess(fleet.Freeze(), hosts, 131.0, POLICY, SILENT_S)
-    thawed, change = fleet.unfreeze(frozen, 140.0)
+    frozen, _ = freezes.assess(freezes.Freeze(), hosts, 131.0, POLICY, SILENT_S)
+    thawed, change = freezes.unfreeze(frozen, 140.0)
     assert change is not None and change.reason == "operator unfreeze"
-    again, change = fleet.assess(thawed, hosts, 141.0, POLICY, SILENT_S)
+    again, change = freezes.assess(thawed, hosts, 141.0, POLICY, SILENT_S)
     assert change is None
     assert not again.frozen
-    assert fleet.unfreeze(again, 150.0)[1] is None
+    assert freezes.unfreeze(again, 150.0)[1] is None
 
 
 def test_next_assessment_is_when_the_next_host_would_fall_silent() -> None:
     """The timer for the freeze check is the earliest silence crossing, not a poll."""
     hosts = [host("a", 10.0), host("b", 20.0), host("c", None), host("d", 5.0, S.STOPPED)]
-    assert fleet.survey(fleet.Freeze(), hosts, 11.0, SILENT_S).next_at == 40.0
-    assert fleet.survey(fleet.Freeze(), hosts, 100.0, SILENT_S).next_at is None
+    assert freezes.survey(freezes.Freeze(), hosts, 11.0, SILENT_S).next_at == 40.0
+    assert freezes.survey(freezes.Freeze(), hosts, 100.0, SILENT_S).next_at is None
 
 
 def test_a_host_short_of_silence_by_rounding_is_looked_at_again() -> None:
@@ -141,7 +143,7 @@ def test_a_host_short_of_silence_by_rounding_is_looked_at_again() -> None:
     alive_at, now = 11.899283843798594, 16.899283843798592
     assert alive_at + 5.0 <= now and now - alive_at < 5.0  # the rounding the test is about
     hosts = [host("a", alive_at)]
-    surveyed = fleet.survey(fleet.Freeze(), hosts, now, 5.0)
+    surveyed = freezes.survey(freezes.Freeze(), hosts, now, 5.0)
     assert surveyed.silent == []
     assert surveyed.next_at is not None and surveyed.next_at > now
 
@@ -158,42 +160,42 @@ def test_freezing_needs_the_fraction_and_at_least_two(
     """Frozen exactly when the largest group of recent silences reaches the threshold."""
     flags = silent.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     hosts = [host(f"w{i}", now - (SILENT_S + 1 if quiet else 1)) for i, quiet in enumerate(flags)]
-    freeze, change = fleet.assess(fleet.Freeze(), hosts, now, POLICY, SILENT_S)
-    assert freeze.frozen == (sum(flags) >= fleet.threshold(n, POLICY))
+    freeze, change = freezes.assess(freezes.Freeze(), hosts, now, POLICY, SILENT_S)
+    assert freeze.frozen == (sum(flags) >= freezes.threshold(n, POLICY))
     assert (change is not None) == freeze.frozen
 
 
 def test_budget_grants_longest_waiting_first_within_concurrency() -> None:
     """Three slots: the three oldest requests go first; the next goes when one finishes."""
-    policy = fleet.FleetPolicy(max_concurrent_launches=3, max_launches_per_minute=100)
-    budget = fleet.Budget()
+    policy = vocabulary.FleetPolicy(max_concurrent_launches=3, max_launches_per_minute=100)
+    budget = budgets.Budget()
     for i, name in enumerate(["d", "a", "c", "b", "e"]):
-        budget = fleet.want_launch(budget, name, float(i))
-    budget = fleet.want_launch(budget, "a", 9.0)  # asking again keeps its place
-    budget, granted = fleet.grant(budget, 10.0, policy)
+        budget = budgets.want_launch(budget, name, float(i))
+    budget = budgets.want_launch(budget, "a", 9.0)  # asking again keeps its place
+    budget, granted = budgets.grant(budget, 10.0, policy)
     assert granted == ["d", "a", "c"]
-    budget, granted = fleet.grant(budget, 11.0, policy)
+    budget, granted = budgets.grant(budget, 11.0, policy)
     assert granted == []
-    budget = fleet.launch_done(budget, "a")
-    budget, granted = fleet.grant(budget, 12.0, policy)
+    budget = budgets.launch_done(budget, "a")
+    budget, granted = budgets.grant(budget, 12.0, policy)
     assert granted == ["b"]
 
 
 def test_budget_limits_launches_per_minute_and_says_when_to_retry() -> None:
     """Past the per-minute limit, the rest wait for the window; the deadline says when."""
-    policy = fleet.FleetPolicy(max_concurrent_launches=100, max_launches_per_minute=2)
-    budget = fleet.Budget()
+    policy = vocabulary.FleetPolicy(max_concurrent_launches=100, max_launches_per_minute=2)
+    budget = budgets.Budget()
     for name in "abcd":
-        budget = fleet.want_launch(budget, name, 0.0)
-    budget, granted = fleet.grant(budget, 1.0, policy)
+        budget = budgets.want_launch(budget, name, 0.0)
+    budget, granted = budgets.grant(budget, 1.0, policy)
     assert granted == ["a", "b"]
-    budget = fleet.launch_done(fleet.launch_done(budget, "a"), "b")
-    assert fleet.next_grant_at(budget, policy) == 61.0
-    budget, granted = fleet.grant(budget, 60.0, policy)
+    budget = budgets.launch_done(budgets.launch_done(budget, "a"), "b")
+    assert budgets.next_grant_at(budget, policy) == 61.0
+    budget, granted = budgets.grant(budget, 60.0, policy)
     assert granted == []
-    budget, granted = fleet.grant(budget, 61.0, policy)
+    budget, granted = budgets.grant(budget, 61.0, policy)
     assert granted == ["c", "d"]
-    assert fleet.next_grant_at(budget, policy) is None
+    assert budgets.next_grant_at(budget, policy) is None
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -209,32 +211,32 @@ def test_budget_is_never_exceeded_and_every_waiting_host_is_served(
     ops: list[tuple[str, int]], concurrent: int, per_minute: int
 ) -> None:
     """Whatever the sequence: in-flight and per-minute limits hold; waiting ends eventually."""
-    policy = fleet.FleetPolicy(
+    policy = vocabulary.FleetPolicy(
         max_concurrent_launches=concurrent, max_launches_per_minute=per_minute
     )
-    budget, now = fleet.Budget(), 0.0
+    budget, now = budgets.Budget(), 0.0
     starts: list[float] = []
     for op, k in ops:
         name = f"h{k}"
         if op == "want":
-            budget = fleet.want_launch(budget, name, now)
+            budget = budgets.want_launch(budget, name, now)
         elif op == "done":
-            budget = fleet.launch_done(budget, name)
+            budget = budgets.launch_done(budget, name)
         elif op == "time":
             now += k * 7.0
         else:
-            budget, granted = fleet.grant(budget, now, policy)
+            budget, granted = budgets.grant(budget, now, policy)
             starts += [now] * len(granted)
         assert len(budget.in_flight) <= concurrent
-        assert sum(1 for t in starts if now < t + fleet.BUDGET_WINDOW_S) <= per_minute
+        assert sum(1 for t in starts if now < t + budgets.BUDGET_WINDOW_S) <= per_minute
     # Drain: finishing every launch and letting time pass serves everyone still waiting.
     for _ in range(200):
         for name in list(budget.in_flight):
-            budget = fleet.launch_done(budget, name)
+            budget = budgets.launch_done(budget, name)
         if not budget.waiting:
             break
-        now = max(now, fleet.next_grant_at(budget, policy) or now)
-        budget, _granted = fleet.grant(budget, now, policy)
+        now = max(now, budgets.next_grant_at(budget, policy) or now)
+        budget, _granted = budgets.grant(budget, now, policy)
     assert not budget.waiting
 
 
@@ -243,7 +245,7 @@ def test_budget_is_never_exceeded_and_every_waiting_host_is_served(
 # after which the hosts resume one by one, restarts nobody.
 
 CORE = h.Policy(heartbeat_stale_s=10.0, ready_timeout_s=20.0, restart_cooldown_s=1.0)
-FLEET = fleet.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30.0)
+FLEET = vocabulary.FleetPolicy(freeze_fraction=0.5, freeze_window_s=30.0)
 FLEET_SILENT_S = CORE.heartbeat_stale_s / 2
 TICK_S = 0.5
 
@@ -288,7 +290,7 @@ def test_a_filesystem_stall_of_any_length_restarts_nobody(
         latest = CORE.heartbeat_stale_s - 1.0 - stall_s
     offsets = resume.draw(st.lists(st.floats(0.0, latest), min_size=n, max_size=n))
     hosts = ready_fleet(n)
-    freeze = fleet.Freeze()
+    freeze = freezes.Freeze()
     stall_at = 5.0
     end = stall_at + stall_s + CORE.heartbeat_stale_s * 3
     now = 1.0
@@ -306,7 +308,7 @@ def test_a_filesystem_stall_of_any_length_restarts_nobody(
                 remote = [a for a in actions if not isinstance(a, h.StateChanged)]
                 assert not remote, (now, host.name, remote, freeze)
             hosts[i] = host
-        freeze, change = fleet.assess(freeze, hosts, now, FLEET, FLEET_SILENT_S)
+        freeze, change = freezes.assess(freeze, hosts, now, FLEET, FLEET_SILENT_S)
         if change is not None:
             event = h.FleetFrozen(reason=change.reason) if change.frozen else h.FleetThawed()
             for i, host in enumerate(hosts):
@@ -336,8 +338,8 @@ def test_one_survey_says_what_three_looks_at_the_fleet_say(
     run, the silent ready hosts (newest silence first) and the next crossing of the
     silence threshold, boundaries included."""
     hosts = [host(f"w{i}", alive_at, state) for i, (state, alive_at) in enumerate(rows)]
-    freeze = replace(fleet.Freeze(), ignore_before_at=ignore_before_at)
-    surveyed = fleet.survey(freeze, hosts, now, silent_after_s)
+    freeze = replace(freezes.Freeze(), ignore_before_at=ignore_before_at)
+    surveyed = freezes.survey(freeze, hosts, now, silent_after_s)
     counted = [x for x in hosts if x.alive_at is not None and x.alive_at >= ignore_before_at]
     ready = [x for x in counted if x.state is S.READY]
     silent = [x for x in ready if now - (x.alive_at or 0.0) >= silent_after_s]

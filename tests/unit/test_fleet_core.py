@@ -13,20 +13,23 @@ from typing import TypeVar
 
 import pytest
 
+from supervisor import budget as budgets
 from supervisor import fleet as f
 from supervisor import health as h
+from supervisor import signatures
+from supervisor import vocabulary as v
 from supervisor.health import HostState as S
 from tests.unit.freshread import fresh_read
 
-A = TypeVar("A", bound=f.Action)
+A = TypeVar("A", bound=v.Action)
 
 HEALTH = h.Policy(heartbeat_stale_s=10.0, ready_timeout_s=20.0, restart_cooldown_s=1.0)
-POLICY = f.FleetPolicy(max_concurrent_launches=16, startup_timeout_s=30.0, shutdown_timeout_s=60.0)
+POLICY = v.FleetPolicy(max_concurrent_launches=16, startup_timeout_s=30.0, shutdown_timeout_s=60.0)
 
 
-def members(*specs: tuple[str, int]) -> list[f.Member]:
+def members(*specs: tuple[str, int]) -> list[v.Member]:
     """Members from (name, shard) pairs."""
-    return [f.Member(name=name, shard=shard) for name, shard in specs]
+    return [v.Member(name=name, shard=shard) for name, shard in specs]
 
 
 @dataclass
@@ -35,27 +38,27 @@ class Shell:
 
     core: f.Fleet
     now: float = 0.0
-    actions: list[f.Action] = field(default_factory=list)
+    actions: list[v.Action] = field(default_factory=list)
     tokens: int = 0
 
-    def feed(self, *events: f.Event) -> list[f.Action]:
+    def feed(self, *events: v.Event) -> list[v.Action]:
         """Step the core with ``events`` as one batch; return (and keep) its actions. A
         fresh read asked for (``RecheckStatus``) is answered at once, finding each file as
         its host last saw it."""
         out = self.core.step(events, self.now)
-        rechecks = [a.host for a in out if isinstance(a, f.RecheckStatus)]
+        rechecks = [a.host for a in out if isinstance(a, v.RecheckStatus)]
         if rechecks:
             out += self.core.step(
-                [f.HostObserved(n, fresh_read(self.core.hosts[n])) for n in rechecks], self.now
+                [v.HostObserved(n, fresh_read(self.core.hosts[n])) for n in rechecks], self.now
             )
         self.actions += out
         return out
 
-    def on(self, name: str, *events: h.Event) -> list[f.Action]:
+    def on(self, name: str, *events: h.Event) -> list[v.Action]:
         """Feed events about one host."""
-        return self.feed(*(f.HostObserved(name, e) for e in events))
+        return self.feed(*(v.HostObserved(name, e) for e in events))
 
-    def core_policy(self) -> f.FleetPolicy:
+    def core_policy(self) -> v.FleetPolicy:
         """The fleet rules in force (what a reload that changes nothing else would send)."""
         return self.core._policy
 
@@ -72,27 +75,27 @@ class Shell:
         self.tokens += 1
         return self.tokens
 
-    def boot(self, sentinels: Iterable[str] = ()) -> list[f.Action]:
+    def boot(self, sentinels: Iterable[str] = ()) -> list[v.Action]:
         """Booted, then the scan of every joining host."""
-        out = self.feed(f.Booted())
-        scans = [a for a in out if isinstance(a, f.ScanFiles)]
+        out = self.feed(v.Booted())
+        scans = [a for a in out if isinstance(a, v.ScanFiles)]
         for scan in scans:
             out += self.scanned(scan, sentinels)
         return out
 
-    def scanned(self, scan: f.ScanFiles, sentinels: Iterable[str] = ()) -> list[f.Action]:
+    def scanned(self, scan: v.ScanFiles, sentinels: Iterable[str] = ()) -> list[v.Action]:
         """Answer a ScanFiles: the hosts' files read, every status file missing."""
-        events: list[f.Event] = [
-            f.FilesScanned(hosts=frozenset(scan.hosts), sentinels=frozenset(sentinels))
+        events: list[v.Event] = [
+            v.FilesScanned(hosts=frozenset(scan.hosts), sentinels=frozenset(sentinels))
         ]
-        events += [f.HostObserved(n, h.StatusMissing(reason="missing")) for n in scan.hosts]
+        events += [v.HostObserved(n, h.StatusMissing(reason="missing")) for n in scan.hosts]
         return self.feed(*events)
 
     def run_worker(self, name: str, pid: int) -> None:
         """Connect ``name``, probe nothing, launch ``pid`` and see it ready."""
         self.on(name, h.SshRestored())
         self.on(name, h.ProbeResult(pid=None))
-        assert self.last(f.Launch, name) is not None
+        assert self.last(v.Launch, name) is not None
         self.on(name, h.Launched(pid=pid))
         self.on(name, h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=self.now + 1))
         assert self.core.hosts[name].state is S.READY
@@ -104,12 +107,12 @@ class Shell:
                 return action
         return None
 
-    def of(self, out: list[f.Action], kind: type[A]) -> list[A]:
+    def of(self, out: list[v.Action], kind: type[A]) -> list[A]:
         """The actions of ``kind`` in ``out``."""
         return [a for a in out if isinstance(a, kind)]
 
 
-def shell(*specs: tuple[str, int], policy: f.FleetPolicy = POLICY) -> Shell:
+def shell(*specs: tuple[str, int], policy: v.FleetPolicy = POLICY) -> Shell:
     """A fleet of ``specs`` not yet booted."""
     return Shell(f.Fleet(members(*specs), HEALTH, policy))
 
@@ -120,12 +123,12 @@ def shell(*specs: tuple[str, int], policy: f.FleetPolicy = POLICY) -> Shell:
 def test_boot_reads_every_host_s_files_before_connecting_in_config_order() -> None:
     """Booted asks for one scan of every host; the scan's answer connects them as listed."""
     s = shell(("b", 1), ("a", 0), ("c", 2))
-    out = s.feed(f.Booted())
-    assert out == [f.ScanFiles(hosts=("b", "a", "c"))]
+    out = s.feed(v.Booted())
+    assert out == [v.ScanFiles(hosts=("b", "a", "c"))]
     assert s.core.names == {"a", "b", "c"}
-    out = s.scanned(f.ScanFiles(hosts=("b", "a", "c")))
-    assert [a.host for a in s.of(out, f.Connect)] == ["b", "a", "c"]
-    assert not any(a.added for a in s.of(out, f.Connect))
+    out = s.scanned(v.ScanFiles(hosts=("b", "a", "c")))
+    assert [a.host for a in s.of(out, v.Connect)] == ["b", "a", "c"]
+    assert not any(a.added for a in s.of(out, v.Connect))
 
 
 def test_a_host_with_a_stop_sentinel_joins_stopping_and_never_launches() -> None:
@@ -135,14 +138,14 @@ def test_a_host_with_a_stop_sentinel_joins_stopping_and_never_launches() -> None
     s.on("a", h.SshRestored())
     s.on("a", h.ProbeResult(pid=None))
     assert s.state("a") is S.STOPPED
-    assert s.last(f.Launch) is None
+    assert s.last(v.Launch) is None
 
 
 def test_history_of_a_previous_daemon_carries_over() -> None:
     """A host that was ``failed`` when the last daemon stopped joins ``failed``."""
     s = shell(("a", 0))
-    s.feed(f.Booted(histories={"a": h.History(failures=3, failed="gave up")}))
-    s.scanned(f.ScanFiles(hosts=("a",)))
+    s.feed(v.Booted(histories={"a": h.History(failures=3, failed="gave up")}))
+    s.scanned(v.ScanFiles(hosts=("a",)))
     assert s.state("a") is S.FAILED
     assert s.core.histories()["a"].failures == 3
 
@@ -154,17 +157,19 @@ def test_a_host_added_on_a_busy_shard_waits_for_the_retiring_host_to_stop() -> N
     s.run_worker("old", 100)
     token = s.token()
     out = s.feed(
-        f.Reconfigured(
-            members=(f.Member(name="new", shard=0), f.Member(name="other", shard=1)),
+        v.Reconfigured(
+            members=(v.Member(name="new", shard=0), v.Member(name="other", shard=1)),
             health=HEALTH,
             policy=POLICY,
             token=token,
         )
     )
-    assert s.of(out, f.Terminate) == [f.Terminate(host="old", pid=100, grace_s=60.0, kill=False)]
-    assert not s.of(out, f.ScanFiles)
-    assert "new" in s.core.waiting
-    reply = s.of(out, f.Reply)[0]
+    assert s.of(out, v.Terminate) == [
+        v.Terminate(host="old", machine="old", shard=0, pid=100, grace_s=60.0, kill=False)
+    ]
+    assert not s.of(out, v.ScanFiles)
+    assert "new" in {n for n, x in s.core.view(0.0).hosts.items() if isinstance(x, v.Member)}
+    reply = s.of(out, v.Reply)[0]
     assert reply.result == {
         "added": ["new"],
         "removed": ["old"],
@@ -172,10 +177,10 @@ def test_a_host_added_on_a_busy_shard_waits_for_the_retiring_host_to_stop() -> N
         "updated": ["other"],
     }
     out = s.on("old", h.TerminateConfirmed(pid=100))
-    assert s.of(out, f.Disconnect) == [f.Disconnect(host="old")]
-    assert s.of(out, f.ScanFiles) == [f.ScanFiles(hosts=("new",))]
-    out = s.scanned(f.ScanFiles(hosts=("new",)))
-    assert s.of(out, f.Connect) == [f.Connect(host="new", shard=0, added=True)]
+    assert s.of(out, v.Disconnect) == [v.Disconnect(host="old", machine="old")]
+    assert s.of(out, v.ScanFiles) == [v.ScanFiles(hosts=("new",))]
+    out = s.scanned(v.ScanFiles(hosts=("new",)))
+    assert s.of(out, v.Connect) == [v.Connect(host="new", shard=0, added=True, machine="new")]
     assert "old" not in s.core.hosts
 
 
@@ -184,16 +189,16 @@ def test_a_host_removed_and_added_back_waits_for_its_old_self() -> None:
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=s.token()))
-    assert s.core.is_retiring("a")
+    s.feed(v.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=s.token()))
+    assert "a" in s.core.view(0.0).retiring
     out = s.feed(
-        f.Reconfigured(members=tuple(members(("a", 0))), health=HEALTH, policy=POLICY, token=2)
+        v.Reconfigured(members=tuple(members(("a", 0))), health=HEALTH, policy=POLICY, token=2)
     )
-    assert not s.of(out, f.ScanFiles)
-    assert s.core.waiting.keys() == {"a"}
+    assert not s.of(out, v.ScanFiles)
+    assert {n for n, x in s.core.view(0.0).hosts.items() if isinstance(x, v.Member)} == {"a"}
     out = s.on("a", h.TerminateConfirmed(pid=100))
-    assert s.of(out, f.Disconnect) == [f.Disconnect(host="a")]
-    assert s.of(out, f.ScanFiles) == [f.ScanFiles(hosts=("a",))]
+    assert s.of(out, v.Disconnect) == [v.Disconnect(host="a", machine="a")]
+    assert s.of(out, v.ScanFiles) == [v.ScanFiles(hosts=("a",))]
 
 
 def test_a_reload_that_changes_launch_parameters_restarts_only_that_host() -> None:
@@ -202,11 +207,11 @@ def test_a_reload_that_changes_launch_parameters_restarts_only_that_host() -> No
     s.boot()
     s.run_worker("a", 100)
     s.run_worker("b", 200)
-    new = (f.Member(name="a", shard=0, launch_key=("v2",)), f.Member(name="b", shard=1))
-    out = s.feed(f.Reconfigured(members=new, health=HEALTH, policy=POLICY, token=s.token()))
-    assert [a.host for a in s.of(out, f.Terminate)] == ["a"]
-    assert {a.host for a in s.of(out, f.Reconnect)} == {"a", "b"}
-    assert (s.of(out, f.Reply)[0].result or {})["restarted"] == ["a"]
+    new = (v.Member(name="a", shard=0, launch_key=("v2",)), v.Member(name="b", shard=1))
+    out = s.feed(v.Reconfigured(members=new, health=HEALTH, policy=POLICY, token=s.token()))
+    assert [a.host for a in s.of(out, v.Terminate)] == ["a"]
+    assert {a.host for a in s.of(out, v.Reconnect)} == {"a", "b"}
+    assert (s.of(out, v.Reply)[0].result or {})["restarted"] == ["a"]
 
 
 # --- start-up -----------------------------------------------------------------------------
@@ -222,7 +227,7 @@ def test_start_up_settles_once_every_host_answered_or_is_unreachable() -> None:
     s.on("a", h.ProbeResult(pid=None))
     assert not s.core.settled  # its launch is in flight
     out = s.on("a", h.Launched(pid=100))
-    assert s.of(out, f.Settled) == [f.Settled(slow=())]
+    assert s.of(out, v.Settled) == [v.Settled(slow=())]
 
 
 def test_start_up_settles_at_its_deadline_naming_the_slow_hosts() -> None:
@@ -232,16 +237,16 @@ def test_start_up_settles_at_its_deadline_naming_the_slow_hosts() -> None:
     s.on("a", h.SshLost(reason="refused"))
     assert s.core.deadline_at == POLICY.startup_timeout_s
     s.now = POLICY.startup_timeout_s
-    out = s.feed(f.DeadlinePassed())
-    assert s.of(out, f.Settled) == [f.Settled(slow=("b",))]
+    out = s.feed(v.DeadlinePassed())
+    assert s.of(out, v.Settled) == [v.Settled(slow=("b",))]
 
 
 def test_a_stop_before_start_up_settles_ends_start_up_first() -> None:
     """Stopping during start-up settles it (READY), then shutdown begins (STOPPING)."""
     s = shell(("a", 0))
     s.boot()
-    out = s.feed(f.ShutdownRequested(detach=True))
-    assert out == [f.Settled(slow=("a",)), f.ShutdownBegan(detach=True), f.ShutdownDone()]
+    out = s.feed(v.ShutdownRequested(detach=True))
+    assert out == [v.Settled(slow=("a",)), v.ShutdownBegan(detach=True), v.ShutdownDone()]
 
 
 # --- launch budget ------------------------------------------------------------------------
@@ -249,47 +254,47 @@ def test_a_stop_before_start_up_settles_ends_start_up_first() -> None:
 
 def test_launches_wait_for_the_budget_and_begin_in_turn() -> None:
     """With one launch at a time, the second host's launch begins when the first answers."""
-    s = shell(("a", 0), ("b", 1), policy=f.FleetPolicy(max_concurrent_launches=1))
+    s = shell(("a", 0), ("b", 1), policy=v.FleetPolicy(max_concurrent_launches=1))
     s.boot()
     for name in ("a", "b"):
         s.on(name, h.SshRestored())
         s.on(name, h.ProbeResult(pid=None))
-    assert [a.host for a in s.actions if isinstance(a, f.Launch)] == ["a"]
-    assert s.last(f.LaunchesWaiting) == f.LaunchesWaiting(waiting=1)
+    assert [a.host for a in s.actions if isinstance(a, v.Launch)] == ["a"]
+    assert s.last(v.LaunchesWaiting) == v.LaunchesWaiting(waiting=1)
     s.now = 5.0
     out = s.on("a", h.Launched(pid=100))
-    assert s.of(out, f.Launch) == [f.Launch(host="b")]
+    assert s.of(out, v.Launch) == [v.Launch(host="b", machine="b", shard=1)]
     assert s.core.hosts["b"].launched_at == 5.0  # readiness is timed from the grant
 
 
 def test_a_queued_launch_is_given_up_when_its_host_stops() -> None:
     """A host stopped while its launch waits never launches, and the core hears why."""
-    s = shell(("a", 0), ("b", 1), policy=f.FleetPolicy(max_concurrent_launches=1))
+    s = shell(("a", 0), ("b", 1), policy=v.FleetPolicy(max_concurrent_launches=1))
     s.boot()
     for name in ("a", "b"):
         s.on(name, h.SshRestored())
         s.on(name, h.ProbeResult(pid=None))
     token = s.token()
-    s.feed(f.StopHostRequested(host="b", token=token))
-    s.feed(f.StopSentinelWritten(host="b", token=token))
+    s.feed(v.StopHostRequested(host="b", token=token))
+    s.feed(v.StopSentinelWritten(host="b", token=token))
     assert s.state("b") is S.STOPPED
-    assert not f.is_waiting(s.core.budget, "b")
+    assert not budgets.is_waiting(s.core.budget, "b")
     s.on("a", h.Launched(pid=100))
-    assert [a.host for a in s.actions if isinstance(a, f.Launch)] == ["a"]
+    assert [a.host for a in s.actions if isinstance(a, v.Launch)] == ["a"]
 
 
 def test_a_failed_launch_gives_its_slot_back_before_the_relaunch_asks_for_it() -> None:
     """The first failure after a healthy spell relaunches at once, through the same slot."""
-    s = shell(("a", 0), policy=f.FleetPolicy(max_concurrent_launches=1))
+    s = shell(("a", 0), policy=v.FleetPolicy(max_concurrent_launches=1))
     s.boot()
     s.run_worker("a", 100)
     s.now = 1000.0  # long healthy: the next failure restarts at once
     s.on("a", h.WorkerExited(pid=100, exit_code=1))
-    assert s.last(f.Launch) == f.Launch(host="a")
+    assert s.last(v.Launch) == v.Launch(host="a", machine="a", shard=0)
     out = s.on("a", h.LaunchFailed(reason="exec failed"))
     assert s.core.hosts["a"].state in (S.STARTING, S.COOLING_DOWN)
     if s.state("a") is S.STARTING:
-        assert s.of(out, f.Launch) == [f.Launch(host="a")]
+        assert s.of(out, v.Launch) == [v.Launch(host="a", machine="a", shard=0)]
     assert len(s.core.budget.in_flight) <= 1
 
 
@@ -301,13 +306,13 @@ def test_commands_for_unknown_hosts_are_refused_by_name() -> None:
     s = shell(("a", 0))
     s.boot()
     for event in (
-        f.RestartHostRequested(host="zz", token=1),
-        f.StopHostRequested(host="zz", token=2),
-        f.StartHostRequested(host="zz", token=3),
+        v.RestartHostRequested(host="zz", token=1),
+        v.StopHostRequested(host="zz", token=2),
+        v.StartHostRequested(host="zz", token=3),
     ):
         (reply,) = s.feed(event)
-        assert isinstance(reply, f.Reply)
-        assert reply.refusal is f.Refusal.UNKNOWN_HOST
+        assert isinstance(reply, v.Reply)
+        assert reply.refusal is v.Refusal.UNKNOWN_HOST
         assert "'zz'" in reply.message and "known: a" in reply.message
 
 
@@ -315,8 +320,8 @@ def test_restart_of_a_sentinel_held_host_is_refused() -> None:
     """A host kept stopped by its sentinel is started with start-host, not restart-host."""
     s = shell(("a", 0))
     s.boot(sentinels=["a"])
-    (reply,) = s.feed(f.RestartHostRequested(host="a", token=1))
-    assert isinstance(reply, f.Reply) and reply.refusal is f.Refusal.SENTINEL_HELD
+    (reply,) = s.feed(v.RestartHostRequested(host="a", token=1))
+    assert isinstance(reply, v.Reply) and reply.refusal is v.Refusal.SENTINEL_HELD
 
 
 def test_stop_host_writes_the_sentinel_before_stopping_and_start_host_removes_it_first() -> None:
@@ -325,23 +330,23 @@ def test_stop_host_writes_the_sentinel_before_stopping_and_start_host_removes_it
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    assert s.feed(f.StopHostRequested(host="a", token=1)) == [
-        f.WriteStopSentinel(host="a", token=1)
+    assert s.feed(v.StopHostRequested(host="a", token=1)) == [
+        v.WriteStopSentinel(host="a", token=1)
     ]
     assert s.state("a") is S.READY
-    out = s.feed(f.StopSentinelWritten(host="a", token=1, error="read-only file system"))
-    assert s.of(out, f.Reply)[0].refusal is f.Refusal.FILE_ERROR
+    out = s.feed(v.StopSentinelWritten(host="a", token=1, error="read-only file system"))
+    assert s.of(out, v.Reply)[0].refusal is v.Refusal.FILE_ERROR
     assert s.state("a") is S.READY
-    s.feed(f.StopSentinelWritten(host="a", token=1))
+    s.feed(v.StopSentinelWritten(host="a", token=1))
     assert s.state("a") is S.STOPPING
     s.on("a", h.TerminateConfirmed(pid=100))
     assert s.state("a") is S.STOPPED
-    assert s.feed(f.StartHostRequested(host="a", token=2)) == [
-        f.DeleteStopSentinel(host="a", token=2)
+    assert s.feed(v.StartHostRequested(host="a", token=2)) == [
+        v.DeleteStopSentinel(host="a", token=2)
     ]
-    out = s.feed(f.StopSentinelDeleted(host="a", token=2))
+    out = s.feed(v.StopSentinelDeleted(host="a", token=2))
     assert s.state("a") is S.STARTING
-    assert s.of(out, f.Reply) == [f.Reply(token=2)]
+    assert s.of(out, v.Reply) == [v.Reply(token=2)]
 
 
 def test_a_start_host_during_a_stop_host_s_write_waits_for_it_and_has_the_last_word() -> None:
@@ -352,26 +357,26 @@ def test_a_start_host_during_a_stop_host_s_write_waits_for_it_and_has_the_last_w
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    assert s.feed(f.StopHostRequested(host="a", token=1)) == [
-        f.WriteStopSentinel(host="a", token=1)
+    assert s.feed(v.StopHostRequested(host="a", token=1)) == [
+        v.WriteStopSentinel(host="a", token=1)
     ]
-    assert s.feed(f.StartHostRequested(host="a", token=2)) == []
-    assert s.feed(f.StopHostRequested(host="a", token=3)) == []
-    assert s.feed(f.StartHostRequested(host="a", token=4)) == []
-    out = s.feed(f.StopSentinelWritten(host="a", token=1))
-    assert s.of(out, f.Reply) == [f.Reply(token=1)]
-    assert s.of(out, f.DeleteStopSentinel) == [f.DeleteStopSentinel(host="a", token=2)]
-    out = s.feed(f.StopSentinelDeleted(host="a", token=2))
-    assert s.of(out, f.Reply) == [f.Reply(token=2)]
-    assert s.of(out, f.WriteStopSentinel) == [f.WriteStopSentinel(host="a", token=3)]
-    out = s.feed(f.StopSentinelWritten(host="a", token=3))
-    assert s.of(out, f.DeleteStopSentinel) == [f.DeleteStopSentinel(host="a", token=4)]
+    assert s.feed(v.StartHostRequested(host="a", token=2)) == []
+    assert s.feed(v.StopHostRequested(host="a", token=3)) == []
+    assert s.feed(v.StartHostRequested(host="a", token=4)) == []
+    out = s.feed(v.StopSentinelWritten(host="a", token=1))
+    assert s.of(out, v.Reply) == [v.Reply(token=1)]
+    assert s.of(out, v.DeleteStopSentinel) == [v.DeleteStopSentinel(host="a", token=2)]
+    out = s.feed(v.StopSentinelDeleted(host="a", token=2))
+    assert s.of(out, v.Reply) == [v.Reply(token=2)]
+    assert s.of(out, v.WriteStopSentinel) == [v.WriteStopSentinel(host="a", token=3)]
+    out = s.feed(v.StopSentinelWritten(host="a", token=3))
+    assert s.of(out, v.DeleteStopSentinel) == [v.DeleteStopSentinel(host="a", token=4)]
     s.on("a", h.TerminateConfirmed(pid=100))
-    out = s.feed(f.StopSentinelDeleted(host="a", token=4))
-    assert s.of(out, f.Reply) == [f.Reply(token=4)]
+    out = s.feed(v.StopSentinelDeleted(host="a", token=4))
+    assert s.of(out, v.Reply) == [v.Reply(token=4)]
     assert s.state("a") is S.STARTING and not s.core.hosts["a"].stop_sentinel
-    assert s.feed(f.StopHostRequested(host="a", token=5)) == [
-        f.WriteStopSentinel(host="a", token=5)
+    assert s.feed(v.StopHostRequested(host="a", token=5)) == [
+        v.WriteStopSentinel(host="a", token=5)
     ]
 
 
@@ -380,12 +385,12 @@ def test_a_command_waiting_for_a_sentinel_operation_is_refused_if_its_host_left(
     comes and the host is no longer a member."""
     s = shell(("a", 0), ("b", 1))
     s.boot()
-    s.feed(f.StopHostRequested(host="a", token=1))
-    s.feed(f.StartHostRequested(host="a", token=2))
-    s.feed(f.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=3))
-    out = s.feed(f.StopSentinelWritten(host="a", token=1))
-    assert [r.refusal for r in s.of(out, f.Reply)] == [f.Refusal.UNKNOWN_HOST] * 2
-    assert s.of(out, f.DeleteStopSentinel) == []
+    s.feed(v.StopHostRequested(host="a", token=1))
+    s.feed(v.StartHostRequested(host="a", token=2))
+    s.feed(v.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=3))
+    out = s.feed(v.StopSentinelWritten(host="a", token=1))
+    assert [r.refusal for r in s.of(out, v.Reply)] == [v.Refusal.UNKNOWN_HOST] * 2
+    assert s.of(out, v.DeleteStopSentinel) == []
 
 
 # --- shutdown -----------------------------------------------------------------------------
@@ -397,14 +402,14 @@ def test_shutdown_ends_when_every_host_is_stopped() -> None:
     s.boot()
     s.run_worker("a", 100)
     s.run_worker("b", 200)
-    out = s.feed(f.ShutdownRequested(detach=False))
-    assert {a.host for a in s.of(out, f.Terminate)} == {"a", "b"}
+    out = s.feed(v.ShutdownRequested(detach=False))
+    assert {a.host for a in s.of(out, v.Terminate)} == {"a", "b"}
     s.on("a", h.TerminateConfirmed(pid=100))
     assert not s.finished()
     out = s.on("b", h.TerminateConfirmed(pid=200))
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone()]
     assert s.finished()
-    assert s.feed(f.RestartHostRequested(host="a", token=9)) == []  # nothing after the end
+    assert s.feed(v.RestartHostRequested(host="a", token=9)) == []  # nothing after the end
 
 
 def test_shutdown_names_the_hosts_it_could_not_reach() -> None:
@@ -414,9 +419,9 @@ def test_shutdown_names_the_hosts_it_could_not_reach() -> None:
     s.run_worker("a", 100)
     s.run_worker("b", 200)
     s.on("b", h.SshLost(reason="network down"))
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.ShutdownRequested(detach=False))
     out = s.on("a", h.TerminateConfirmed(pid=100))
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone(unreachable=("b",))]
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone(unreachable=("b",))]
 
 
 def test_shutdown_gives_up_at_its_deadline() -> None:
@@ -424,10 +429,10 @@ def test_shutdown_gives_up_at_its_deadline() -> None:
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.ShutdownRequested(detach=False))
     s.now = POLICY.shutdown_timeout_s
-    out = s.feed(f.DeadlinePassed())
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone(incomplete=("a",))]
+    out = s.feed(v.DeadlinePassed())
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone(incomplete=("a",))]
 
 
 def test_detach_leaves_every_worker_running() -> None:
@@ -435,8 +440,8 @@ def test_detach_leaves_every_worker_running() -> None:
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    out = s.feed(f.ShutdownRequested(detach=True))
-    assert out == [f.ShutdownBegan(detach=True), f.ShutdownDone()]
+    out = s.feed(v.ShutdownRequested(detach=True))
+    assert out == [v.ShutdownBegan(detach=True), v.ShutdownDone()]
 
 
 def test_commands_during_shutdown_are_refused() -> None:
@@ -444,9 +449,9 @@ def test_commands_during_shutdown_are_refused() -> None:
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    s.feed(f.ShutdownRequested(detach=False))
-    (reply,) = s.feed(f.RestartHostRequested(host="a", token=5))
-    assert isinstance(reply, f.Reply) and reply.refusal is f.Refusal.SHUTTING_DOWN
+    s.feed(v.ShutdownRequested(detach=False))
+    (reply,) = s.feed(v.RestartHostRequested(host="a", token=5))
+    assert isinstance(reply, v.Reply) and reply.refusal is v.Refusal.SHUTTING_DOWN
 
 
 # --- the freeze ---------------------------------------------------------------------------
@@ -465,26 +470,26 @@ def silent_fleet(n: int) -> Shell:
 def test_most_hosts_falling_silent_freeze_the_fleet_and_ask_for_a_diagnosis() -> None:
     """The freeze is told to every host and the operator, with a filesystem check."""
     s = silent_fleet(4)
-    out = s.feed(f.DeadlinePassed())
-    assert [type(a) for a in out if isinstance(a, f.FreezeChanged | f.DiagnoseFilesystem)] == [
-        f.FreezeChanged,
-        f.DiagnoseFilesystem,
+    out = s.feed(v.DeadlinePassed())
+    assert [type(a) for a in out if isinstance(a, v.FreezeChanged | v.DiagnoseFilesystem)] == [
+        v.FreezeChanged,
+        v.DiagnoseFilesystem,
     ]
-    assert s.core.freeze.frozen
+    assert s.core.watch.freeze.frozen
     assert all(host.frozen for host in s.core.hosts.values())
-    out = s.feed(f.FilesystemDiagnosed(finding="run root hung", free_bytes=None))
-    assert out == [f.FreezeExplained(finding="run root hung", free_bytes=None)]
-    assert s.core.finding == "run root hung"
+    out = s.feed(v.FilesystemDiagnosed(finding="run root hung", free_bytes=None))
+    assert out == [v.FreezeExplained(finding="run root hung", free_bytes=None)]
+    assert s.core.watch.finding == "run root hung"
 
 
 def test_a_diagnosis_arriving_after_the_thaw_is_old_news() -> None:
     """An operator's unfreeze answers with what was; a late finding is dropped."""
     s = silent_fleet(4)
-    s.feed(f.DeadlinePassed())
-    out = s.feed(f.UnfreezeRequested(token=3))
-    assert f.Reply(token=3, result={"frozen": False, "was_frozen": True}) in out
-    assert s.feed(f.FilesystemDiagnosed(finding="late")) == []
-    assert s.core.finding is None
+    s.feed(v.DeadlinePassed())
+    out = s.feed(v.UnfreezeRequested(token=3))
+    assert v.Reply(token=3, result={"frozen": False, "was_frozen": True}) in out
+    assert s.feed(v.FilesystemDiagnosed(finding="late")) == []
+    assert s.core.watch.finding is None
 
 
 SILENT_AFTER_S = HEALTH.heartbeat_stale_s / 2
@@ -492,7 +497,7 @@ SILENT_AFTER_S = HEALTH.heartbeat_stale_s / 2
 
 def frozen(s: Shell) -> bool:
     """The fleet is frozen now (a call, so that a checker reads it afresh each time)."""
-    return s.core.freeze.frozen
+    return s.core.watch.freeze.frozen
 
 
 def test_a_freeze_made_due_by_fewer_hosts_to_run_is_not_skipped() -> None:
@@ -506,12 +511,12 @@ def test_a_freeze_made_due_by_fewer_hosts_to_run_is_not_skipped() -> None:
     s.now = SILENT_AFTER_S + 0.1
     s.feed(
         *(
-            f.HostObserved(
+            v.HostObserved(
                 f"w{i}", h.HeartbeatSeen(pid=100 + i, ready=True, remote_heartbeat_at=9.0)
             )
             for i in range(4, 10)
         ),
-        f.DeadlinePassed(),
+        v.DeadlinePassed(),
     )
     assert not frozen(s)
     stop = h.StopRequested(reason="operator", cause=h.StopCause.OPERATOR)
@@ -519,7 +524,7 @@ def test_a_freeze_made_due_by_fewer_hosts_to_run_is_not_skipped() -> None:
     assert not frozen(s)  # four of nine: five still needed
     s.on("w8", stop)
     assert frozen(s)
-    assert s.core.freeze.hosts == {"w0", "w1", "w2", "w3"}
+    assert s.core.watch.freeze.hosts == {"w0", "w1", "w2", "w3"}
 
 
 def test_a_host_that_turns_ready_already_silent_counts_at_once() -> None:
@@ -532,19 +537,19 @@ def test_a_host_that_turns_ready_already_silent_counts_at_once() -> None:
     s.run_worker("w1", 101)
     s.on("w2", h.SshRestored())
     s.on("w2", h.ProbeResult(pid=None))
-    assert s.last(f.Launch, "w2") is not None
+    assert s.last(v.Launch, "w2") is not None
     s.now = 1.0
     s.on("w2", h.HeartbeatSeen(pid=102, ready=True, remote_heartbeat_at=1.0))
     s.now = SILENT_AFTER_S + 0.5  # w0 is silent now, alone: no freeze
     s.on("w1", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=5.0))
-    s.feed(f.DeadlinePassed())
+    s.feed(v.DeadlinePassed())
     assert not frozen(s)
     s.now = 1.0 + SILENT_AFTER_S + 0.5
     s.on("w1", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=6.0))
     s.on("w2", h.Launched(pid=102))
     assert s.state("w2") is S.READY
     assert frozen(s)
-    assert s.core.freeze.hosts == {"w0", "w2"}
+    assert s.core.watch.freeze.hosts == {"w0", "w2"}
 
 
 # --- time -----------------------------------------------------------------------------------
@@ -556,12 +561,12 @@ def test_one_deadline_for_the_fleet_and_early_wake_ups_are_harmless() -> None:
     s.boot()
     s.run_worker("a", 100)
     s.run_worker("b", 200)
-    s.feed(f.DeadlinePassed())  # settle start-up bookkeeping; nothing is due
+    s.feed(v.DeadlinePassed())  # settle start-up bookkeeping; nothing is due
     stale_at = s.core.deadline_at
     assert stale_at is not None and stale_at > s.now
     s.now = stale_at - 1.0
-    out = s.feed(f.DeadlinePassed())
-    assert not [a for a in out if not isinstance(a, f.HistoryChanged)]
+    out = s.feed(v.DeadlinePassed())
+    assert not [a for a in out if not isinstance(a, v.HistoryChanged)]
     assert all(host.state is S.READY for host in s.core.hosts.values())
 
 
@@ -572,7 +577,7 @@ def test_history_changes_are_announced() -> None:
     s.run_worker("a", 100)
     s.now = 1000.0
     out = s.on("a", h.WorkerExited(pid=100, exit_code=1))
-    assert f.HistoryChanged() in out
+    assert v.HistoryChanged() in out
     assert s.core.histories()["a"].restarts == 1
 
 
@@ -590,27 +595,27 @@ def test_news_of_a_host_that_is_not_a_member_is_ignored(event: h.Event) -> None:
 def test_a_joining_host_is_visible_with_the_history_it_will_join_with() -> None:
     """While its files are read, a host is listed as joining with its saved history."""
     s = shell(("a", 0))
-    s.feed(f.Booted(histories={"a": h.History(restarts=4)}))
-    assert s.core.joining.keys() == {"a"}
-    history = s.core.history("a")
-    assert history is not None and history.restarts == 4
+    s.feed(v.Booted(histories={"a": h.History(restarts=4)}))
+    assert s.core.view(0.0).joining == {"a"}
+    joining = s.core.view(0.0).hosts["a"]
+    assert isinstance(joining, h.Host) and joining.restarts == 4
     assert s.core.health_policy is HEALTH
-    s.scanned(f.ScanFiles(hosts=("a",)))
-    assert not s.core.joining and s.core.history("a") is None
+    s.scanned(v.ScanFiles(hosts=("a",)))
+    assert not s.core.view(0.0).joining
     assert s.core.hosts["a"].restarts == 4
 
 
 def test_booting_twice_changes_nothing() -> None:
     """A second Booted is ignored: hosts join once."""
     s = shell(("a", 0))
-    s.feed(f.Booted())
-    assert s.feed(f.Booted()) == []
+    s.feed(v.Booted())
+    assert s.feed(v.Booted()) == []
 
 
 def test_an_empty_fleet_settles_at_once() -> None:
     """With no host to wait for, start-up is over as soon as it begins."""
     s = shell()
-    assert s.feed(f.Booted()) == [f.Settled(slow=())]
+    assert s.feed(v.Booted()) == [v.Settled(slow=())]
 
 
 def test_hosts_whose_files_arrive_during_a_stop_join_only_to_be_stopped() -> None:
@@ -618,29 +623,34 @@ def test_hosts_whose_files_arrive_during_a_stop_join_only_to_be_stopped() -> Non
     a standby that just took over) waits for them: they join, connect, and the worker found
     there is stopped, not left running. A detach lets nobody join."""
     s = shell(("a", 0))
-    s.feed(f.Booted())
-    scan = s.last(f.ScanFiles)
+    s.feed(v.Booted())
+    scan = s.last(v.ScanFiles)
     assert scan is not None
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.ShutdownRequested(detach=False))
     assert not s.core.finished  # "a" may run a worker: it must be found first
     out = s.scanned(scan)
-    assert s.of(out, f.Connect) == [f.Connect(host="a", shard=0, added=False)]
+    assert s.of(out, v.Connect) == [v.Connect(host="a", shard=0, added=False, machine="a")]
     s.on("a", h.SshRestored())
-    probe = s.last(f.Probe, "a")
+    probe = s.last(v.Probe, "a")
     assert probe is not None
     s.on("a", h.ProbeResult(pid=100))
-    assert s.last(f.Terminate, "a") == f.Terminate(
-        host="a", pid=100, grace_s=HEALTH.stop_grace_s, kill=HEALTH.kill_after_grace
+    assert s.last(v.Terminate, "a") == v.Terminate(
+        host="a",
+        machine="a",
+        shard=0,
+        pid=100,
+        grace_s=HEALTH.stop_grace_s,
+        kill=HEALTH.kill_after_grace,
     )
     assert not s.core.finished
     out = s.on("a", h.TerminateConfirmed(pid=100))
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone()]
 
     d = shell(("a", 0))
-    d.feed(f.Booted())
-    scan = d.last(f.ScanFiles)
+    d.feed(v.Booted())
+    scan = d.last(v.ScanFiles)
     assert scan is not None
-    d.feed(f.ShutdownRequested(detach=True))
+    d.feed(v.ShutdownRequested(detach=True))
     assert d.core.finished
     assert d.scanned(scan) == []
 
@@ -648,17 +658,19 @@ def test_hosts_whose_files_arrive_during_a_stop_join_only_to_be_stopped() -> Non
     s2.boot()
     s2.run_worker("a", 100)
     s2.feed(
-        f.Reconfigured(
+        v.Reconfigured(
             members=tuple(members(("a", 0), ("b", 1), ("c", 2))),
             health=HEALTH,
             policy=POLICY,
             token=1,
         )
     )
-    scan = s2.last(f.ScanFiles)
-    assert scan == f.ScanFiles(hosts=("c",))
-    s2.feed(f.ShutdownRequested(detach=False))
-    assert s2.of(s2.scanned(scan), f.Connect) == [f.Connect(host="c", shard=2, added=True)]
+    scan = s2.last(v.ScanFiles)
+    assert scan == v.ScanFiles(hosts=("c",))
+    s2.feed(v.ShutdownRequested(detach=False))
+    assert s2.of(s2.scanned(scan), v.Connect) == [
+        v.Connect(host="c", shard=2, added=True, machine="c")
+    ]
     assert "c" in s2.core.hosts
 
 
@@ -667,23 +679,23 @@ def test_a_stop_before_the_boot_stops_the_workers_found_after_it() -> None:
     boots, its hosts join only to be stopped, and the worker found is stopped; a detach
     before the boot just ends it."""
     s = shell(("a", 0))
-    assert s.feed(f.ShutdownRequested(detach=False)) == []
-    out = s.feed(f.Booted())
-    assert s.of(out, f.ShutdownBegan) == [f.ShutdownBegan(detach=False)]
-    scan = s.last(f.ScanFiles)
-    assert scan == f.ScanFiles(hosts=("a",))
+    assert s.feed(v.ShutdownRequested(detach=False)) == []
+    out = s.feed(v.Booted())
+    assert s.of(out, v.ShutdownBegan) == [v.ShutdownBegan(detach=False)]
+    scan = s.last(v.ScanFiles)
+    assert scan == v.ScanFiles(hosts=("a",))
     s.scanned(scan)
     s.on("a", h.SshRestored())
     s.on("a", h.ProbeResult(pid=100))
-    assert s.last(f.Terminate, "a") is not None
-    assert s.last(f.Launch, "a") is None
+    assert s.last(v.Terminate, "a") is not None
+    assert s.last(v.Launch, "a") is None
     out = s.on("a", h.TerminateConfirmed(pid=100))
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone()]
 
     d = shell(("a", 0))
-    out = d.feed(f.ShutdownRequested(detach=True))
-    assert d.of(out, f.ShutdownDone) == [f.ShutdownDone()]
-    assert d.feed(f.Booted()) == []
+    out = d.feed(v.ShutdownRequested(detach=True))
+    assert d.of(out, v.ShutdownDone) == [v.ShutdownDone()]
+    assert d.feed(v.Booted()) == []
 
 
 def test_a_stop_waits_for_a_host_s_first_connection_outcome() -> None:
@@ -691,69 +703,71 @@ def test_a_stop_waits_for_a_host_s_first_connection_outcome() -> None:
     it (up: probe and stop; down: unreachable, named), or for its deadline."""
     s = shell(("a", 0), ("b", 1))
     s.boot()
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.ShutdownRequested(detach=False))
     assert not s.finished()
     s.on("a", h.SshLost(reason="refused"))
     assert not s.finished()
     s.on("b", h.SshRestored())
     s.on("b", h.ProbeResult(pid=None))
     assert s.finished()
-    done = s.last(f.ShutdownDone)
-    assert done == f.ShutdownDone(unreachable=("a",))
+    done = s.last(v.ShutdownDone)
+    assert done == v.ShutdownDone(unreachable=("a",))
 
 
 def test_a_host_changed_by_a_reload_while_read_then_a_stop_is_not_waited_for() -> None:
     """A reload changes a joining host; a stop comes before its files are read: the stale
     scan admits nothing and the stop does not wait for it."""
     s = shell(("a", 0))
-    s.feed(f.Booted())
-    scan = s.last(f.ScanFiles)
+    s.feed(v.Booted())
+    scan = s.last(v.ScanFiles)
     assert scan is not None
     s.feed(
-        f.Reconfigured(
-            members=(f.Member(name="a", shard=0, launch_key=("new",)),),
+        v.Reconfigured(
+            members=(v.Member(name="a", shard=0, launch_key=("new",)),),
             health=HEALTH,
             policy=POLICY,
             token=1,
         )
     )
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.ShutdownRequested(detach=False))
     out = s.scanned(scan)
-    assert s.of(out, f.Connect) == []
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    assert s.of(out, v.Connect) == []
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone()]
 
 
 def test_a_host_changed_while_its_files_are_read_joins_with_its_new_settings() -> None:
     """A reload that changes a joining host makes it join afresh, as the new config says."""
     s = shell(("a", 0))
-    s.feed(f.Booted())
-    changed = (f.Member(name="a", shard=0, launch_key=("v2",)),)
-    s.feed(f.Reconfigured(members=changed, health=HEALTH, policy=POLICY, token=1))
-    out = s.scanned(f.ScanFiles(hosts=("a",)))
-    assert not s.of(out, f.Connect)
-    assert s.of(out, f.ScanFiles) == [f.ScanFiles(hosts=("a",))]
-    out = s.scanned(f.ScanFiles(hosts=("a",)))
-    assert s.of(out, f.Connect) == [f.Connect(host="a", shard=0, added=False)]  # a boot member
+    s.feed(v.Booted())
+    changed = (v.Member(name="a", shard=0, launch_key=("v2",)),)
+    s.feed(v.Reconfigured(members=changed, health=HEALTH, policy=POLICY, token=1))
+    out = s.scanned(v.ScanFiles(hosts=("a",)))
+    assert not s.of(out, v.Connect)
+    assert s.of(out, v.ScanFiles) == [v.ScanFiles(hosts=("a",))]
+    out = s.scanned(v.ScanFiles(hosts=("a",)))
+    assert s.of(out, v.Connect) == [
+        v.Connect(host="a", shard=0, added=False, machine="a")
+    ]  # a boot member
     assert s.core.members["a"].launch_key == ("v2",)
 
 
 def test_start_up_settles_when_every_joining_host_was_removed() -> None:
     """A reload that removes every host still being read ends start-up with nobody slow."""
     s = shell(("a", 0))
-    s.feed(f.Booted())
-    s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=1))
-    out = s.scanned(f.ScanFiles(hosts=("a",)))
-    assert out == [f.Settled(slow=())]
+    s.feed(v.Booted())
+    s.feed(v.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=1))
+    out = s.scanned(v.ScanFiles(hosts=("a",)))
+    assert out == [v.Settled(slow=())]
 
 
 def test_a_host_that_joins_a_frozen_fleet_is_frozen_too() -> None:
     """A host added during a freeze holds its silence-driven restarts like the others."""
     s = silent_fleet(4)
-    s.feed(f.DeadlinePassed())
-    assert s.core.freeze.frozen
-    new = (*members(*((f"w{i}", i) for i in range(4))), f.Member(name="w9", shard=9))
-    s.feed(f.Reconfigured(members=new, health=HEALTH, policy=POLICY, token=1))
-    s.scanned(f.ScanFiles(hosts=("w9",)))
+    s.feed(v.DeadlinePassed())
+    assert s.core.watch.freeze.frozen
+    new = (*members(*((f"w{i}", i) for i in range(4))), v.Member(name="w9", shard=9))
+    s.feed(v.Reconfigured(members=new, health=HEALTH, policy=POLICY, token=1))
+    s.scanned(v.ScanFiles(hosts=("w9",)))
     assert s.core.hosts["w9"].frozen
 
 
@@ -761,8 +775,8 @@ def test_unfreeze_of_a_fleet_that_is_not_frozen_only_answers() -> None:
     """Nothing is thawed that was not frozen; the reply says so."""
     s = shell(("a", 0))
     s.boot()
-    assert s.feed(f.UnfreezeRequested(token=1)) == [
-        f.Reply(token=1, result={"frozen": False, "was_frozen": False})
+    assert s.feed(v.UnfreezeRequested(token=1)) == [
+        v.Reply(token=1, result={"frozen": False, "was_frozen": False})
     ]
 
 
@@ -770,10 +784,10 @@ def test_a_sentinel_removed_for_a_host_that_left_meanwhile_is_refused() -> None:
     """A start-host whose host was removed by a reload before the file went is refused."""
     s = shell(("a", 0))
     s.boot()
-    s.feed(f.StartHostRequested(host="a", token=1))
-    s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=2))
-    out = s.feed(f.StopSentinelDeleted(host="a", token=1))
-    assert s.of(out, f.Reply)[0].refusal is f.Refusal.UNKNOWN_HOST
+    s.feed(v.StartHostRequested(host="a", token=1))
+    s.feed(v.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=2))
+    out = s.feed(v.StopSentinelDeleted(host="a", token=1))
+    assert s.of(out, v.Reply)[0].refusal is v.Refusal.UNKNOWN_HOST
 
 
 def test_a_second_shutdown_request_changes_nothing() -> None:
@@ -781,8 +795,8 @@ def test_a_second_shutdown_request_changes_nothing() -> None:
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    s.feed(f.ShutdownRequested(detach=False))
-    assert s.feed(f.ShutdownRequested(detach=True)) == []
+    s.feed(v.ShutdownRequested(detach=False))
+    assert s.feed(v.ShutdownRequested(detach=True)) == []
 
 
 def test_a_fleet_that_is_all_unreachable_stops_at_once_naming_every_host() -> None:
@@ -793,8 +807,8 @@ def test_a_fleet_that_is_all_unreachable_stops_at_once_naming_every_host() -> No
     s.run_worker("b", 200)
     s.on("a", h.SshLost(reason="down"))
     s.on("b", h.SshLost(reason="down"))
-    out = s.feed(f.ShutdownRequested(detach=False))
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone(unreachable=("a", "b"))]
+    out = s.feed(v.ShutdownRequested(detach=False))
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone(unreachable=("a", "b"))]
 
 
 def test_a_removed_host_that_stops_during_shutdown_leaves_and_ends_it() -> None:
@@ -804,11 +818,11 @@ def test_a_removed_host_that_stops_during_shutdown_leaves_and_ends_it() -> None:
     s.run_worker("a", 100)
     s.run_worker("b", 200)
     s.on("b", h.SshLost(reason="down"))
-    s.feed(f.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=1))
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=1))
+    s.feed(v.ShutdownRequested(detach=False))
     out = s.on("a", h.TerminateConfirmed(pid=100))
-    assert s.of(out, f.Disconnect) == [f.Disconnect(host="a")]
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone(unreachable=("b",))]
+    assert s.of(out, v.Disconnect) == [v.Disconnect(host="a", machine="a")]
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone(unreachable=("b",))]
 
 
 def test_a_host_already_stopped_leaves_as_soon_as_it_is_removed() -> None:
@@ -819,14 +833,14 @@ def test_a_host_already_stopped_leaves_as_soon_as_it_is_removed() -> None:
     s.on("a", h.ProbeResult(pid=None))
     assert s.state("a") is S.STOPPED
     out = s.feed(
-        f.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=1)
+        v.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=1)
     )
-    assert s.of(out, f.Disconnect) == [f.Disconnect(host="a")]
+    assert s.of(out, v.Disconnect) == [v.Disconnect(host="a", machine="a")]
 
 
 def test_launches_past_the_per_minute_budget_begin_when_the_window_moves() -> None:
     """The fleet's deadline includes the budget window: its timer begins the next launch."""
-    policy = f.FleetPolicy(max_launches_per_minute=1, startup_timeout_s=1000.0)
+    policy = v.FleetPolicy(max_launches_per_minute=1, startup_timeout_s=1000.0)
     patient = h.Policy(heartbeat_stale_s=100.0, ready_timeout_s=100.0)
     s = Shell(f.Fleet(members(("a", 0), ("b", 1)), patient, policy))
     s.boot()
@@ -834,11 +848,11 @@ def test_launches_past_the_per_minute_budget_begin_when_the_window_moves() -> No
         s.on(name, h.SshRestored())
         s.on(name, h.ProbeResult(pid=None))
     s.on("a", h.Launched(pid=100))
-    assert [a.host for a in s.actions if isinstance(a, f.Launch)] == ["a"]
-    assert s.core.deadline_at == pytest.approx(f.BUDGET_WINDOW_S)
-    s.now = f.BUDGET_WINDOW_S
-    out = s.feed(f.DeadlinePassed())
-    assert s.of(out, f.Launch) == [f.Launch(host="b")]
+    assert [a.host for a in s.actions if isinstance(a, v.Launch)] == ["a"]
+    assert s.core.deadline_at == pytest.approx(budgets.BUDGET_WINDOW_S)
+    s.now = budgets.BUDGET_WINDOW_S
+    out = s.feed(v.DeadlinePassed())
+    assert s.of(out, v.Launch) == [v.Launch(host="b", machine="b", shard=1)]
 
 
 def test_sentinel_news_for_a_host_that_left_or_a_failed_removal_are_refused() -> None:
@@ -846,14 +860,14 @@ def test_sentinel_news_for_a_host_that_left_or_a_failed_removal_are_refused() ->
     could not be removed, are answered with why; the host stays as it was."""
     s = shell(("a", 0), ("b", 1))
     s.boot(sentinels=["b"])
-    s.feed(f.StopHostRequested(host="a", token=1))
-    s.feed(f.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=2))
-    out = s.feed(f.StopSentinelWritten(host="a", token=1))
-    assert s.of(out, f.Reply)[0].refusal is f.Refusal.UNKNOWN_HOST
-    s.feed(f.StartHostRequested(host="b", token=3))
-    out = s.feed(f.StopSentinelDeleted(host="b", token=3, error="permission denied"))
-    (reply,) = s.of(out, f.Reply)
-    assert reply.refusal is f.Refusal.FILE_ERROR and "permission denied" in reply.message
+    s.feed(v.StopHostRequested(host="a", token=1))
+    s.feed(v.Reconfigured(members=tuple(members(("b", 1))), health=HEALTH, policy=POLICY, token=2))
+    out = s.feed(v.StopSentinelWritten(host="a", token=1))
+    assert s.of(out, v.Reply)[0].refusal is v.Refusal.UNKNOWN_HOST
+    s.feed(v.StartHostRequested(host="b", token=3))
+    out = s.feed(v.StopSentinelDeleted(host="b", token=3, error="permission denied"))
+    (reply,) = s.of(out, v.Reply)
+    assert reply.refusal is v.Refusal.FILE_ERROR and "permission denied" in reply.message
     assert s.core.hosts["b"].stop_sentinel
 
 
@@ -862,55 +876,55 @@ def test_sentinel_news_for_a_host_that_left_or_a_failed_removal_are_refused() ->
 
 def test_the_pointer_is_written_once_when_the_fleet_is_first_all_ready() -> None:
     """Not before every host is ready; once; never again, whatever the fleet does after."""
-    policy = f.FleetPolicy(pointer_file="/shared/ptr.json")
+    policy = v.FleetPolicy(pointer_file="/shared/ptr.json")
     s = shell(("a", 0), ("b", 1), policy=policy)
     s.boot()
     s.run_worker("a", 100)
-    assert s.last(f.WritePointer) is None
+    assert s.last(v.WritePointer) is None
     s.run_worker("b", 200)
-    assert s.last(f.WritePointer) == f.WritePointer(path="/shared/ptr.json")
-    s.feed(f.PointerWritten(path="/shared/ptr.json"))
+    assert s.last(v.WritePointer) == v.WritePointer(path="/shared/ptr.json")
+    s.feed(v.PointerWritten(path="/shared/ptr.json"))
     assert s.core.pointer.written
     s.now = 1000.0
     s.on("a", h.WorkerExited(pid=100, exit_code=1))
     s.on("a", h.Launched(pid=101))
     s.on("a", h.HeartbeatSeen(pid=101, ready=True, remote_heartbeat_at=5.0))
-    assert [a for a in s.actions if isinstance(a, f.WritePointer)] == [
-        f.WritePointer(path="/shared/ptr.json")
+    assert [a for a in s.actions if isinstance(a, v.WritePointer)] == [
+        v.WritePointer(path="/shared/ptr.json")
     ]
 
 
 def test_a_failed_pointer_write_is_retried_with_a_doubling_delay_and_stops_nothing() -> None:
     """The failure is reported with its next try; the fleet's timer brings the retry."""
-    policy = f.FleetPolicy(pointer_file="/ro/ptr.json", startup_timeout_s=1000.0)
+    policy = v.FleetPolicy(pointer_file="/ro/ptr.json", startup_timeout_s=1000.0)
     s = shell(("a", 0), policy=policy)
     s.boot()
     s.run_worker("a", 100)
-    out = s.feed(f.PointerWritten(path="/ro/ptr.json", error="read-only file system"))
+    out = s.feed(v.PointerWritten(path="/ro/ptr.json", error="read-only file system"))
     assert out == [
-        f.PointerNotWritten(
+        v.PointerNotWritten(
             path="/ro/ptr.json", reason="read-only file system", attempt=1, retry_at=1.0
         )
     ]
     assert s.core.deadline_at == 1.0
     s.now = 1.0
-    assert s.of(s.feed(f.DeadlinePassed()), f.WritePointer) == [f.WritePointer(path="/ro/ptr.json")]
-    out = s.feed(f.PointerWritten(path="/ro/ptr.json", error="read-only file system"))
-    assert s.of(out, f.PointerNotWritten)[0].retry_at == 3.0  # 1 s, then 2 s
+    assert s.of(s.feed(v.DeadlinePassed()), v.WritePointer) == [v.WritePointer(path="/ro/ptr.json")]
+    out = s.feed(v.PointerWritten(path="/ro/ptr.json", error="read-only file system"))
+    assert s.of(out, v.PointerNotWritten)[0].retry_at == 3.0  # 1 s, then 2 s
     assert s.state("a") is S.READY
 
 
 def test_a_reload_that_names_another_pointer_file_writes_that_one_and_ignores_the_old() -> None:
     """A new path has never been written; a late answer about the old path changes nothing."""
-    s = shell(("a", 0), policy=f.FleetPolicy(pointer_file="/p/one.json"))
+    s = shell(("a", 0), policy=v.FleetPolicy(pointer_file="/p/one.json"))
     s.boot()
     s.run_worker("a", 100)
-    new = f.FleetPolicy(pointer_file="/p/two.json")
+    new = v.FleetPolicy(pointer_file="/p/two.json")
     out = s.feed(
-        f.Reconfigured(members=tuple(members(("a", 0))), health=HEALTH, policy=new, token=1)
+        v.Reconfigured(members=tuple(members(("a", 0))), health=HEALTH, policy=new, token=1)
     )
-    assert s.of(out, f.WritePointer) == [f.WritePointer(path="/p/two.json")]
-    assert s.feed(f.PointerWritten(path="/p/one.json")) == []
+    assert s.of(out, v.WritePointer) == [v.WritePointer(path="/p/two.json")]
+    assert s.feed(v.PointerWritten(path="/p/one.json")) == []
     assert not s.core.pointer.written
 
 
@@ -924,10 +938,10 @@ def crash(s: Shell, name: str, pid: int, tail: str | None = IMPORT_ERROR, code: 
     s.on(name, h.WorkerExited(pid=pid, exit_code=code, log_tail=tail))
 
 
-def bad_deploy(n: int, policy: f.FleetPolicy | None = None) -> Shell:
+def bad_deploy(n: int, policy: v.FleetPolicy | None = None) -> Shell:
     """``n`` hosts whose workers start, are ready, and then all crash at start-up, again and
     again, the same way, as long as the test answers their launches."""
-    policy = policy or f.FleetPolicy(crash_signature_hosts=3, startup_timeout_s=1e6)
+    policy = policy or v.FleetPolicy(crash_signature_hosts=3, startup_timeout_s=1e6)
     s = shell(*((f"w{i}", i) for i in range(n)), policy=policy)
     s.boot()
     for i in range(n):
@@ -935,7 +949,7 @@ def bad_deploy(n: int, policy: f.FleetPolicy | None = None) -> Shell:
     s.now = 1000.0  # long healthy: the first crash restarts at once
     s.feed(
         *(
-            f.HostObserved(f"w{i}", h.HeartbeatSeen(pid=100 + i, ready=True, remote_heartbeat_at=2))
+            v.HostObserved(f"w{i}", h.HeartbeatSeen(pid=100 + i, ready=True, remote_heartbeat_at=2))
             for i in range(n)
         )
     )
@@ -958,7 +972,7 @@ def test_hosts_crashing_the_same_way_hold_their_restarts_but_for_one_canary() ->
     s = bad_deploy(20)
     for i in range(20):
         crash(s, f"w{i}", 100 + i)
-    found = [a for a in s.actions if isinstance(a, f.CrashSignatureFound)]
+    found = [a for a in s.actions if isinstance(a, v.CrashSignatureFound)]
     assert len(found) == 1
     assert found[0].signature == "exit 2: ModuleNotFoundError: No module named 'rw'"
     assert found[0].canary == "w2" and found[0].hosts == ("w0", "w1", "w2")
@@ -967,7 +981,7 @@ def test_hosts_crashing_the_same_way_hold_their_restarts_but_for_one_canary() ->
     for _ in range(30):  # five minutes of relaunches, answered as fast as they come
         launched += answer_launches(s, pids)
         s.now += 10.0
-        s.feed(f.DeadlinePassed())
+        s.feed(v.DeadlinePassed())
     # Before the third crash the first two restarted once each; after it, only the canary,
     # under its doubling backoff (1, 2, 4 ... 256 s): at most nine times in five minutes.
     assert sorted(n for n in launched if n != "w2") == ["w0", "w1"]
@@ -975,7 +989,7 @@ def test_hosts_crashing_the_same_way_hold_their_restarts_but_for_one_canary() ->
     held = {n for n, host in s.core.hosts.items() if host.held is not None}
     assert held == {f"w{i}" for i in range(20)} - {"w2"}
     assert all(s.state(n) is S.COOLING_DOWN for n in held)
-    assert len([a for a in s.actions if isinstance(a, f.CrashSignatureFound)]) == 1
+    assert len([a for a in s.actions if isinstance(a, v.CrashSignatureFound)]) == 1
 
 
 def test_a_canary_that_runs_again_releases_every_held_host() -> None:
@@ -983,12 +997,14 @@ def test_a_canary_that_runs_again_releases_every_held_host() -> None:
     s = bad_deploy(5)
     for i in range(5):
         crash(s, f"w{i}", 100 + i)
-    canary = s.core.signatures["exit 2: ModuleNotFoundError: No module named 'rw'"].canary
+    canary = s.core.signature_state.active[
+        "exit 2: ModuleNotFoundError: No module named 'rw'"
+    ].canary
     s.on(canary, h.Launched(pid=7000))
     s.on(canary, h.HeartbeatSeen(pid=7000, ready=True, remote_heartbeat_at=1.0))
-    cleared = s.last(f.CrashSignatureCleared)
+    cleared = s.last(v.CrashSignatureCleared)
     assert cleared is not None and cleared.reason == f"the canary {canary} is ready"
-    assert not s.core.signatures and not s.core.held
+    assert not s.core.signature_state.active and not s.core.signature_state.held
     assert all(host.held is None for host in s.core.hosts.values())
 
 
@@ -998,13 +1014,13 @@ def test_a_reload_that_changes_the_workers_or_an_unfreeze_releases_the_hold() ->
         s = bad_deploy(4)
         for i in range(4):
             crash(s, f"w{i}", 100 + i)
-        assert s.core.held
+        assert s.core.signature_state.held
         if release == "reload":
-            fixed = tuple(f.Member(name=f"w{i}", shard=i, launch_key=("fixed",)) for i in range(4))
-            s.feed(f.Reconfigured(members=fixed, health=HEALTH, policy=POLICY, token=1))
+            fixed = tuple(v.Member(name=f"w{i}", shard=i, launch_key=("fixed",)) for i in range(4))
+            s.feed(v.Reconfigured(members=fixed, health=HEALTH, policy=POLICY, token=1))
         else:
-            s.feed(f.UnfreezeRequested(token=1))
-        assert not s.core.signatures and not s.core.held, release
+            s.feed(v.UnfreezeRequested(token=1))
+        assert not s.core.signature_state.active and not s.core.signature_state.held, release
 
 
 def test_random_kills_and_different_crashes_keep_their_normal_restarts() -> None:
@@ -1015,7 +1031,7 @@ def test_random_kills_and_different_crashes_keep_their_normal_restarts() -> None
     for i in range(3, 6):
         errors = ("ValueError: bad task", "KeyError: 'k'", "OSError: disk full")
         crash(s, f"w{i}", 100 + i, tail=errors[i - 3])
-    assert not s.core.signatures
+    assert not s.core.signature_state.active
     assert all(s.state(f"w{i}") is S.STARTING for i in range(6))
 
 
@@ -1024,14 +1040,14 @@ def test_signatures_blur_numbers_and_ignore_signals_someone_sent() -> None:
     one = h.WorkerExited(pid=1, exit_code=1, log_tail="RuntimeError: worker 17 at 0xdeadbeef\n")
     two = h.WorkerExited(pid=2, exit_code=1, log_tail="RuntimeError:  worker 942 at 0x1234 \n")
     assert (
-        f.crash_signature(one)
-        == f.crash_signature(two)
+        signatures.crash_signature(one)
+        == signatures.crash_signature(two)
         == ("exit 1: RuntimeError: worker N at 0x?")
     )
-    assert f.crash_signature(h.WorkerExited(pid=1, signal=11)) == "signal 11"
-    assert f.crash_signature(h.WorkerExited(pid=1, signal=9)) is None
-    assert f.crash_signature(h.WorkerExited(pid=1, signal=15)) is None
-    assert f.crash_signature(h.WorkerExited(pid=1)) is None
+    assert signatures.crash_signature(h.WorkerExited(pid=1, signal=11)) == "signal 11"
+    assert signatures.crash_signature(h.WorkerExited(pid=1, signal=9)) is None
+    assert signatures.crash_signature(h.WorkerExited(pid=1, signal=15)) is None
+    assert signatures.crash_signature(h.WorkerExited(pid=1)) is None
 
 
 def test_the_hold_spares_hosts_running_again_and_a_departed_canary_is_replaced() -> None:
@@ -1046,20 +1062,20 @@ def test_the_hold_spares_hosts_running_again_and_a_departed_canary_is_replaced()
     s.on("w1", h.Launched(pid=201))
     crash(s, "w1", 201)  # its second crash waits out a backoff
     crash(s, "w2", 102)
-    assert s.core.held.keys() == {"w1"} and s.state("w0") is S.READY
+    assert s.core.signature_state.held.keys() == {"w1"} and s.state("w0") is S.READY
     assert s.state("w1") is S.COOLING_DOWN and s.core.hosts["w1"].held is not None
-    kept = tuple(f.Member(name=f"w{i}", shard=i) for i in (0, 1, 3, 4))
-    s.feed(f.Reconfigured(members=kept, health=HEALTH, policy=s.core_policy(), token=1))
+    kept = tuple(v.Member(name=f"w{i}", shard=i) for i in (0, 1, 3, 4))
+    s.feed(v.Reconfigured(members=kept, health=HEALTH, policy=s.core_policy(), token=1))
     s.on("w2", h.LaunchFailed(reason="connection closed"))  # the canary's relaunch ends
     assert "w2" not in s.core.hosts
     crash(s, "w3", 103)
-    (signature,) = s.core.signatures.values()
+    (signature,) = s.core.signature_state.active.values()
     assert signature.canary == "w3"
     token = s.token()
-    s.feed(f.RestartHostRequested(host="w1", token=token))
+    s.feed(v.RestartHostRequested(host="w1", token=token))
     s.on("w1", h.Launched(pid=300))
     s.on("w1", h.HeartbeatSeen(pid=300, ready=True, remote_heartbeat_at=9.0))
-    assert "w1" not in s.core.held and s.core.signatures
+    assert "w1" not in s.core.signature_state.held and s.core.signature_state.active
 
 
 def test_a_reload_during_shutdown_lets_nobody_join() -> None:
@@ -1067,31 +1083,31 @@ def test_a_reload_during_shutdown_lets_nobody_join() -> None:
     s = shell(("a", 0))
     s.boot()
     s.run_worker("a", 100)
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.ShutdownRequested(detach=False))
     out = s.feed(
-        f.Reconfigured(
+        v.Reconfigured(
             members=tuple(members(("a", 0), ("b", 1))), health=HEALTH, policy=POLICY, token=1
         )
     )
-    assert not s.of(out, f.ScanFiles) and "b" not in s.core.joining
+    assert not s.of(out, v.ScanFiles) and "b" not in s.core.view(0.0).joining
 
 
 def test_a_joining_host_removed_by_a_reload_during_a_stop_is_not_waited_for() -> None:
     """A stop waits for the hosts being read; a reload that removes the only one of them
     ends the wait: the shutdown is done (one of two: the other is still waited for)."""
     s = shell(("a", 0))
-    s.feed(f.Booted())
-    s.feed(f.ShutdownRequested(detach=False))
+    s.feed(v.Booted())
+    s.feed(v.ShutdownRequested(detach=False))
     assert not s.finished()
-    out = s.feed(f.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=1))
-    assert s.of(out, f.ShutdownDone) == [f.ShutdownDone()]
+    out = s.feed(v.Reconfigured(members=(), health=HEALTH, policy=POLICY, token=1))
+    assert s.of(out, v.ShutdownDone) == [v.ShutdownDone()]
     assert s.finished()
     t = shell(("a", 0), ("b", 1))
-    t.feed(f.Booted())
-    t.feed(f.ShutdownRequested(detach=False))
-    only_b = (f.Member(name="b", shard=1),)
-    out = t.feed(f.Reconfigured(members=only_b, health=HEALTH, policy=POLICY, token=1))
-    assert not t.of(out, f.ShutdownDone) and not t.finished()  # "b" is still waited for
+    t.feed(v.Booted())
+    t.feed(v.ShutdownRequested(detach=False))
+    only_b = (v.Member(name="b", shard=1),)
+    out = t.feed(v.Reconfigured(members=only_b, health=HEALTH, policy=POLICY, token=1))
+    assert not t.of(out, v.ShutdownDone) and not t.finished()  # "b" is still waited for
 
 
 def test_a_silent_worker_s_terminate_asks_for_evidence_and_the_restart_carries_it() -> None:
@@ -1106,12 +1122,12 @@ def test_a_silent_worker_s_terminate_asks_for_evidence_and_the_restart_carries_i
         for i in (1, 2):
             s.on(f"w{i}", h.HeartbeatSeen(pid=101 + i - 1, ready=True, remote_heartbeat_at=t))
     s.now = 15.0
-    s.feed(f.DeadlinePassed())
-    terminate = s.last(f.Terminate, "w0")
+    s.feed(v.DeadlinePassed())
+    terminate = s.last(v.Terminate, "w0")
     assert terminate is not None and terminate.pid == 100 and terminate.collect_evidence
     evidence = h.Evidence(pid=100, stacks="Thread 1\n", stacks_via="py-spy", log_tail="x\n")
     out = s.on("w0", h.TerminateConfirmed(pid=100, evidence=evidence))
-    changes = s.of(out, f.HostStateChanged)
+    changes = s.of(out, v.HostStateChanged)
     assert [(c.to, c.evidence) for c in changes] == [(S.STARTING, evidence)]
     assert s.core.hosts["w0"].evidence == evidence
 
@@ -1123,12 +1139,12 @@ def test_a_host_removed_again_while_still_stopping_is_retired_once() -> None:
     s.boot()
     s.run_worker("a", 100)
     s.run_worker("b", 200)
-    only_a = (f.Member(name="a", shard=0),)
-    both = (f.Member(name="a", shard=0), f.Member(name="b", shard=1))
-    out = s.feed(f.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
-    assert [a.host for a in s.of(out, f.Terminate)] == ["b"]
-    out = s.feed(f.Reconfigured(members=both, health=HEALTH, policy=POLICY, token=s.token()))
-    out += s.feed(f.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
-    assert not s.of(out, f.Terminate) and s.state("b") is S.STOPPING
+    only_a = (v.Member(name="a", shard=0),)
+    both = (v.Member(name="a", shard=0), v.Member(name="b", shard=1))
+    out = s.feed(v.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
+    assert [a.host for a in s.of(out, v.Terminate)] == ["b"]
+    out = s.feed(v.Reconfigured(members=both, health=HEALTH, policy=POLICY, token=s.token()))
+    out += s.feed(v.Reconfigured(members=only_a, health=HEALTH, policy=POLICY, token=s.token()))
+    assert not s.of(out, v.Terminate) and s.state("b") is S.STOPPING
     out = s.on("b", h.TerminateConfirmed(pid=200))
-    assert "b" not in s.core.hosts and not s.of(out, f.ScanFiles)
+    assert "b" not in s.core.hosts and not s.of(out, v.ScanFiles)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import fleet as f
 from supervisor import health as h
+from supervisor import vocabulary as v
 from tests.examples import examples
 from tests.unit.test_fleet_core import Shell, shell
 
@@ -21,8 +21,8 @@ from tests.unit.test_fleet_core import Shell, shell
 def booted(*specs: tuple[str, int]) -> Shell:
     """A booted fleet, every host's files read."""
     s = shell(*specs)
-    out = s.feed(f.Booted())
-    for scan in s.of(out, f.ScanFiles):
+    out = s.feed(v.Booted())
+    for scan in s.of(out, v.ScanFiles):
         s.scanned(scan)
     return s
 
@@ -33,7 +33,7 @@ def test_a_running_fleet_halts_at_once_and_owns_no_history() -> None:
     s = booted(("a", 0), ("b", 1))
     s.run_worker("a", 100)
     assert s.core.history_is_ours
-    assert s.feed(f.LeadershipEnded()) == []
+    assert s.feed(v.LeadershipEnded()) == []
     assert s.core.finished
     assert not s.core.history_is_ours
 
@@ -44,8 +44,8 @@ def test_actions_earlier_in_the_batch_are_dropped() -> None:
     s = booted(("a", 0))
     s.run_worker("a", 100)
     out = s.feed(
-        f.HostObserved("a", h.WorkerExited(pid=100, exit_code=1)),
-        f.LeadershipEnded(),
+        v.HostObserved("a", h.WorkerExited(pid=100, exit_code=1)),
+        v.LeadershipEnded(),
     )
     assert out == []
 
@@ -54,7 +54,7 @@ def test_events_after_the_news_in_the_batch_are_not_applied() -> None:
     """An operator's restart queued behind the news is neither done nor answered."""
     s = booted(("a", 0))
     s.run_worker("a", 100)
-    out = s.feed(f.LeadershipEnded(), f.RestartHostRequested(host="a", token=1))
+    out = s.feed(v.LeadershipEnded(), v.RestartHostRequested(host="a", token=1))
     assert out == []
 
 
@@ -64,20 +64,20 @@ def test_halted_during_shutdown_stops_stopping() -> None:
     s = booted(("a", 0), ("b", 1))
     s.run_worker("a", 100)
     s.run_worker("b", 101)
-    out = s.feed(f.ShutdownRequested(detach=False))
-    assert s.of(out, f.Terminate)
-    assert s.feed(f.LeadershipEnded()) == []
-    assert s.feed(f.HostObserved("a", h.TerminateConfirmed(pid=100))) == []
-    assert s.feed(f.DeadlinePassed()) == []
+    out = s.feed(v.ShutdownRequested(detach=False))
+    assert s.of(out, v.Terminate)
+    assert s.feed(v.LeadershipEnded()) == []
+    assert s.feed(v.HostObserved("a", h.TerminateConfirmed(pid=100))) == []
+    assert s.feed(v.DeadlinePassed()) == []
 
 
 def test_halted_before_boot_never_boots() -> None:
     """A standby that stops: its fleet, told before it booted, is finished and never boots,
     even with a stop asked for before (which would stop workers at boot)."""
     s = shell(("a", 0))
-    assert s.feed(f.ShutdownRequested(detach=False), f.LeadershipEnded()) == []
+    assert s.feed(v.ShutdownRequested(detach=False), v.LeadershipEnded()) == []
     assert s.core.finished
-    assert s.feed(f.Booted()) == []
+    assert s.feed(v.Booted()) == []
     assert not s.core.history_is_ours
     assert s.core.hosts == {}
 
@@ -107,11 +107,11 @@ host_events = st.sampled_from(
     ]
 )
 fleet_events = st.one_of(
-    st.builds(f.HostObserved, st.sampled_from(NAMES), host_events),
-    st.just(f.DeadlinePassed()),
-    st.builds(f.RestartHostRequested, host=st.sampled_from(NAMES), token=st.just(1)),
-    st.builds(f.ShutdownRequested, detach=st.booleans()),
-    st.just(f.LeadershipEnded()),
+    st.builds(v.HostObserved, st.sampled_from(NAMES), host_events),
+    st.just(v.DeadlinePassed()),
+    st.builds(v.RestartHostRequested, host=st.sampled_from(NAMES), token=st.just(1)),
+    st.builds(v.ShutdownRequested, detach=st.booleans()),
+    st.just(v.LeadershipEnded()),
 )
 
 
@@ -122,15 +122,15 @@ fleet_events = st.one_of(
 )
 @pytest.mark.parametrize("boot", [True, False])
 def test_once_halted_nothing_is_ever_asked_for_again(
-    boot: bool, batches: list[list[f.Event]], steps: list[float]
+    boot: bool, batches: list[list[v.Event]], steps: list[float]
 ) -> None:
     """Random batches, the news among them: a batch that carries it asks for nothing, and
     from then on nothing is ever asked for; the history is ours exactly while booted and
     not halted."""
     s = shell(*((n, i) for i, n in enumerate(NAMES)))
     if boot:
-        out = s.feed(f.Booted())
-        for scan in s.of(out, f.ScanFiles):
+        out = s.feed(v.Booted())
+        for scan in s.of(out, v.ScanFiles):
             s.scanned(scan)
     halted = False
     for batch, dt in zip(batches, steps, strict=False):
@@ -140,7 +140,7 @@ def test_once_halted_nothing_is_ever_asked_for_again(
         if was_finished:
             assert out == []  # halted or shut down: nothing, ever
             continue
-        if any(isinstance(e, f.LeadershipEnded) for e in batch):
+        if any(isinstance(e, v.LeadershipEnded) for e in batch):
             # Only a shutdown that ended earlier in the batch can have hidden the news.
             assert out == [] or s.core.finished
             halted = halted or out == []

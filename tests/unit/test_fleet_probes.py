@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from supervisor import fleet as f
 from supervisor import health as h
+from supervisor import vocabulary as v
 from supervisor.health import HostState as S
 from tests.unit.test_fleet_core import Shell
 
@@ -21,14 +22,14 @@ PROBED = h.Policy(
     probe_task='{"reward_fn":"pkg.missing.fn"}',
     probe_expect=1.0,
 )
-POLICY = f.FleetPolicy(crash_signature_hosts=3, startup_timeout_s=1e6)
+POLICY = v.FleetPolicy(crash_signature_hosts=3, startup_timeout_s=1e6)
 MISSING = "ModuleNotFoundError: No module named 'pkg.missing'"
 
 
 def probed_fleet(n: int, health: h.Policy = PROBED) -> Shell:
     """``n`` hosts (``w0``... on shards 0...) whose launched workers heartbeat ready and
     each have a probe in flight."""
-    members = [f.Member(name=f"w{i}", shard=i) for i in range(n)]
+    members = [v.Member(name=f"w{i}", shard=i) for i in range(n)]
     s = Shell(f.Fleet(members, health, POLICY))
     s.boot()
     for i in range(n):
@@ -49,10 +50,10 @@ def fail_probe(s: Shell, i: int, pid: int | None = None) -> None:
 def test_the_probe_a_host_asks_for_goes_out_with_its_shard() -> None:
     """A starting worker's first heartbeat sends one probe to its shard, with the task."""
     s = probed_fleet(2)
-    sent = [a for a in s.actions if isinstance(a, f.SendRewardProbe)]
+    sent = [a for a in s.actions if isinstance(a, v.SendRewardProbe)]
     assert sent == [
-        f.SendRewardProbe(host="w0", shard=0, pid=100, task=PROBED.probe_task, timeout_s=5.0),
-        f.SendRewardProbe(host="w1", shard=1, pid=101, task=PROBED.probe_task, timeout_s=5.0),
+        v.SendRewardProbe(host="w0", shard=0, pid=100, task=PROBED.probe_task, timeout_s=5.0),
+        v.SendRewardProbe(host="w1", shard=1, pid=101, task=PROBED.probe_task, timeout_s=5.0),
     ]
     assert all(s.state(n) is S.STARTING for n in ("w0", "w1"))
 
@@ -63,11 +64,11 @@ def test_the_same_probe_failure_on_three_hosts_holds_all_but_the_canary() -> Non
     s = probed_fleet(3)
     for i in range(3):
         fail_probe(s, i)
-    [found] = [a for a in s.actions if isinstance(a, f.CrashSignatureFound)]
+    [found] = [a for a in s.actions if isinstance(a, v.CrashSignatureFound)]
     assert found.kind == "probe"
     assert found.signature == f"probe: reward probe failed: {MISSING}"
     assert found.hosts == ("w0", "w1", "w2") and found.canary == "w2"
-    assert set(s.core.held) == {"w0", "w1"}
+    assert set(s.core.signature_state.held) == {"w0", "w1"}
     for name in ("w0", "w1"):
         held = s.core.hosts[name].held
         assert held is not None and "failed their reward probe the same way" in held
@@ -84,10 +85,10 @@ def test_the_canary_scoring_its_probe_releases_the_held_hosts() -> None:
     assert s.state("w2") is S.STARTING  # a heartbeat is not a score
     s.on("w2", h.RewardProbeAnswered(pid=200, status="ok", score=1.0))
     assert s.state("w2") is S.READY
-    cleared = s.last(f.CrashSignatureCleared)
+    cleared = s.last(v.CrashSignatureCleared)
     assert cleared is not None and cleared.kind == "probe"
     assert cleared.reason == "the canary w2 is ready"
-    assert not s.core.held
+    assert not s.core.signature_state.held
 
 
 def test_a_reload_that_changes_the_probe_releases_only_probe_signatures() -> None:
@@ -96,14 +97,14 @@ def test_a_reload_that_changes_the_probe_releases_only_probe_signatures() -> Non
     s = probed_fleet(3)
     for i in range(3):
         fail_probe(s, i)
-    members = tuple(f.Member(name=f"w{i}", shard=i) for i in range(3))
-    s.feed(f.Reconfigured(members=members, health=PROBED, policy=POLICY, token=1))
-    assert s.core.signatures and s.core.held
+    members = tuple(v.Member(name=f"w{i}", shard=i) for i in range(3))
+    s.feed(v.Reconfigured(members=members, health=PROBED, policy=POLICY, token=1))
+    assert s.core.signature_state.active and s.core.signature_state.held
     fixed = replace(PROBED, probe_task='{"reward_fn":"pkg.fixed.fn"}')
-    s.feed(f.Reconfigured(members=members, health=fixed, policy=POLICY, token=2))
-    cleared = s.last(f.CrashSignatureCleared)
+    s.feed(v.Reconfigured(members=members, health=fixed, policy=POLICY, token=2))
+    cleared = s.last(v.CrashSignatureCleared)
     assert cleared is not None and cleared.reason == "a reload changed the reward probe"
-    assert not s.core.signatures and not s.core.held
+    assert not s.core.signature_state.active and not s.core.signature_state.held
 
 
 def test_probe_failures_that_differ_or_come_too_few_make_no_signature() -> None:
@@ -113,15 +114,15 @@ def test_probe_failures_that_differ_or_come_too_few_make_no_signature() -> None:
     fail_probe(s, 0)
     fail_probe(s, 1)
     s.on("w2", h.RewardProbeAnswered(pid=102, status="ok", score=0.0))
-    assert not s.core.signatures
+    assert not s.core.signature_state.active
     off = Shell(
-        f.Fleet([f.Member(name="w0", shard=0)], PROBED, replace(POLICY, crash_signature_hosts=0))
+        f.Fleet([v.Member(name="w0", shard=0)], PROBED, replace(POLICY, crash_signature_hosts=0))
     )
     off.boot()
     off.on("w0", h.SshRestored(), h.ProbeResult(pid=None), h.Launched(pid=100))
     off.on("w0", h.HeartbeatSeen(pid=100, ready=True, remote_heartbeat_at=1.0))
     off.on("w0", h.RewardProbeAnswered(pid=100, status="error", error=MISSING))
-    assert off.state("w0") is S.STALE and not off.core.signatures
+    assert off.state("w0") is S.STALE and not off.core.signature_state.active
 
 
 def test_an_unfreeze_releases_a_probe_signature() -> None:
@@ -129,11 +130,11 @@ def test_an_unfreeze_releases_a_probe_signature() -> None:
     s = probed_fleet(3)
     for i in range(3):
         fail_probe(s, i)
-    assert s.core.held
-    s.feed(f.UnfreezeRequested(token=1))
-    cleared = s.last(f.CrashSignatureCleared)
+    assert s.core.signature_state.held
+    s.feed(v.UnfreezeRequested(token=1))
+    cleared = s.last(v.CrashSignatureCleared)
     assert cleared is not None and cleared.kind == "probe" and cleared.reason == "operator unfreeze"
-    assert not s.core.signatures and not s.core.held
+    assert not s.core.signature_state.active and not s.core.signature_state.held
     assert all(host.held is None for host in s.core.hosts.values())
 
 
@@ -144,9 +145,11 @@ def test_a_reload_that_changes_only_the_probe_keeps_a_crash_signature() -> None:
     tail = "Traceback (most recent call last):\nImportError: libfoo.so\n"
     for i in range(3):
         s.on(f"w{i}", h.WorkerExited(pid=100 + i, exit_code=2, log_tail=tail))
-    [signature] = s.core.signatures.values()
-    assert signature.kind == "crash" and s.core.held
-    members = tuple(f.Member(name=f"w{i}", shard=i) for i in range(3))
+    [signature] = s.core.signature_state.active.values()
+    assert signature.kind == "crash" and s.core.signature_state.held
+    members = tuple(v.Member(name=f"w{i}", shard=i) for i in range(3))
     fixed = replace(PROBED, probe_task='{"reward_fn":"pkg.fixed.fn"}')
-    s.feed(f.Reconfigured(members=members, health=fixed, policy=POLICY, token=1))
-    assert list(s.core.signatures.values()) == [signature] and s.core.held
+    s.feed(v.Reconfigured(members=members, health=fixed, policy=POLICY, token=1))
+    assert (
+        list(s.core.signature_state.active.values()) == [signature] and s.core.signature_state.held
+    )

@@ -15,8 +15,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from supervisor import budget as budgets
 from supervisor import fleet as f
+from supervisor import freeze as freezes
 from supervisor import health as h
+from supervisor import vocabulary as v
 from supervisor.health import HostState as S
 from tests.examples import examples
 
@@ -27,7 +30,7 @@ HEALTH = h.Policy(
     backoff_max_s=30.0,
     stop_grace_s=5.0,
 )
-POLICY = f.FleetPolicy(
+POLICY = v.FleetPolicy(
     freeze_fraction=0.5,
     freeze_window_s=30.0,
     max_concurrent_launches=2,
@@ -46,9 +49,9 @@ class Worker:
     shard: int
 
 
-def members_of(config: dict[str, int]) -> tuple[f.Member, ...]:
+def members_of(config: dict[str, int]) -> tuple[v.Member, ...]:
     """Members from a name -> shard map."""
-    return tuple(f.Member(name=n, shard=s) for n, s in config.items())
+    return tuple(v.Member(name=n, shard=s) for n, s in config.items())
 
 
 class FleetWorld(RuleBasedStateMachine):
@@ -62,23 +65,23 @@ class FleetWorld(RuleBasedStateMachine):
         self.workers: dict[int, Worker] = {}
         self.hung: set[int] = set()
         self.exits: list[tuple[str, int]] = []
-        self.ops: dict[str, f.Action] = {}
-        self.scans: list[f.ScanFiles] = []
-        self.sentinel_ops: list[f.WriteStopSentinel | f.DeleteStopSentinel] = []
+        self.ops: dict[str, v.Action] = {}
+        self.scans: list[v.ScanFiles] = []
+        self.sentinel_ops: list[v.WriteStopSentinel | v.DeleteStopSentinel] = []
         self.sentinels: set[str] = set()
         self.launch_starts: list[float] = []
         self.next_pid = 1000
         self.stamp = 0.0
         self.settled = 0
         self.stopping = False
-        self.done: f.ShutdownDone | None = None
+        self.done: v.ShutdownDone | None = None
         self.tokens = 0
         self.connecting: list[str] = []
-        self.feed(f.Booted())
+        self.feed(v.Booted())
 
     # --- the shell ---------------------------------------------------------------------------
 
-    def feed(self, *events: f.Event) -> None:
+    def feed(self, *events: v.Event) -> None:
         """Step the core with one batch and perform (record) each action, checking it."""
         if self.core.finished:
             return  # the daemon has exited: nothing is fed any more
@@ -87,50 +90,50 @@ class FleetWorld(RuleBasedStateMachine):
         self.check_shutdown_is_exact()
         while self.connecting and not self.core.finished:
             name = self.connecting.pop(0)
-            for action in self.core.step([f.HostObserved(name, h.SshRestored())], self.now):
+            for action in self.core.step([v.HostObserved(name, h.SshRestored())], self.now):
                 self.perform(action)
             self.check_shutdown_is_exact()
 
-    def perform(self, action: f.Action) -> None:
+    def perform(self, action: v.Action) -> None:
         """What the daemon would do; the checks are the fleet's promises."""
         match action:
-            case f.Launch(host=host):
+            case v.Launch(host=host):
                 assert host not in self.ops, "two operations in flight for one host"
-                shard = self.core.members[host].shard
+                shard = self.core.view(0.0).shards[host]
                 launching = [
-                    self.core.members[n].shard
+                    self.core.view(0.0).shards[n]
                     for n, op in self.ops.items()
-                    if isinstance(op, f.Launch)
+                    if isinstance(op, v.Launch)
                 ]
                 assert shard not in launching, "two launches for one shard in flight"
                 self.ops[host] = action
                 self.launch_starts.append(self.now)
-                in_flight = sum(1 for op in self.ops.values() if isinstance(op, f.Launch))
+                in_flight = sum(1 for op in self.ops.values() if isinstance(op, v.Launch))
                 assert in_flight <= POLICY.max_concurrent_launches
-                recent = [t for t in self.launch_starts if self.now < t + f.BUDGET_WINDOW_S]
+                recent = [t for t in self.launch_starts if self.now < t + budgets.BUDGET_WINDOW_S]
                 assert len(recent) <= POLICY.max_launches_per_minute
-            case f.Terminate(host=host):
+            case v.Terminate(host=host):
                 assert host not in self.ops, "two operations in flight for one host"
                 target = self.core.hosts[host]
-                if self.core.freeze.frozen:
+                if self.core.watch.freeze.frozen:
                     # Frozen: only a stop or an operator terminates, never silence.
                     assert target.state is S.STOPPING or not target.restart_is_automatic
                 self.ops[host] = action
-            case f.Probe(host=host):
+            case v.Probe(host=host):
                 assert host not in self.ops, "two operations in flight for one host"
                 self.ops[host] = action
-            case f.ScanFiles():
+            case v.ScanFiles():
                 self.scans.append(action)
-            case f.Connect(host=host):
+            case v.Connect(host=host):
                 self.connecting.append(host)  # its connection comes up next
-            case f.Disconnect(host=host):
+            case v.Disconnect(host=host):
                 self.ops.pop(host, None)  # the shell cancels the leaving host's operations
-            case f.WriteStopSentinel() | f.DeleteStopSentinel():
+            case v.WriteStopSentinel() | v.DeleteStopSentinel():
                 self.sentinel_ops.append(action)
-            case f.Settled():
+            case v.Settled():
                 self.settled += 1
                 assert self.settled == 1, "start-up settled twice"
-            case f.ShutdownDone():
+            case v.ShutdownDone():
                 assert self.done is None
                 self.done = action
             case _:
@@ -144,7 +147,7 @@ class FleetWorld(RuleBasedStateMachine):
         hosts = self.core.hosts
         # A host still joining, or whose connection has had no outcome yet, may run a worker
         # that must be found and stopped: shutdown waits for it.
-        all_done = not self.core.joining and all(
+        all_done = not self.core.view(0.0).joining and all(
             x.state is S.STOPPED or (not x.ssh_up and x.op is None and n not in self.connecting)
             for n, x in hosts.items()
         )
@@ -163,7 +166,7 @@ class FleetWorld(RuleBasedStateMachine):
     def time_passes(self, dt: float) -> None:
         """Time moves forward; the fleet's timer fires."""
         self.now += dt
-        self.feed(f.DeadlinePassed())
+        self.feed(v.DeadlinePassed())
         # Whatever was due is acted on: no deadline is left behind in the past.
         deadline = self.core.deadline_at
         assert self.core.finished or deadline is None or deadline > self.now
@@ -178,14 +181,14 @@ class FleetWorld(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             sentinels |= set(scan.hosts[:1])
             self.sentinels |= sentinels
-        self.feed(f.FilesScanned(hosts=frozenset(scan.hosts), sentinels=frozenset(sentinels)))
+        self.feed(v.FilesScanned(hosts=frozenset(scan.hosts), sentinels=frozenset(sentinels)))
 
     @rule()
     def live_workers_beat(self) -> None:
         """Every live, unhung worker rewrites its host's status file."""
         self.stamp += 1.0
-        events: list[f.Event] = [
-            f.HostObserved(
+        events: list[v.Event] = [
+            v.HostObserved(
                 w.host, h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=self.stamp)
             )
             for pid, w in sorted(self.workers.items())
@@ -207,7 +210,7 @@ class FleetWorld(RuleBasedStateMachine):
         """The oldest exit record is read."""
         if self.exits:
             host, pid = self.exits.pop(0)
-            self.feed(f.HostObserved(host, h.WorkerExited(pid=pid, exit_code=1)))
+            self.feed(v.HostObserved(host, h.WorkerExited(pid=pid, exit_code=1)))
 
     @rule()
     def workers_hang(self) -> None:
@@ -218,7 +221,7 @@ class FleetWorld(RuleBasedStateMachine):
     def ssh_flaps(self, name: str, up: bool) -> None:
         """One host's SSH connection drops or comes back."""
         event = h.SshRestored() if up else h.SshLost(reason="eof")
-        self.feed(f.HostObserved(name, event))
+        self.feed(v.HostObserved(name, event))
 
     @rule(seconds=st.integers(1, 6))
     def all_goes_well(self, seconds: int) -> None:
@@ -227,7 +230,7 @@ class FleetWorld(RuleBasedStateMachine):
             while self.scans:
                 scan = self.scans.pop(0)
                 sentinels = frozenset(n for n in scan.hosts if n in self.sentinels)
-                self.feed(f.FilesScanned(hosts=frozenset(scan.hosts), sentinels=sentinels))
+                self.feed(v.FilesScanned(hosts=frozenset(scan.hosts), sentinels=sentinels))
             for name in sorted(self.ops):
                 self.answer(name, "ok")
             self.live_workers_beat()
@@ -244,8 +247,8 @@ class FleetWorld(RuleBasedStateMachine):
         action = self.ops.pop(name, None)
         event: h.Event
         match action:
-            case f.Launch():
-                shard = self.core.members[name].shard
+            case v.Launch():
+                shard = self.core.view(0.0).shards[name]
                 pid = self.next_pid
                 if outcome in ("ok", "lost-started"):
                     self.next_pid += 1
@@ -256,7 +259,7 @@ class FleetWorld(RuleBasedStateMachine):
                     event = h.LaunchFailed(reason="exec failed")
                 else:
                     event = h.LaunchFailed(reason="connection lost", uncertain=True)
-            case f.Terminate(pid=pid):
+            case v.Terminate(pid=pid):
                 if outcome == "ok" or pid not in self.workers:
                     if self.workers.pop(pid, None) is not None:
                         self.exits.append((name, pid))
@@ -264,7 +267,7 @@ class FleetWorld(RuleBasedStateMachine):
                     event = h.TerminateConfirmed(pid=pid)
                 else:
                     event = h.TerminateFailed(pid=pid, reason="still alive")
-            case f.Probe():
+            case v.Probe():
                 mine = sorted(p for p, w in self.workers.items() if w.host == name)
                 if outcome == "fail":
                     event = h.ProbeFailed(reason="agent died")
@@ -272,16 +275,16 @@ class FleetWorld(RuleBasedStateMachine):
                     event = h.ProbeResult(pid=mine[0] if mine else None)
             case _:
                 return
-        self.feed(f.HostObserved(name, event))
+        self.feed(v.HostObserved(name, event))
 
     @rule(name=st.sampled_from(NAMES), command=st.sampled_from(["restart", "stop", "start"]))
     def operator_acts(self, name: str, command: str) -> None:
         """An operator restarts, stops or starts a host (by name, maybe unknown)."""
         self.tokens += 1
-        events: dict[str, f.Event] = {
-            "restart": f.RestartHostRequested(host=name, token=self.tokens),
-            "stop": f.StopHostRequested(host=name, token=self.tokens),
-            "start": f.StartHostRequested(host=name, token=self.tokens),
+        events: dict[str, v.Event] = {
+            "restart": v.RestartHostRequested(host=name, token=self.tokens),
+            "stop": v.StopHostRequested(host=name, token=self.tokens),
+            "start": v.StartHostRequested(host=name, token=self.tokens),
         }
         self.feed(events[command])
 
@@ -292,14 +295,14 @@ class FleetWorld(RuleBasedStateMachine):
             return
         op = self.sentinel_ops.pop(0)
         error = None if ok else "read-only file system"
-        if isinstance(op, f.WriteStopSentinel):
+        if isinstance(op, v.WriteStopSentinel):
             if ok:
                 self.sentinels.add(op.host)
-            self.feed(f.StopSentinelWritten(host=op.host, token=op.token, error=error))
+            self.feed(v.StopSentinelWritten(host=op.host, token=op.token, error=error))
         else:
             if ok:
                 self.sentinels.discard(op.host)
-            self.feed(f.StopSentinelDeleted(host=op.host, token=op.token, error=error))
+            self.feed(v.StopSentinelDeleted(host=op.host, token=op.token, error=error))
 
     @rule(data=st.data())
     def config_is_reloaded(self, data: st.DataObject) -> None:
@@ -310,7 +313,7 @@ class FleetWorld(RuleBasedStateMachine):
         self.config = {n: shards[i] for i, n in enumerate(names)}
         self.tokens += 1
         self.feed(
-            f.Reconfigured(
+            v.Reconfigured(
                 members=members_of(self.config), health=HEALTH, policy=POLICY, token=self.tokens
             )
         )
@@ -323,9 +326,9 @@ class FleetWorld(RuleBasedStateMachine):
         self.detached = detach
         self.stop_deadline = self.now + POLICY.shutdown_timeout_s
         before = dict(self.ops)
-        self.feed(f.ShutdownRequested(detach=detach))
+        self.feed(v.ShutdownRequested(detach=detach))
         if detach:
-            assert self.done == f.ShutdownDone()
+            assert self.done == v.ShutdownDone()
             assert self.ops == before  # no worker is touched
 
     # --- invariants ---------------------------------------------------------------------------
@@ -347,12 +350,12 @@ class FleetWorld(RuleBasedStateMachine):
         """The core's op for a host and the operation awaiting an answer agree."""
         if self.core.finished:
             return
-        kinds = {f.Launch: "launch", f.Terminate: "terminate", f.Probe: "probe"}
+        kinds = {v.Launch: "launch", v.Terminate: "terminate", v.Probe: "probe"}
         for name, host in self.core.hosts.items():
             pending = self.ops.get(name)
             expected = None if pending is None else kinds[type(pending)]
             if host.op == "launch" and expected is None:
-                assert f.is_waiting(self.core.budget, name)  # queued, not begun
+                assert budgets.is_waiting(self.core.budget, name)  # queued, not begun
             else:
                 assert host.op == expected, (name, host.op, pending)
 
@@ -362,8 +365,8 @@ class FleetWorld(RuleBasedStateMachine):
         its last step: it may skip looks, never a freeze or a thaw that is due."""
         if self.core.finished:
             return
-        _, change = f.assess(
-            self.core.freeze,
+        _, change = freezes.assess(
+            self.core.watch.freeze,
             list(self.core.hosts.values()),
             self.now,
             POLICY,
@@ -375,7 +378,7 @@ class FleetWorld(RuleBasedStateMachine):
     def hosts_that_should_run_are_counted_as_they_change(self) -> None:
         """The count the freeze's threshold uses between looks is the count of a look."""
         expected = sum(host.state in h.WANT_RUNNING_STATES for host in self.core.hosts.values())
-        assert self.core._expected == expected
+        assert self.core.watch.expected == expected
 
     @invariant()
     def saved_histories_are_every_host_s_current_one(self) -> None:

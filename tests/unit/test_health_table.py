@@ -143,6 +143,8 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
     h.RewardProbeAnswered: lambda host: h.RewardProbeAnswered(
         pid=_pid(host), status="error", error="ModuleNotFoundError: No module named 'x'"
     ),
+    # The fleet moved the shard to a connected spare.
+    h.Relocated: lambda host: h.Relocated(reason="moving to s0: w-0 host lost", ssh_up=True),
 }
 
 E = h
@@ -174,6 +176,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STARTING, ()),
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),  # the spare runs nothing of ours: no probe
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -201,6 +204,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STARTING, ()),
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -228,6 +232,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STARTING, ()),
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),  # the old launch is the old machine's
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -255,6 +260,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.READY, ()),
         E.StatusRechecked: (S.READY, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.READY, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),
     },
     "ready:rechecking": {
         E.HeartbeatSeen: (S.READY, ()),  # a fresh beat ends the silence before the verdict
@@ -282,6 +288,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.READY, ()),
         E.StatusRechecked: (S.STALE, ("Terminate",)),  # the fresh read confirms the silence
         E.RewardProbeAnswered: (S.READY, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -309,6 +316,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STALE, ()),
         E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STALE, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),  # its old worker is fenced, not waited for
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -336,6 +344,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STALE, ()),
         E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STALE, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -363,6 +372,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.COOLING_DOWN, ()),
         E.StatusRechecked: (S.COOLING_DOWN, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.COOLING_DOWN, ()),  # probes off: none was asked for
+        E.Relocated: (S.STARTING, ("Launch",)),
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -390,6 +400,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.FAILED, ()),
         E.StatusRechecked: (S.FAILED, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.FAILED, ()),  # probes off: none was asked for
+        E.Relocated: (S.FAILED, ()),  # given up on stays given up on, wherever it is
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -417,6 +428,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STOPPING, ()),
         E.StatusRechecked: (S.STOPPING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STOPPING, ()),  # probes off: none was asked for
+        E.Relocated: (S.STOPPED, ()),  # stopped on purpose stays so; the old worker is fenced
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -444,6 +456,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.RestartReleased: (S.STOPPED, ()),
         E.StatusRechecked: (S.STOPPED, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STOPPED, ()),  # probes off: none was asked for
+        E.Relocated: (S.STOPPED, ()),
     },
 }
 

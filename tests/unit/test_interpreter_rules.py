@@ -45,7 +45,7 @@ CHECKED = (
 )
 #: What the daemon may import without it being checked: the cores (where decisions go)
 #: and the config's definitions (the policies they are handed).
-UNCHECKED_IMPORTS = frozenset({"fleet", "health", "leadership", "config", "errors"})
+UNCHECKED_IMPORTS = frozenset({"fleet", "health", "leadership", "vocabulary", "config", "errors"})
 
 STATE_NAMES = frozenset({"HostState", "Role", "S"})
 STATE_ATTRS = frozenset({"state", "role", "shown_role"})

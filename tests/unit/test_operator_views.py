@@ -125,12 +125,12 @@ def test_status_line_leads_with_the_crash_signature_escaped() -> None:
     from tests.unit.test_fleet_core import bad_deploy, crash
 
     s = bad_deploy(5)
-    assert view.status_line(s.core) == "5/5 ready"
+    assert view.status_line(s.core.view(s.now)) == "5/5 ready"
     for i in range(3):
         crash(s, f"w{i}", 100 + i, tail="boom \x1b[2J\n")
-    [signature] = s.core.signatures.values()
-    held = sum(1 for sig in s.core.held.values() if sig == signature.signature)
-    line = view.status_line(s.core)
+    [signature] = s.core.signature_state.active.values()
+    held = sum(1 for sig in s.core.signature_state.held.values() if sig == signature.signature)
+    line = view.status_line(s.core.view(s.now))
     assert line.startswith(
         f"CRASH SIGNATURE (exit 2: boom \\x1b[NJ): restarts held on {held} hosts,"
         f" canary {signature.canary}; "

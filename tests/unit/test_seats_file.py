@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import fleet, runfiles
+from supervisor import runfiles, vocabulary
 from tests.examples import examples
 
-SEATS = fleet.SavedSeats(
+SEATS = vocabulary.SavedSeats(
     serving={"w-0": "spare-0"},
     fenced=frozenset({"w-0"}),
     drained=frozenset(),
@@ -22,7 +22,7 @@ SEATS = fleet.SavedSeats(
 )
 
 
-def encoded(seats: fleet.SavedSeats | None) -> dict[str, Any]:
+def encoded(seats: vocabulary.SavedSeats | None) -> dict[str, Any]:
     """The state file the encoder writes with ``seats``, parsed."""
     data = runfiles.HistoryEncoder().encode(
         {}, wall_minus_mono=0.0, saved_at=1.0, hostname="h", version=1, seats=seats
@@ -84,4 +84,4 @@ def test_a_broken_seats_object_is_no_seats(broken: dict[str, Any]) -> None:
 def test_any_json_value_as_seats_never_raises(value: object) -> None:
     """Whatever a hostile state file holds under ``seats``, reading it never raises."""
     found = runfiles.seats_from_json({"seats": value})
-    assert found is None or isinstance(found, fleet.SavedSeats)
+    assert found is None or isinstance(found, vocabulary.SavedSeats)

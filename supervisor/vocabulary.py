@@ -1,0 +1,657 @@
+"""The fleet's vocabulary: the events the shell feeds the fleet core and the actions it
+returns, with the policy and membership values ``config.py`` builds for it. Pure values and
+no behaviour, so the shell and the CLI import it without the cores behind it.
+
+Events are past-tense facts the shell observed, or the results of actions it performed;
+actions are imperative, each performed by one adapter (``Daemon._fleet_routes``), and a
+remote operation or a file write answers with an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from supervisor import health
+from supervisor.health import HostState
+
+#: The state ``status`` shows for a configured host that waits for its shard or its name to
+#: be free (a reload moved a shard while its old host still stops): not a ``HostState``, as
+#: such a host has no health yet.
+WAITING: Final = "waiting"
+#: Why such a host waits, as ``status`` says it.
+WAITING_REASON: Final = "shard busy"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetPolicy:
+    """``[fleet]`` settings and the fleet's own deadlines; ``config.py`` builds it."""
+
+    freeze_fraction: float = 0.5
+    freeze_window_s: float = 30.0
+    max_concurrent_launches: int = 16
+    max_launches_per_minute: int = 120
+    #: Start-up waits this long for every host to answer before READY=1 goes out anyway
+    #: (a host that cannot be reached must not hold the others back).
+    startup_timeout_s: float = 30.0
+    #: Shutdown gives up on hosts still stopping after this long.
+    shutdown_timeout_s: float = 75.0
+    #: A stop leaves the workers running (``run.on_exit = "detach"``) unless it says otherwise.
+    detach_on_exit: bool = False
+    #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
+    pointer_file: str | None = None
+    #: This many hosts crashing the same way within the window hold restarts (0: never).
+    crash_signature_hosts: int = 3
+    crash_signature_window_s: float = 300.0
+    #: ``[failover] after_s``: a machine down this long with its heartbeat this old is lost
+    #: and its shard moves to a spare (only with ``[[spares]]``).
+    failover_after_s: float = 11.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """A configured host as the fleet sees it: its name, shard and what shapes its worker."""
+
+    name: str
+    shard: int
+    #: Everything that shapes the worker (argv, env, python, address...): a reload that
+    #: changes it restarts the host.
+    launch_key: Hashable = ()
+
+
+# --------------------------------------------------------------------------------------
+# Events: past-tense facts the shell observed or results of actions it performed.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Booted:
+    """The daemon holds the run: its members may join, with the restart history a previous
+    daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
+
+    histories: Mapping[str, health.History] = field(default_factory=dict)
+    #: Which machine served each shard when the previous daemon last saved (failover).
+    seats: SavedSeats | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedSeats:
+    """The seats as the state file keeps them across daemon restarts and takeovers: where a
+    shard was moved, which machines are fenced or drained, and what a fenced one may still
+    run. Read from a hostile file: ``Fleet`` keeps only what fits the config."""
+
+    #: label -> machine, for labels not served by their own machine.
+    serving: Mapping[str, str] = field(default_factory=dict)
+    fenced: frozenset[str] = frozenset()
+    drained: frozenset[str] = frozenset()
+    held: frozenset[str] = frozenset()
+    #: fenced machine -> (label, shard, pid) of the worker it may still run.
+    left: Mapping[str, tuple[str, int, int | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeadershipEnded:
+    """This daemon does not lead (a standby that stops) or no longer does (deposed): the
+    fleet halts at once, whatever it was doing."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostObserved:
+    """Something about one host: a file, SSH, or the answer to a remote operation."""
+
+    host: str
+    event: health.Event
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilesScanned:
+    """The files of joining ``hosts`` were read; ``sentinels`` have ``ctl/<host>.stop``."""
+
+    hosts: frozenset[str]
+    sentinels: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadlinePassed:
+    """The shell's timer for ``Fleet.deadline_at`` fired (maybe early, late or twice)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reconfigured:
+    """A reload validated a new config: its members and rules replace the old ones."""
+
+    members: tuple[Member, ...]
+    health: health.Policy
+    policy: FleetPolicy
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartHostRequested:
+    """An operator asked for a fresh worker on ``host``."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopHostRequested:
+    """An operator asked for ``host`` to stop and stay stopped."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartHostRequested:
+    """An operator asked for ``host`` to run again (clears its sentinel and ``failed``)."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnfreezeRequested:
+    """An operator lifted the freeze."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownRequested:
+    """The daemon is to stop: stop every worker first, or leave them running (``detach``;
+    None: as ``FleetPolicy.detach_on_exit`` says, the operator's ``run.on_exit``)."""
+
+    detach: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopSentinelWritten:
+    """The shell wrote ``ctl/<host>.stop`` for a stop-host (``error`` if it could not)."""
+
+    host: str
+    token: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopSentinelDeleted:
+    """The shell removed ``ctl/<host>.stop`` for a start-host (``error`` if it could not)."""
+
+    host: str
+    token: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PointerWritten:
+    """The shell wrote the pointer file at ``path`` (``error`` if it could not)."""
+
+    path: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilesystemDiagnosed:
+    """What the shell found when it checked the run root during a freeze."""
+
+    finding: str
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MachineObserved:
+    """News of one machine's connection: SSH up or down, or a worker's exit its agent
+    pushed. The fleet tells it to the member the machine serves, if any (links know
+    machines, never which member a machine serves)."""
+
+    machine: str
+    event: health.SshLost | health.SshRestored | health.WorkerExited
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeftoversKilled:
+    """The answer to ``KillLeftovers``: nothing of ours runs on ``machine`` now, or why not."""
+
+    machine: str
+    #: None: done; else why not (tried again while it stays connected).
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainRequested:
+    """Operator: move the shard ``host`` serves to a spare, and keep ``host`` out."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UndrainRequested:
+    """Operator: a drained ``host`` goes back to the pool, as a spare."""
+
+    host: str
+    token: int
+
+
+FleetEvent = (
+    Booted
+    | MachineObserved
+    | LeftoversKilled
+    | DrainRequested
+    | UndrainRequested
+    | FilesScanned
+    | DeadlinePassed
+    | Reconfigured
+    | RestartHostRequested
+    | StopHostRequested
+    | StartHostRequested
+    | UnfreezeRequested
+    | ShutdownRequested
+    | StopSentinelWritten
+    | StopSentinelDeleted
+    | PointerWritten
+    | FilesystemDiagnosed
+    | LeadershipEnded
+)
+Event = HostObserved | FleetEvent
+
+# --------------------------------------------------------------------------------------
+# Actions: what the shell must do. Remote operations and file writes answer with events.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanFiles:
+    """Read the status, exit and sentinel files of joining hosts; answer FilesScanned, then
+    their observations."""
+
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Connect:
+    """``host`` joined: open and keep its SSH connection (SSH news comes back as events)."""
+
+    host: str
+    shard: int
+    #: False for the members present at start-up (the shell logs joins after it only).
+    added: bool
+    #: The machine serving its shard: the host itself, or a spare it was moved to before a
+    #: daemon restart. Its connection may be open already (a spare's, a standby's).
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disconnect:
+    """``host`` left the fleet: cancel its machine's operations and close its connection."""
+
+    host: str
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """``host`` left the fleet while the spare ``machine`` served it: cancel its operations
+    and keep the connection as the spare's, serving none."""
+
+    host: str
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reconnect:
+    """A reload changed ``host``'s settings: apply them to its own machine's connection."""
+
+    host: str
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchAsked:
+    """``host`` needs a worker: its launch waits for the budget (logged as ``host.launch``)."""
+
+    host: str
+    reason: str
+    is_restart: bool
+    #: Why the worker is replaced (automatic restarts only).
+    cause: health.Cause | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """Start ``host``'s worker now (the budget let it begin); answer with a launch result."""
+
+    host: str
+    #: The machine serving ``host``'s shard, where the work is done (``--host host --shard
+    #: shard`` there).
+    machine: str
+    shard: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Terminate:
+    """Stop ``pid`` on ``host``; answer TerminateConfirmed or TerminateFailed."""
+
+    host: str
+    #: The machine serving ``host``'s shard, where the work is done (``--host host --shard
+    #: shard`` there).
+    machine: str
+    shard: int
+    pid: int
+    grace_s: float
+    kill: bool
+    #: Capture the worker's stacks and log tail first (``health.Terminate.collect_evidence``).
+    collect_evidence: bool = False
+    #: Then quarantine this many of its shard's tasks (``health.Terminate.quarantine``).
+    quarantine: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """Find ``host``'s live worker; answer ProbeResult or ProbeFailed."""
+
+    host: str
+    #: The machine serving ``host``'s shard, where the work is done (``--host host --shard
+    #: shard`` there).
+    machine: str
+    shard: int
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendRewardProbe:
+    """Write ``task`` (with a probe's id) into ``shard``'s inbox and await its result for
+    ``timeout_s``; answer with ``HostObserved(host, RewardProbeAnswered(pid=pid, ...))``."""
+
+    host: str
+    shard: int
+    pid: int
+    task: str
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecheckStatus:
+    """Read ``host``'s status file again now, by content (and count its shard's task files
+    this old, if ``tasks_older_than_s``); answer with
+    ``HostObserved(host, health.StatusRechecked(...))``."""
+
+    host: str
+    shard: int
+    tasks_older_than_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostStateChanged:
+    """``host`` moved between states; logged as ``event="host.state"``."""
+
+    host: str
+    from_: HostState
+    to: HostState
+    reason: str
+    pid: int | None
+    cause: health.Cause | None
+    #: What the replaced worker was doing, when the change follows a terminate that took it.
+    evidence: health.Evidence | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchesWaiting:
+    """Launches wait for the budget: ``waiting`` of them."""
+
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteStopSentinel:
+    """Write ``ctl/<host>.stop``; answer StopSentinelWritten."""
+
+    host: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteStopSentinel:
+    """Remove ``ctl/<host>.stop``; answer StopSentinelDeleted."""
+
+    host: str
+    token: int
+
+
+class Refusal(StrEnum):
+    """Why an operator command was refused (a code beside the message)."""
+
+    UNKNOWN_HOST = "unknown_host"
+    SENTINEL_HELD = "sentinel_held"
+    FILE_ERROR = "file_error"
+    SHUTTING_DOWN = "shutting_down"
+    #: The daemon does not serve commands yet: it is starting.
+    NOT_STARTED = "not_started"
+    #: drain: every spare serves a shard, is lost or still being cleaned.
+    NO_FREE_SPARE = "no_free_spare"
+    #: drain: no ``[[spares]]`` are configured.
+    NO_SPARES = "no_spares"
+    #: drain: the host serves no shard (a spare, lost, or drained already).
+    NOT_SERVING = "not_serving"
+    #: undrain: the host was not drained.
+    NOT_DRAINED = "not_drained"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """Answer the operator command ``token``: done (with ``result``), or refused."""
+
+    token: int
+    result: Mapping[str, object] | None = None
+    refusal: Refusal | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FreezeChanged:
+    """The fleet froze (``frozen``) or thawed; tell the operator."""
+
+    frozen: bool
+    reason: str
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnoseFilesystem:
+    """Check whether the run root is hung or full; answer FilesystemDiagnosed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FreezeExplained:
+    """The frozen fleet's filesystem check found ``finding``; tell the operator."""
+
+    finding: str
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settled:
+    """Start-up is over (READY=1); ``slow`` hosts had not answered by the deadline."""
+
+    slow: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownBegan:
+    """Shutdown has begun (STOPPING=1)."""
+
+    detach: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownDone:
+    """Shutdown is over: ``incomplete`` were still stopping at the deadline, ``unreachable``
+    could not be stopped over SSH (their workers may still run)."""
+
+    incomplete: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritePointer:
+    """Write the pointer file at ``path`` atomically; answer PointerWritten."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PointerNotWritten:
+    """The pointer write failed (``attempt`` so far); it is tried again at ``retry_at``."""
+
+    path: str
+    reason: str
+    attempt: int
+    retry_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignatureFound:
+    """Hosts crashed (or failed their reward probe) the same way: restarts on it are held
+    but for the ``canary``."""
+
+    signature: str
+    hosts: tuple[str, ...]
+    canary: str
+    log_tail: str | None
+    #: "crash" (exits) or "probe" (reward probes).
+    kind: str = "crash"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignatureCleared:
+    """A crash signature no longer holds restarts (``reason`` says why)."""
+
+    signature: str
+    reason: str
+    released: tuple[str, ...]
+    kind: str = "crash"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryChanged:
+    """Restart history changed: persist ``Fleet.histories()`` soon."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failover:
+    """Launch ``label``'s shard on ``to_machine`` (``--host label --shard shard``)."""
+
+    label: str
+    shard: int
+    from_machine: str
+    to_machine: str
+    #: "host_lost" or "drain".
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KillLeftovers:
+    """Kill whatever ``machine`` still runs for us before it is given anything: the worker
+    ``pid`` of ``label`` it served (None: none known, nothing to kill; the shard lock fences
+    what may run there); answer ``LeftoversKilled``."""
+
+    machine: str
+    label: str = ""
+    shard: int = 0
+    pid: int | None = None
+    #: SIGTERM and this long before the SIGKILL (0: SIGKILL at once).
+    grace_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepSpare:
+    """Connect to the spare ``machine`` and keep it connected (its news: ``MachineObserved``)."""
+
+    machine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoFreeSpare:
+    """``label``'s machine is lost and no spare is free: the shard stays unserved."""
+
+    label: str
+    shard: int
+    machine: str
+
+
+FailoverAction = Failover | KillLeftovers | NoFreeSpare
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitReported:
+    """A machine's agent pushed a worker's exit: of ``host``'s worker, or (None) of a
+    leftover of a machine that serves no member now; logged as the fleet tells it."""
+
+    machine: str
+    host: str | None
+    pid: int
+    exit_code: int | None = None
+    signal: int | None = None
+    reaped: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToHost:
+    """Not for the shell: a sub-core's word to ``Fleet``, to feed ``event`` to ``host``'s
+    health core in its place among the actions."""
+
+    host: str
+    event: health.Event
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashSignature:
+    """A way of crashing that several hosts share, holding their restarts."""
+
+    signature: str
+    since_at: float
+    hosts: frozenset[str]
+    #: The one host that keeps restarting (under its own backoff) to find out if it is over.
+    canary: str
+    #: "crash" (exits) or "probe" (reward probes).
+    kind: str = "crash"
+
+
+Action = (
+    ScanFiles
+    | Failover
+    | KillLeftovers
+    | NoFreeSpare
+    | KeepSpare
+    | Connect
+    | Disconnect
+    | Release
+    | Reconnect
+    | LaunchAsked
+    | Launch
+    | Terminate
+    | Probe
+    | SendRewardProbe
+    | RecheckStatus
+    | HostStateChanged
+    | LaunchesWaiting
+    | WriteStopSentinel
+    | DeleteStopSentinel
+    | Reply
+    | FreezeChanged
+    | DiagnoseFilesystem
+    | FreezeExplained
+    | Settled
+    | ShutdownBegan
+    | ShutdownDone
+    | WritePointer
+    | PointerNotWritten
+    | CrashSignatureFound
+    | CrashSignatureCleared
+    | HistoryChanged
+    | ExitReported
+)
+
+#: What a fleet sub-core says: actions for the shell, and words for the per-host cores.
+Said = Action | ToHost
