@@ -137,7 +137,6 @@ class Daemon:
         self.links = Links(
             self,
             remote_factory=remote_factory,
-            after_terminate=lambda action: self.rundir.quarantine(action),
             timed=lambda op, seconds: self.present.timed(op, seconds),
         )
         self.rundir = RunDirectory(
@@ -165,7 +164,7 @@ class Daemon:
             request_stop=self.request_stop,
             apply_config=self._apply_config,
         )
-        self.probes = Prober(self, answered=lambda host, a: self.present.probe_answered(host, a))
+        self.probes = Prober(self)
         self._routes = self._fleet_routes()
         self._lead_routes = self._leadership_routes()
 
@@ -185,6 +184,9 @@ class Daemon:
             vocabulary.LaunchAsked: present.launch_asked,
             vocabulary.Launch: links.launch,
             vocabulary.Terminate: links.terminate,
+            vocabulary.Watch: links.watch,
+            vocabulary.Quarantine: rundir.quarantine,
+            vocabulary.ProbeReported: present.probe_reported,
             vocabulary.LaunchesWaiting: present.launches_waiting,
             vocabulary.ScanFiles: rundir.scan,
             vocabulary.Connect: links.connect,

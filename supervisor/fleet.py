@@ -92,6 +92,8 @@ from supervisor.vocabulary import (
     PointerNotWritten,
     PointerWritten,
     Probe,
+    ProbeReported,
+    Quarantine,
     RecheckStatus,
     Reconfigured,
     Reconnect,
@@ -115,6 +117,7 @@ from supervisor.vocabulary import (
     ToHost,
     UndrainRequested,
     UnfreezeRequested,
+    Watch,
     WritePointer,
     WriteStopSentinel,
 )
@@ -479,6 +482,10 @@ class Fleet:
             self._tell(said, now, out)
             return
         label = failover.label_at(self._seating, event.machine)
+        if isinstance(news, health.AgentStarted):
+            if label is not None:
+                self._to_host(label, news, now, out)
+            return
         out.append(
             ExitReported(
                 machine=event.machine,
@@ -596,7 +603,31 @@ class Fleet:
                         grace_s=action.grace_s,
                         kill=action.kill,
                         collect_evidence=action.collect_evidence,
-                        quarantine=action.quarantine,
+                    )
+                )
+            case health.Quarantine():
+                out.append(Quarantine(host=name, shard=shard, count=action.count))
+            case health.Watch():
+                out.append(
+                    Watch(
+                        host=name,
+                        machine=machine,
+                        shard=shard,
+                        pid=action.pid,
+                        start_time=action.start_time,
+                    )
+                )
+            case health.ReportProbe():
+                out.append(
+                    ProbeReported(
+                        host=name,
+                        pid=action.pid,
+                        status=action.status,
+                        score=action.score,
+                        round_trip_s=action.round_trip_s,
+                        cause=action.cause,
+                        error=action.error,
+                        busy=action.busy,
                     )
                 )
             case health.Probe():

@@ -108,7 +108,7 @@ def is_unhealthy(state: HostState) -> bool:
     return state in UNHEALTHY_STATES
 
 
-Op = Literal["launch", "terminate", "probe"]
+Op = Literal["launch", "terminate", "probe", "quarantine"]
 
 
 class StopCause(StrEnum):
@@ -287,6 +287,9 @@ class Launched:
     """The launch we asked for started a worker with this pid."""
 
     pid: int
+    #: Its start time (``/proc/PID/stat`` field 22), which tells it from a later process
+    #: with its pid (None: not known).
+    start_time: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -444,6 +447,20 @@ class RewardProbeAnswered:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AgentStarted:
+    """A new agent started on the host's connection (each connection's first, or one that
+    replaced an agent that died): it watches no worker until told."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantined:
+    """The answer to ``Quarantine``: ``count`` tasks were taken out of the shard's inbox
+    (0: none could be, or the run root did not answer)."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Relocated:
     """The fleet moved this host's shard to another machine (a failover or a drain). What
     ran on the old machine is fenced there (the shard lock, the epoch, its leftovers
@@ -481,7 +498,9 @@ Event = (
     | RestartReleased
     | StatusRechecked
     | RewardProbeAnswered
+    | Quarantined
     | Relocated
+    | AgentStarted
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -509,9 +528,6 @@ class Terminate:
     #: A live but unhealthy worker (stuck, stale, never ready): capture its stacks and log
     #: tail before it dies, to tell why.
     collect_evidence: bool = False
-    #: A stuck worker's tasks in flight, to take out of its shard's inbox once it is dead and
-    #: before its successor starts (the successor would hang on them too); 0: none.
-    quarantine: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -551,11 +567,54 @@ class SendRewardProbe:
     timeout_s: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantine:
+    """Take the ``count`` oldest tasks out of the shard's inbox, each answered with an error
+    result the trainer reads at once: the tasks a stuck worker hung on, before its successor
+    starts (it would hang on them too). Answer with Quarantined exactly once."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Watch:
+    """Have the host's agent watch ``pid`` (a new agent watches nothing yet), so its exit is
+    pushed at once; best effort, unanswered: the exit record is the fallback."""
+
+    pid: int
+    start_time: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportProbe:
+    """Tell people what a reward probe found (logged, counted by its failure code)."""
+
+    pid: int
+    status: str | None
+    score: float | None
+    round_trip_s: float
+    #: Why it failed (None: it scored, or waited behind the worker's backlog), and the words.
+    cause: Cause | None
+    error: str | None
+    #: It went unanswered while the worker finished tasks sent after it: busy, not counted.
+    busy: bool = False
+
+
 #: A fresh read of one small file that has not answered in this long will not: the verdict
 #: it holds back is given without it (a mount that hangs is the freeze's business).
 RECHECK_TIMEOUT_S: Final = 2.0
 
-Action = Launch | Terminate | Probe | StateChanged | RecheckStatus | SendRewardProbe
+Action = (
+    Launch
+    | Terminate
+    | Probe
+    | StateChanged
+    | RecheckStatus
+    | SendRewardProbe
+    | Quarantine
+    | Watch
+    | ReportProbe
+)
 
 # --------------------------------------------------------------------------------------
 # The host.
@@ -573,6 +632,10 @@ class Host:
     since_at: float
     #: The worker that may be alive; None once confirmed dead (or never launched).
     pid: int | None = None
+    #: Its start time, when its launch said (it tells it from a later process with its pid).
+    start_time: int | None = None
+    #: Tasks to quarantine once the worker is confirmed dead, before anything is launched.
+    quarantine_due: int = 0
     #: Something may run that we do not know of; a Probe must answer before any Launch.
     needs_probe: bool = True
     #: ``pid`` was found running (probe, refused launch, heartbeat), not launched by us.
@@ -830,13 +893,20 @@ def _step_in_full(
     changes: list[Action] = []
     state = host.state
     before_recheck_at = host.recheck_at
+    asked = type(event) is RewardProbeAnswered and host.probe_at is not None
     host, applies = _observe(host, event, now, policy)
+    if asked:
+        changes.append(_report_probe(cast(RewardProbeAnswered, event), host, policy))
     handler = TRANSITIONS.get((host.state, type(event))) if applies else None
     if handler is not None:
         host = handler(host, event, now, policy)
     # A terminate's evidence goes with the change its result causes (the restart, usually),
     # so the log line that says the worker was replaced also says what it was doing.
     evidence = event.evidence if isinstance(event, TerminateConfirmed | TerminateFailed) else None
+    if type(event) is Quarantined and applies:
+        # The stuck worker's tasks were quarantined between its death and its replacement:
+        # the replacement's change still says what the worker was doing.
+        evidence = host.evidence
     if host.state is not state:
         changes.append(
             StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
@@ -845,6 +915,10 @@ def _step_in_full(
         changes.append(_recheck(host, now, policy))
     state = host.state
     host, actions = _reconcile(host, now, policy)
+    if type(event) is AgentStarted and host.pid is not None and host.op is None:
+        # A new agent watches nothing yet: the worker's exit would be known only from its
+        # record until the agent is told (a launch or a probe in flight tells it).
+        actions.append(Watch(pid=host.pid, start_time=host.start_time))
     due = _probe_due(host, policy)
     if due is not None and now >= due[0]:
         actions.append(_send_probe(due[1], policy))
@@ -901,7 +975,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             return host, False
         case Launched():
             host = replace(host, op=None, needs_probe=False, last_error=None)
-            return _assign_pid(host, event.pid, found_running=False), True
+            host = _assign_pid(host, event.pid, found_running=False)
+            return replace(host, start_time=event.start_time), True
         case LaunchFailed():
             host = replace(host, op=None, last_error=f"launch failed: {event.reason}")
             return replace(host, needs_probe=host.needs_probe or event.uncertain), True
@@ -972,6 +1047,10 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             elif isinstance(event.beat, StatusMissing):
                 host = replace(host, status_problem=event.beat.reason, status_seen=True)
             return host, True
+        case Quarantined():
+            if host.op != "quarantine":
+                return host, False
+            return replace(host, op=None, quarantine_due=0), True
         case RewardProbeAnswered():
             if host.probe_at is None:
                 return host, False  # not asked for: not trusted
@@ -996,7 +1075,12 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             scored = host.pid if verdict is None else (host.probe_scored_pid if busy else None)
             return replace(host, probe_scored_pid=scored), True
         case (
-            DeadlinePassed() | StartRequested() | StopRequested() | RestartRequested() | Relocated()
+            DeadlinePassed()
+            | StartRequested()
+            | StopRequested()
+            | RestartRequested()
+            | Relocated()
+            | AgentStarted()
         ):
             return host, True
         case _:
@@ -1222,7 +1306,7 @@ def _assign_pid(host: Host, pid: int, *, found_running: bool) -> Host:
         # The new worker's first heartbeat can overtake the launch's answer.
         alive_at = host.beat_changed_at if alive_at is None else max(alive_at, host.beat_changed_at)
     if pid != host.pid:  # another worker: its progress starts from its own first report
-        host = replace(host, **_NO_PROGRESS)
+        host = replace(host, start_time=None, **_NO_PROGRESS)
     return replace(host, pid=pid, last_pid=pid, alive_at=alive_at, found_running=found_running)
 
 
@@ -1432,6 +1516,21 @@ def _probe_due(host: Host, policy: Policy) -> tuple[float, int] | None:
     if host.probe_for_pid != pid or host.probe_next_at is None:
         return host.alive_at, pid
     return host.probe_next_at, pid
+
+
+def _report_probe(event: RewardProbeAnswered, host: Host, policy: Policy) -> ReportProbe:
+    """What the answer was judged to be (``host`` has recorded it): a failure with its code
+    and words, or none (it scored, or it waited behind the worker's backlog: busy)."""
+    verdict = None if host.last_probe_busy else probe_verdict(event, policy)
+    return ReportProbe(
+        pid=event.pid,
+        status=event.status,
+        score=event.score,
+        round_trip_s=event.round_trip_s,
+        cause=None if verdict is None else verdict[0],
+        error=None if verdict is None else verdict[1],
+        busy=host.last_probe_busy,
+    )
 
 
 def _send_probe(pid: int, policy: Policy) -> SendRewardProbe:
@@ -1705,6 +1804,8 @@ def _relocated(host: Host, event: Event, now: float, policy: Policy) -> Host:
         status_seen=host.status_seen,
         status_problem=host.status_problem,
         last_pid=host.pid if host.pid is not None else host.last_pid,
+        # The tasks its old worker hung on would hang the new one too.
+        quarantine_due=host.quarantine_due,
     )
     if host.state in STOP_STATES:
         return replace(
@@ -1759,8 +1860,11 @@ TRANSITIONS: Final[Mapping[tuple[HostState, type[Event]], _Handler]] = {
 
 
 def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Action]]:
-    """Start the remote operation the state calls for, if SSH is up and none is in flight."""
+    """Start the operation the state calls for, if none is in flight: the quarantine a dead
+    stuck worker left due (file I/O: SSH need not be up), then a remote one if SSH is up."""
     idle = host.op is None
+    if idle and host.pid is None and host.quarantine_due:
+        return replace(host, op="quarantine"), [Quarantine(count=host.quarantine_due)]
     if host.state is S.STOPPING and idle and host.pid is None and not host.needs_probe:
         return _enter(host, S.STOPPED, host.reason, now), []
     if not (host.ssh_up and idle) or (host.op_retry_at is not None and now < host.op_retry_at):
@@ -1787,11 +1891,13 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
             collect_evidence=automatic
             and host.cause_code in _LIVE_BUT_UNHEALTHY
             and policy.evidence_timeout_s > 0,
-            quarantine=(host.in_flight or 0)
-            if automatic and host.cause_code is Cause.STUCK and policy.quarantine_stuck_tasks
-            else 0,
         )
-        return replace(host, op="terminate"), [terminate]
+        quarantine = (
+            (host.in_flight or 0)
+            if automatic and host.cause_code is Cause.STUCK and policy.quarantine_stuck_tasks
+            else 0
+        )
+        return replace(host, op="terminate", quarantine_due=quarantine), [terminate]
     if host.state in (S.STALE, S.STARTING) and host.pid is None:
         return _launch(host, now)
     return host, []

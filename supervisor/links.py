@@ -9,7 +9,7 @@ back as events through the ``Shell`` (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
@@ -58,6 +58,8 @@ class RemoteLike(Protocol):
 
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None: ...
 
+    async def watch(self, spec: LaunchSpec, pid: int, start_time: int | None) -> None: ...
+
     async def evidence(
         self, spec: LaunchSpec, pid: int, *, timeout_s: float, stacks: str
     ) -> health.Evidence: ...
@@ -73,12 +75,10 @@ RemoteFactory = Callable[
         asyncio.Semaphore,
         Callable[[bool, str], None],
         Callable[[WorkerExit], None],
+        Callable[[], None],
     ],
     RemoteLike,
 ]
-#: Work done after a worker is confirmed dead and before the core hears it (the stuck-task
-#: quarantine), so before its successor can start.
-AfterTerminate = Callable[[vocabulary.Terminate], Awaitable[None]]
 #: Told how long a launch or a terminate took (``"launch"``/``"terminate"``, seconds).
 Timed = Callable[[str, float], None]
 
@@ -90,6 +90,7 @@ def default_remote_factory(
     handshakes: asyncio.Semaphore,
     on_connection: Callable[[bool, str], None],
     on_exit: Callable[[WorkerExit], None],
+    on_agent: Callable[[], None],
 ) -> RemoteLike:
     """A real ``RemoteHost`` over asyncssh."""
     from supervisor.remote import RemoteHost
@@ -101,6 +102,7 @@ def default_remote_factory(
         handshakes=handshakes,
         on_connection=on_connection,
         on_exit=on_exit,
+        on_agent=on_agent,
     )
 
 
@@ -142,12 +144,10 @@ class Links:
         shell: Shell,
         *,
         remote_factory: RemoteFactory,
-        after_terminate: AfterTerminate,
         timed: Timed,
     ) -> None:
         self._shell = shell
         self._remote_factory = remote_factory
-        self._after_terminate = after_terminate
         self._timed = timed
         self._handshakes = asyncio.Semaphore(shell.config.ssh.max_concurrent_handshakes)
         self._machines: dict[str, Link] = {}
@@ -230,6 +230,16 @@ class Links:
     def probe(self, action: vocabulary.Probe) -> None:
         """Ask the host's agent whether the worker runs."""
         self._spawn_op(action.machine, self._probe(action), f"probe:{action.host}")
+
+    def watch(self, action: vocabulary.Watch) -> None:
+        """Have the machine's agent watch the host's worker (best effort)."""
+        spec = self._spec(action.machine, action.host, action.shard)
+        remote = self._machines[action.machine].remote
+        self._spawn_op(
+            action.machine,
+            remote.watch(spec, action.pid, action.start_time),
+            f"watch:{action.host}",
+        )
 
     def move(self, action: vocabulary.Failover) -> None:
         """``action.label``'s shard is served by ``to_machine`` from now on: what was asked
@@ -323,6 +333,11 @@ class Links:
         )
         self._shell.emit(vocabulary.MachineObserved(machine, event))
 
+    def _on_agent(self, machine: str, link: Link) -> None:
+        """A new agent started on the machine's connection: it watches nothing yet."""
+        if self._machines.get(machine) is link:
+            self._shell.emit(vocabulary.MachineObserved(machine, health.AgentStarted()))
+
     # --- the work --------------------------------------------------------------------------
 
     def _keep(self, machine: str, cfg: HostConfig) -> Link:
@@ -339,6 +354,7 @@ class Links:
                 self._handshakes,
                 lambda up, reason: self._on_connection(machine, made[0], up, reason),
                 lambda news: self._on_exit_pushed(machine, made[0], news),
+                lambda: self._on_agent(machine, made[0]),
             )
             link = Link(cfg=cfg, remote=remote)
             made.append(link)
@@ -440,7 +456,7 @@ class Links:
             self._timed("launch", elapsed)
             elapsed_ms = round(elapsed * 1000, 1)
             log.info("host.launched", host=name, pid=result.pid, elapsed_ms=elapsed_ms)
-            event = health.Launched(pid=result.pid)
+            event = health.Launched(pid=result.pid, start_time=result.start_time)
         self._shell.emit(vocabulary.HostObserved(name, event))
 
     async def _terminate(self, action: vocabulary.Terminate) -> None:
@@ -480,8 +496,6 @@ class Links:
                 elapsed_ms=elapsed_ms,
                 reaped=reaped,
             )
-            # Before the core hears it is dead, so before its successor can start.
-            await self._after_terminate(action)
             event = health.TerminateConfirmed(pid=action.pid, evidence=evidence, reaped=reaped)
         self._shell.emit(vocabulary.HostObserved(name, event))
 

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -165,14 +164,8 @@ def answer_of(
 class Prober:
     """Sends the probes the core asks for and reports their answers."""
 
-    def __init__(
-        self,
-        shell: Shell,
-        *,
-        answered: Callable[[str, health.RewardProbeAnswered], None] = lambda host, answer: None,
-    ) -> None:
+    def __init__(self, shell: Shell) -> None:
         self._shell = shell
-        self._answered = answered
         #: Per shard, probes that timed out or were taken away by the sweep: their workers
         #: may still write a result.
         self._owed: dict[int, list[str]] = {}
@@ -228,7 +221,6 @@ class Prober:
             # Also when cancelled (the daemon stops): no probe file is left behind.
             await self._remove(root, action.shard, task_id)
         answer = answer_of(action.pid, record, error, time.monotonic() - started)
-        self._answered(action.host, answer)
         self._shell.emit(vocabulary.HostObserved(action.host, answer))
 
     async def _remove(self, root: Path, shard: int, task_id: str) -> None:

@@ -412,6 +412,7 @@ class RemoteHost:
         handshakes: asyncio.Semaphore,
         on_connection: Callable[[bool, str], None],
         on_exit: Callable[[protocol.WorkerExit], None] | None = None,
+        on_agent: Callable[[], None] | None = None,
     ) -> None:
         self.name = host.name
         self._host = host
@@ -420,10 +421,7 @@ class RemoteHost:
         self._handshakes = handshakes
         self._on_connection = on_connection
         self._on_exit = on_exit
-        #: The worker the agent is to watch (the last one launched or found), so that the
-        #: agent of a new connection watches it too: (what of its spec the watch reads, pid,
-        #: start time if known). Not the whole spec: a thousand of them add up.
-        self._worker: tuple[dict[str, str], int, int | None] | None = None
+        self._on_agent = on_agent
         self._pushes = TokenBucket(PUSH_BURST, PUSH_EVERY_S)
         self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
         self._noise = NoiseLog(host.name)
@@ -600,20 +598,17 @@ class RemoteHost:
             await link.agent(self._python)
 
     def _agent_started(self, link: _Link, agent: _Agent) -> None:
-        """A new agent watches the worker an earlier one launched or found (it may have
-        ended meanwhile: then the agent pushes its exit at once)."""
-        if self._worker is not None and self._on_exit is not None:
-            link.spawn(self._watch(agent, *self._worker))
+        """A new agent watches no worker: whoever knows the worker is told (``watch``)."""
+        if self._on_agent is not None:
+            self._on_agent()
 
-    async def _watch(
-        self, agent: _Agent, spec: dict[str, str], pid: int, start: int | None
-    ) -> None:
-        """Ask ``agent`` to watch ``pid``; best effort (the exit record is the fallback)."""
-        request = protocol.WatchRequest(spec=spec, pid=pid, start_time=start)
+    async def watch(self, spec: LaunchSpec, pid: int, start_time: int | None) -> None:
+        """Ask the agent to watch ``pid`` and push its exit (at once if it has ended); best
+        effort: the exit record is the fallback, so a failure is only logged."""
+        request = protocol.WatchRequest(spec=_watch_spec(spec), pid=pid, start_time=start_time)
         try:
-            raw = await agent.call("watch", request, RPC_TIMEOUT_S)
-            reply = protocol.read_reply(raw, protocol.WatchReply)
-        except (RemoteError, protocol.ProtocolError) as exc:
+            reply = await self._call(request, protocol.WatchReply, RPC_TIMEOUT_S)
+        except RemoteError as exc:
             log.info("remote.watch_failed", host=self.name, pid=pid, reason=str(exc)[:200])
             return
         log.debug("remote.watching", host=self.name, pid=pid, reply=repr(reply)[:200])
@@ -632,8 +627,6 @@ class RemoteHost:
         asyncio.get_running_loop().call_soon(self._deliver_exit, news)
 
     def _deliver_exit(self, news: protocol.WorkerExit) -> None:
-        if self._worker is not None and self._worker[1] == news.pid:
-            self._worker = None  # ended: a new agent has nothing to watch
         if self._on_exit is not None:
             self._on_exit(news)
 
@@ -657,7 +650,6 @@ class RemoteHost:
         request = protocol.LaunchRequest(spec=_spec_json(spec))
         reply = await self._call(request, protocol.LaunchReply, RPC_TIMEOUT_S)
         started = Started(pid=reply.pid, start_time=reply.start_time)
-        self._worker = (_watch_spec(spec), started.pid, started.start_time)  # watched now
         log.info("remote.launched", host=self.name, pid=started.pid, shard=spec.shard)
         return started
 
@@ -705,8 +697,6 @@ class RemoteHost:
         request = protocol.ProbeRequest(spec=_spec_json(spec), pid=pid)
         reply = await self._call(request, protocol.ProbeReply, RPC_TIMEOUT_S)
         log.debug("remote.probed", host=self.name, pid=reply.pid)
-        # The agent watches a worker it found; none found, there is nothing to watch.
-        self._worker = None if reply.pid is None else (_watch_spec(spec), reply.pid, None)
         return reply.pid
 
     async def disarm_seed(

@@ -333,18 +333,20 @@ class RunDirectory:
             log.info("pointer.written", path=path)
         self._shell.emit(vocabulary.PointerWritten(path=path, error=error))
 
-    async def quarantine(self, action: vocabulary.Terminate) -> None:
+    def quarantine(self, action: vocabulary.Quarantine) -> None:
         """Take the tasks a stuck worker hung on out of its shard's inbox, each answered with
-        an error result (``tasks.quarantine_stuck``); never raises, bounded in time."""
-        if action.quarantine <= 0:
-            return
+        an error result (``tasks.quarantine_stuck``); the core hears how many, always."""
+        self._shell.spawn(self._quarantine(action), f"quarantine:{action.host}")
+
+    async def _quarantine(self, action: vocabulary.Quarantine) -> None:
         config = self._shell.config
         stale_s = config.health.progress_stale_s
         reason = (
             f"reward call stuck: {action.host} (shard {action.shard}) finished no task in"
-            f" {stale_s:g}s with {action.quarantine} in flight and was replaced; this task"
+            f" {stale_s:g}s with {action.count} in flight and was replaced; this task"
             f" was quarantined by reward-supervisor in ctl/quarantine/{action.shard}/"
         )
+        count = 0
         try:
             async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
                 done = await asyncio.to_thread(
@@ -352,27 +354,28 @@ class RunDirectory:
                     config.run.root,
                     action.shard,
                     action.host,
-                    count=action.quarantine,
+                    count=action.count,
                     older_than_s=stale_s,
                     reason=reason,
                 )
         except (OSError, TimeoutError) as exc:
             why = str(exc) or "the run root did not answer in time"
             log.error("tasks.quarantine_failed", host=action.host, shard=action.shard, reason=why)
-            return
         except Exception:  # task root of the quarantine: the restart must go on
             log.exception("tasks.quarantine_failed", host=action.host, shard=action.shard)
-            return
-        log.warning(
-            "tasks.quarantined",
-            host=action.host,
-            shard=action.shard,
-            asked=action.quarantine,
-            task_ids=list(done.task_ids[:50]),
-            count=len(done.task_ids),
-            unanswered=done.unanswered,
-            note=done.note,
-        )
+        else:
+            count = len(done.task_ids)
+            log.warning(
+                "tasks.quarantined",
+                host=action.host,
+                shard=action.shard,
+                asked=action.count,
+                task_ids=list(done.task_ids[:50]),
+                count=count,
+                unanswered=done.unanswered,
+                note=done.note,
+            )
+        self._shell.emit(vocabulary.HostObserved(action.host, health.Quarantined(count=count)))
 
     # --- a frozen fleet's diagnosis -----------------------------------------------------------
 

@@ -202,12 +202,12 @@ class FilesystemDiagnosed:
 
 @dataclass(frozen=True, slots=True)
 class MachineObserved:
-    """News of one machine's connection: SSH up or down, or a worker's exit its agent
-    pushed. The fleet tells it to the member the machine serves, if any (links know
+    """News of one machine's connection: SSH up or down, a new agent, or a worker's exit its
+    agent pushed. The fleet tells it to the member the machine serves, if any (links know
     machines, never which member a machine serves)."""
 
     machine: str
-    event: health.SshLost | health.SshRestored | health.WorkerExited
+    event: health.SshLost | health.SshRestored | health.WorkerExited | health.AgentStarted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -343,8 +343,6 @@ class Terminate:
     kill: bool
     #: Capture the worker's stacks and log tail first (``health.Terminate.collect_evidence``).
     collect_evidence: bool = False
-    #: Then quarantine this many of its shard's tasks (``health.Terminate.quarantine``).
-    quarantine: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -357,6 +355,43 @@ class Probe:
     machine: str
     shard: int
     pid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Watch:
+    """Have ``machine``'s agent watch ``host``'s worker ``pid`` and push its exit (a new
+    connection's agent watches nothing yet); best effort, unanswered."""
+
+    host: str
+    machine: str
+    shard: int
+    pid: int
+    start_time: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quarantine:
+    """Take the ``count`` oldest tasks out of ``shard``'s inbox, each answered with an error
+    result, before ``host``'s next worker starts (``health.Quarantine``); answer with
+    ``HostObserved(host, health.Quarantined(...))`` exactly once."""
+
+    host: str
+    shard: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeReported:
+    """What ``host``'s reward probe found (``health.ReportProbe``): logged and counted."""
+
+    host: str
+    pid: int
+    status: str | None
+    score: float | None
+    round_trip_s: float
+    cause: health.Cause | None
+    error: str | None
+    busy: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -633,6 +668,9 @@ Action = (
     | Terminate
     | Probe
     | SendRewardProbe
+    | Watch
+    | Quarantine
+    | ProbeReported
     | RecheckStatus
     | HostStateChanged
     | LaunchesWaiting

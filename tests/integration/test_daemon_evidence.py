@@ -56,6 +56,10 @@ class StandIn:
     async def start_agent(self) -> None:
         """Not used here."""
 
+    async def watch(self, spec: LaunchSpec, pid: int, start_time: int | None) -> None:
+        """Never asked here."""
+        raise AssertionError("watch")
+
     async def probe(self, spec: LaunchSpec, pid: int | None) -> int | None:
         """Not used here."""
         return None
@@ -120,13 +124,9 @@ async def linked(tmp_path: Path, stand_in: StandIn) -> AsyncIterator[tuple[Links
     }
     shell = RecordingShell(config_mod.parse(raw, tmp_path / "rs.toml"))
 
-    async def nothing_after(action: vocabulary.Terminate) -> None:
-        """No quarantine here."""
-
     links = Links(
         shell,
         remote_factory=lambda *args: stand_in,
-        after_terminate=nothing_after,
         timed=lambda op, seconds: None,
     )
     links.connect(vocabulary.Connect(host="worker-0", shard=0, added=False, machine="worker-0"))

@@ -163,6 +163,8 @@ class Harness:
     events: list[tuple[bool, str]] = field(default_factory=list)
     #: Every exit the agent pushed, in order.
     exits: list[protocol.WorkerExit] = field(default_factory=list)
+    #: Each agent started, as the number of connection events seen by then.
+    agents: list[int] = field(default_factory=list)
 
     @property
     def spec(self) -> LaunchSpec:
@@ -223,6 +225,7 @@ async def maintained(
         handshakes=asyncio.Semaphore(config.ssh.max_concurrent_handshakes),
         on_connection=on_connection,
         on_exit=lambda news: harness.exits.append(news),
+        on_agent=lambda: harness.agents.append(len(harness.events)),
     )
     harness = Harness(remote, config, host)
     async with asyncio.TaskGroup() as tasks:
@@ -576,22 +579,28 @@ async def test_a_launch_reply_reaches_its_caller_before_the_exit_pushed_behind_i
     assert (news.pid, news.exit_code) == (started.pid, 3)
 
 
-async def test_a_worker_that_dies_while_the_channel_is_down_is_pushed_by_the_next_agent(
+async def test_a_new_connection_s_agent_is_announced_and_pushes_the_exit_it_is_told_to_watch(
     openssh: OpenSsh, run_root: Path, reaper: Reaper
 ) -> None:
-    """A worker killed while the connection is down is not forgotten: the agent of the next
-    connection is asked to watch it and pushes its exit."""
+    """A worker killed while the connection is down is not forgotten: the next connection's
+    agent is announced (the core, which knows the worker, asks it to watch), and once told
+    it pushes the exit of the worker that died meanwhile."""
     config = make_config(openssh, run_root)
     async with maintained(config) as h:
         started = reaper.add(await h.remote.launch(h.spec))
         await h.wait_ready(started.pid)
+        first_agents = len(h.agents)
+        assert first_agents >= 1
         link = h.remote._link
         assert link is not None
         link.ended.set("cut by the test")
         await wait_until(lambda: not h.events[-1][0], "the disconnect")
         os.kill(started.pid, signal.SIGKILL)
-        await wait_until(lambda: h.exits, "the exit pushed by the next agent")
-        assert h.events[-1][0], "pushed over a new connection"
+        await wait_until(lambda: len(h.agents) > first_agents, "the next connection's agent")
+        assert h.events[-1][0], "announced on a new connection"
+        assert h.exits == []  # a new agent watches nothing until told
+        await h.remote.watch(h.spec, started.pid, started.start_time)
+        await wait_until(lambda: h.exits, "the exit pushed once the agent watches")
         news = h.exits[0]
         assert (news.pid, news.signal) == (started.pid, signal.SIGKILL)
 

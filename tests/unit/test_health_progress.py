@@ -91,21 +91,18 @@ def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replace
     assert host.cause_code is h.Cause.STUCK
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
     # Killed after the grace although kill_after_grace is off: the hung call ignores SIGTERM.
-    assert terminate == [
-        h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True, quarantine=4)
-    ]
-    assert host.state is S.STALE and host.op == "terminate"
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True)]
+    assert host.state is S.STALE and host.op == "terminate" and host.quarantine_due == 4
 
 
 def test_by_default_a_worker_being_replaced_is_killed_at_once_after_its_evidence() -> None:
     """restart_stop = "kill": a stuck or silent worker gets no grace (its drain would end in
     ``ready: false``, failing the trainer's calls); its evidence is still taken first."""
     policy = replace(POLICY, restart_stop="kill")
-    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
+    stuck, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [
-        h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True, quarantine=1)
-    ]
+    assert terminate == [h.Terminate(pid=7, grace_s=0.0, kill=True, collect_evidence=True)]
+    assert stuck.quarantine_due == 1
     host, actions = run(ready(), (h.DeadlinePassed(), 12.0), policy=policy)
     assert host.cause_code is h.Cause.HEARTBEAT_STALE
     assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
@@ -114,16 +111,43 @@ def test_by_default_a_worker_being_replaced_is_killed_at_once_after_its_evidence
 
 
 def test_a_stuck_worker_s_tasks_in_flight_are_quarantined_before_its_successor() -> None:
-    """The terminate of a worker replaced for being stuck names its tasks in flight for the
-    quarantine; a silent worker's, and any with the quarantine off, name none."""
-    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 3))
-    [terminate] = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate.quarantine == 3
+    """A worker replaced for being stuck leaves its tasks in flight due for the quarantine:
+    once it is confirmed dead they are quarantined (the core waits for the answer), and only
+    then is its successor launched. A silent worker's, and any with the quarantine off, are
+    none: the successor is launched at once."""
+    stuck, _ = beats(ready(), 2.0, 400.0, lambda t: (0, 3))
+    assert stuck.quarantine_due == 3
+    dead, actions = run(stuck, (h.TerminateConfirmed(pid=7), 401.0))
+    assert remote(actions) == [h.Quarantine(count=3)]
+    assert dead.op == "quarantine" and dead.pid is None
+    after, actions = run(dead, (h.Quarantined(count=3), 401.5))
+    assert [type(a) for a in remote(actions)] == [h.Launch]
+    assert after.quarantine_due == 0
     off = replace(POLICY, quarantine_stuck_tasks=False)
-    _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 3), policy=off)
-    assert [a.quarantine for a in remote(actions) if isinstance(a, h.Terminate)] == [0]
-    _, actions = run(ready(in_flight=3), (h.DeadlinePassed(), 12.0))
-    assert [a.quarantine for a in remote(actions) if isinstance(a, h.Terminate)] == [0]
+    host, _ = beats(ready(), 2.0, 400.0, lambda t: (0, 3), policy=off)
+    assert host.quarantine_due == 0
+    _, actions = run(host, (h.TerminateConfirmed(pid=7), 401.0), policy=off)
+    assert [type(a) for a in remote(actions)] == [h.Launch]
+    silent, _ = run(ready(in_flight=3), (h.DeadlinePassed(), 12.0))
+    assert silent.quarantine_due == 0
+
+
+def test_a_quarantine_waits_for_the_stuck_worker_s_death_and_survives_a_stop() -> None:
+    """Nothing is quarantined while the stuck worker may live (a failed terminate); a stop
+    asked meanwhile still quarantines before the host is stopped; an answer nobody asked
+    for changes nothing."""
+    stuck, _ = beats(ready(), 2.0, 400.0, lambda t: (0, 2))
+    alive, actions = run(stuck, (h.TerminateFailed(pid=7, reason="still alive"), 401.0))
+    assert not [a for a in actions if isinstance(a, h.Quarantine)] and alive.pid == 7
+    assert run(alive, (h.Quarantined(count=2), 401.2))[0] == replace(
+        alive, deadline_at=alive.deadline_at
+    )
+    stopping, _ = run(alive, (h.StopRequested(reason="operator"), 402.0))
+    assert stopping.quarantine_due == 2
+    gone, actions = run(stopping, (h.WorkerExited(pid=7, exit_code=0), 403.0))
+    assert remote(actions) == [h.Quarantine(count=2)] and gone.state is S.STOPPING
+    done, _ = run(gone, (h.Quarantined(count=0), 404.0))
+    assert done.state is S.STOPPED and done.quarantine_due == 0
 
 
 def test_a_stop_still_drains_under_the_kill_restart_mode() -> None:
@@ -143,9 +167,7 @@ def test_with_kill_stuck_off_a_stuck_worker_is_only_asked_to_stop() -> None:
     policy = replace(POLICY, kill_stuck=False)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [
-        h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True, quarantine=1)
-    ]
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)]
 
 
 def test_only_a_stuck_worker_is_killed_without_kill_after_grace() -> None:
@@ -285,7 +307,11 @@ def test_the_evidence_of_a_terminate_goes_into_the_restart_s_state_change_and_th
     announces the replacement carries it, and the host keeps it, with the cause it was
     taken for, for status HOST."""
     host = stuck_and_terminating()
-    host, actions = run(host, (h.TerminateConfirmed(pid=7, evidence=EVIDENCE), 401.0))
+    host, actions = run(
+        host,
+        (h.TerminateConfirmed(pid=7, evidence=EVIDENCE), 401.0),
+        (h.Quarantined(count=1), 401.0),  # its task in flight, before the replacement
+    )
     changes = [a for a in actions if isinstance(a, h.StateChanged)]
     assert [(c.from_, c.to, c.evidence) for c in changes] == [(S.STALE, S.STARTING, EVIDENCE)]
     assert host.evidence == EVIDENCE and host.evidence_at == 401.0
@@ -323,9 +349,7 @@ def test_no_evidence_is_asked_for_when_the_timeout_is_zero() -> None:
     policy = replace(POLICY, evidence_timeout_s=0.0)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [
-        h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=False, quarantine=1)
-    ]
+    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=False)]
 
 
 def test_tasks_per_minute_need_a_minute_of_reports() -> None:

@@ -138,6 +138,15 @@ class FleetOfOne(RuleBasedStateMachine):
                     self._take(action)
                 case h.Probe():
                     self._take(action)
+                case h.Quarantine():
+                    # Only once the stuck worker it follows is gone, before any launch.
+                    assert host.pid is None and action.count > 0
+                    self._take(action)
+                case h.Watch():
+                    # Only of the worker the core knows, with nothing in flight.
+                    assert action.pid == host.pid and host.op is None
+                case h.ReportProbe():
+                    assert isinstance(event, h.RewardProbeAnswered)
                 case h.SendRewardProbe():
                     # One probe at a time per host, only with probes on, only to its worker.
                     assert self.probe is None and self.policy.probe_interval_s > 0
@@ -158,8 +167,11 @@ class FleetOfOne(RuleBasedStateMachine):
                     pass
             # Evidence rides only the change a terminate's result causes.
             if isinstance(action, h.StateChanged) and action.evidence is not None:
-                assert isinstance(event, h.TerminateConfirmed | h.TerminateFailed)
-                assert action.evidence == event.evidence
+                if isinstance(event, h.Quarantined):  # the replacement after a quarantine
+                    assert action.evidence == host.evidence
+                else:
+                    assert isinstance(event, h.TerminateConfirmed | h.TerminateFailed)
+                    assert action.evidence == event.evidence
         self.host = host
 
     def _take(self, action: h.Action) -> None:
@@ -253,6 +265,11 @@ class FleetOfOne(RuleBasedStateMachine):
         self.world.ssh_up = up
         self.feed(h.SshRestored() if up else h.SshLost(reason="eof"))
 
+    @rule()
+    def a_new_agent_starts(self) -> None:
+        """The connection's agent is (re)started: it watches nothing until told."""
+        self.feed(h.AgentStarted())
+
     @rule(outcome=st.sampled_from(["ok", "fail", "lost-started", "lost-nothing"]))
     def answer_remote_operation(self, outcome: str) -> None:
         """The operation in flight completes truthfully, fails, or loses its answer."""
@@ -281,6 +298,8 @@ class FleetOfOne(RuleBasedStateMachine):
                 else:
                     alive = sorted(self.world.alive)
                     self.feed(h.ProbeResult(pid=alive[0] if alive else None))
+            case h.Quarantine(count=count):
+                self.feed(h.Quarantined(count=0 if outcome == "fail" else count))
             case _:
                 raise AssertionError(action)
 
@@ -356,7 +375,12 @@ class FleetOfOne(RuleBasedStateMachine):
     @invariant()
     def op_in_flight_matches_pending(self) -> None:
         """The core's op and the action awaiting an answer agree."""
-        kinds = {h.Launch: "launch", h.Terminate: "terminate", h.Probe: "probe"}
+        kinds = {
+            h.Launch: "launch",
+            h.Terminate: "terminate",
+            h.Probe: "probe",
+            h.Quarantine: "quarantine",
+        }
         expected = None if self.pending is None else kinds[type(self.pending)]
         assert self.host.op == expected
 

@@ -143,6 +143,9 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
     h.RewardProbeAnswered: lambda host: h.RewardProbeAnswered(
         pid=_pid(host), status="error", error="ModuleNotFoundError: No module named 'x'"
     ),
+    # No quarantine was asked in any scenario: an answer to none is ignored.
+    h.Quarantined: lambda host: h.Quarantined(count=1),
+    h.AgentStarted: lambda host: h.AgentStarted(),
     # The fleet moved the shard to a connected spare.
     h.Relocated: lambda host: h.Relocated(reason="moving to s0: w-0 host lost", ssh_up=True),
 }
@@ -177,6 +180,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),  # the spare runs nothing of ours: no probe
+        E.Quarantined: (S.STARTING, ()),
+        E.AgentStarted: (S.STARTING, ()),
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -205,6 +210,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),
+        E.Quarantined: (S.STARTING, ()),
+        E.AgentStarted: (S.STARTING, ()),
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -233,6 +240,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STARTING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STARTING, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),  # the old launch is the old machine's
+        E.Quarantined: (S.STARTING, ()),
+        E.AgentStarted: (S.STARTING, ("Watch",)),
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -261,6 +270,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.READY, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.READY, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),
+        E.Quarantined: (S.READY, ()),
+        E.AgentStarted: (S.READY, ("Watch",)),
     },
     "ready:rechecking": {
         E.HeartbeatSeen: (S.READY, ()),  # a fresh beat ends the silence before the verdict
@@ -289,6 +300,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STALE, ("Terminate",)),  # the fresh read confirms the silence
         E.RewardProbeAnswered: (S.READY, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),
+        E.Quarantined: (S.READY, ()),
+        E.AgentStarted: (S.READY, ("Watch",)),
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -317,6 +330,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STALE, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),  # its old worker is fenced, not waited for
+        E.Quarantined: (S.STALE, ()),
+        E.AgentStarted: (S.STALE, ()),
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -345,6 +360,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STALE, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STALE, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),
+        E.Quarantined: (S.STALE, ()),
+        E.AgentStarted: (S.STALE, ("Watch",)),
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -373,6 +390,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.COOLING_DOWN, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.COOLING_DOWN, ()),  # probes off: none was asked for
         E.Relocated: (S.STARTING, ("Launch",)),
+        E.Quarantined: (S.COOLING_DOWN, ()),
+        E.AgentStarted: (S.COOLING_DOWN, ()),
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -401,6 +420,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.FAILED, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.FAILED, ()),  # probes off: none was asked for
         E.Relocated: (S.FAILED, ()),  # given up on stays given up on, wherever it is
+        E.Quarantined: (S.FAILED, ()),
+        E.AgentStarted: (S.FAILED, ()),
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -429,6 +450,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STOPPING, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STOPPING, ()),  # probes off: none was asked for
         E.Relocated: (S.STOPPED, ()),  # stopped on purpose stays so; the old worker is fenced
+        E.Quarantined: (S.STOPPING, ()),
+        E.AgentStarted: (S.STOPPING, ()),
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -457,6 +480,8 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.StatusRechecked: (S.STOPPED, ()),  # the same stamp: nothing new
         E.RewardProbeAnswered: (S.STOPPED, ()),  # probes off: none was asked for
         E.Relocated: (S.STOPPED, ()),
+        E.Quarantined: (S.STOPPED, ()),
+        E.AgentStarted: (S.STOPPED, ()),
     },
 }
 
