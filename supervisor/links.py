@@ -164,8 +164,11 @@ class Links:
     def machine_cfg(self, machine: str) -> HostConfig:
         """The settings ``machine``'s connection runs under (a host's or a spare's)."""
         link = self._machines.get(machine)
-        if link is not None:
-            return link.cfg
+        return link.cfg if link is not None else self._own_cfg(machine)
+
+    def _own_cfg(self, machine: str) -> HostConfig:
+        """``machine``'s own settings: a host's (of the config it was admitted under), or a
+        spare's."""
         return self._host_configs.get(machine) or self._spares[machine]
 
     def warm_counts(self) -> dict[str, int]:
@@ -188,16 +191,13 @@ class Links:
     def connect(self, action: vocabulary.Connect) -> None:
         """A host joins on its machine: that machine's connection, kept (a spare's or a
         standby's, open already, as it is: the core knows what it said) or opened."""
-        machine = action.machine
-        own = machine == action.host
-        cfg = self._host_configs[machine] if own else self._spares[machine]
-        self._keep(machine, cfg)
+        self._keep(action.machine, self._own_cfg(action.machine))
         if action.added:
             log.info("host.added", host=action.host, shard=action.shard)
 
     def keep_spare(self, action: vocabulary.KeepSpare) -> None:
         """Connect to a spare and keep it connected, serving nothing."""
-        self._keep(action.machine, self._spares[action.machine])
+        self._keep(action.machine, self._own_cfg(action.machine))
 
     def disconnect(self, action: vocabulary.Disconnect) -> None:
         """A host left: close its machine's connection."""

@@ -204,7 +204,7 @@ async def test_drain_moves_a_shard_to_the_spare_and_undrain_gives_the_host_back(
     assert new != old
     status = await served_by(daemon, "worker-1", "spare-0")
     assert spare_roles(status) == {"spare-0": "serving", "worker-1": "drained"}
-    with pytest.raises(ControlError, match="no spare is free"):
+    with pytest.raises(ControlError, match="every spare is busy"):
         await control.request(daemon.socket, "drain", host="worker-0")
     with pytest.raises(ControlError, match="not drained"):
         await control.request(daemon.socket, "undrain", host="worker-0")
