@@ -154,8 +154,11 @@ class FleetView:
     frozen: bool
     frozen_reason: str
     finding: str | None
-    #: Each signature holding restarts, with the hosts it holds.
-    signatures: tuple[tuple[CrashSignature, tuple[str, ...]], ...]
+    #: Each signature holding restarts, with the hosts it holds: of crashes, of probes.
+    crash_signatures: tuple[tuple[CrashSignature, tuple[str, ...]], ...]
+    probe_signatures: tuple[tuple[CrashSignature, tuple[str, ...]], ...]
+    #: Joined hosts with a worker (launched or found).
+    workers: int
     spares: list[dict[str, object]]
     free_spares: int
     moves: list[dict[str, object]]
@@ -243,9 +246,17 @@ class Fleet:
             frozen=self._watch.freeze.frozen,
             frozen_reason=self._watch.freeze.reason,
             finding=self._watch.finding,
-            signatures=tuple(
-                (sig, tuple(signatures.held_by(sigs, key))) for key, sig in sigs.active.items()
+            crash_signatures=tuple(
+                (sig, tuple(signatures.held_by(sigs, key)))
+                for key, sig in sigs.active.items()
+                if sig.kind == "crash"
             ),
+            probe_signatures=tuple(
+                (sig, tuple(signatures.held_by(sigs, key)))
+                for key, sig in sigs.active.items()
+                if sig.kind == "probe"
+            ),
+            workers=sum(1 for h in self._hosts.values() if h.pid is not None),
             spares=failover.spare_rows(seating),
             free_spares=len(failover.free_spares(seating.seats, seating.sightings)),
             moves=failover.moving(seating, self._hosts),
@@ -580,6 +591,7 @@ class Fleet:
                         pid=pid,
                         cause=cause,
                         evidence=action.evidence,
+                        fault=action.fault,
                     )
                 )
             case health.Launch():
@@ -589,6 +601,7 @@ class Fleet:
                         reason=action.reason,
                         is_restart=action.is_restart,
                         cause=action.cause,
+                        planned=action.planned,
                     )
                 )
                 self._budget = budgets.want_launch(self._budget, name, now)
@@ -851,8 +864,10 @@ class Fleet:
             self._clear_signatures("a reload changed the reward probe", now, out, kind="probe")
         for name in restarted:
             if name in self._hosts and name not in self._retiring:
-                reason = "launch parameters changed by reload"
-                self._feed(name, health.RestartRequested(reason=reason), now, out)
+                restart = health.RestartRequested(
+                    reason="launch parameters changed by reload", planned=health.Planned.RELOAD
+                )
+                self._feed(name, restart, now, out)
         self._admit(now, out)
         for name in list(self._hosts):  # new timings: recompute every deadline
             self._feed(name, health.DeadlinePassed(), now, out)

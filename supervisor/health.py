@@ -155,6 +155,15 @@ class Cause(StrEnum):
     PROBE_TIMEOUT = "probe_timeout"
 
 
+class Planned(StrEnum):
+    """Who replaced a healthy worker on purpose: not a fault, counted apart from restarts."""
+
+    #: ``restart-host``.
+    OPERATOR = "operator"
+    #: A reload that changed what the worker runs.
+    RELOAD = "reload"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
     """Timing and budget rules; ``config.py`` builds it from ``[health]``."""
@@ -390,6 +399,7 @@ class RestartRequested:
     """An operator (or a reload that changed launch parameters) asked for a fresh worker."""
 
     reason: str = "operator restart"
+    planned: Planned = Planned.OPERATOR
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -516,6 +526,8 @@ class Launch:
     is_restart: bool
     #: Why the worker is replaced (automatic restarts only).
     cause: Cause | None = None
+    #: Who replaced a worker on purpose (a planned restart; None: not one).
+    planned: Planned | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -546,6 +558,8 @@ class StateChanged:
     reason: str
     #: The evidence of the terminate whose result caused this change, if it brought any.
     evidence: Evidence | None = None
+    #: Something went wrong (said as a warning): not an operator's or a reload's doing.
+    fault: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -701,6 +715,10 @@ class Host:
     healthy_since_at: float | None = None
     restart_times_at: tuple[float, ...] = ()
     restarts: int = 0
+    #: Replacements of a healthy worker on purpose, by who asked, since the daemon started.
+    planned_restarts: tuple[tuple[Planned, int], ...] = ()
+    #: Who asked for the replacement under way, if it is planned.
+    planned: Planned | None = None
     next_restart_at: float | None = None
     #: Why the worker was last found unhealthy, in words and as a code.
     cause: str | None = None
@@ -908,9 +926,7 @@ def _step_in_full(
         # the replacement's change still says what the worker was doing.
         evidence = host.evidence
     if host.state is not state:
-        changes.append(
-            StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
-        )
+        changes.append(_changed(state, host, evidence))
     if host.recheck_at is not None and host.recheck_at != before_recheck_at:
         changes.append(_recheck(host, now, policy))
     state = host.state
@@ -926,10 +942,17 @@ def _step_in_full(
             host, probe_at=now, probe_for_pid=due[1], probe_next_at=now + policy.probe_interval_s
         )
     if host.state is not state:
-        changes.append(
-            StateChanged(from_=state, to=host.state, reason=host.reason, evidence=evidence)
-        )
+        changes.append(_changed(state, host, evidence))
     return replace(host, deadline_at=_deadline(host, policy)), changes + actions
+
+
+def _changed(before: HostState, host: Host, evidence: Evidence | None) -> StateChanged:
+    """The change to ``host``'s state: a fault when it is unhealthy by no one's wish (an
+    operator's or a reload's restart passes through ``stale`` too)."""
+    fault = host.state in UNHEALTHY_STATES and host.restart_is_automatic
+    return StateChanged(
+        from_=before, to=host.state, reason=host.reason, evidence=evidence, fault=fault
+    )
 
 
 def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host, bool]:
@@ -1733,7 +1756,9 @@ def _start(host: Host, event: Event, now: float, policy: Policy) -> Host:
         reason = "stop sentinel removed"
     else:
         reason = event.reason if isinstance(event, StartRequested) else "start"
-    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False, held=None)
+    host = replace(
+        host, failures=0, stop_cause=None, restart_is_automatic=False, held=None, planned=None
+    )
     if host.state is S.COOLING_DOWN or host.op == "terminate":
         return _enter(host, S.STALE, reason, now)  # finish the terminate, then launch
     if host.state in WANT_RUNNING_STATES:
@@ -1755,8 +1780,12 @@ def restart_refusal(host: Host) -> str | None:
 def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if restart_refusal(host) is not None:
         return host
-    reason = event.reason if isinstance(event, RestartRequested) else "restart"
-    host = replace(host, failures=0, stop_cause=None, restart_is_automatic=False, held=None)
+    reason, planned = "restart", Planned.OPERATOR
+    if isinstance(event, RestartRequested):
+        reason, planned = event.reason, event.planned
+    host = replace(
+        host, failures=0, stop_cause=None, restart_is_automatic=False, held=None, planned=planned
+    )
     if host.state is S.STARTING and host.pid is None and host.op is None:
         return replace(host, reason=reason)  # nothing runs: the coming launch is the restart
     return _enter(host, S.STALE, reason, now)
@@ -1767,7 +1796,7 @@ def _stop(host: Host, event: Event, now: float, policy: Policy) -> Host:
         reason, cause = event.reason, event.cause
     else:
         reason, cause = "stop sentinel present", StopCause.SENTINEL
-    host = replace(host, stop_cause=cause)
+    host = replace(host, stop_cause=cause, planned=None)
     if host.state is S.STOPPED:
         return replace(host, reason=reason)
     return _enter(host, S.STOPPING, reason, now)
@@ -1906,11 +1935,16 @@ def _reconcile(host: Host, now: float, policy: Policy) -> tuple[Host, list[Actio
 def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
     automatic = host.state is S.STALE and host.restart_is_automatic
     reason = f"launching: {host.reason}"
+    planned = host.planned
     if automatic:
         host = replace(
             host, restart_times_at=(*host.restart_times_at, now), restarts=host.restarts + 1
         )
         reason = f"restarting after: {host.cause}"
+    elif planned is not None:
+        counts = dict(host.planned_restarts)
+        counts[planned] = counts.get(planned, 0) + 1
+        host = replace(host, planned_restarts=tuple(sorted(counts.items())))
     host = _enter(host, S.STARTING, reason, now)
     host = replace(
         host,
@@ -1919,9 +1953,11 @@ def _launch(host: Host, now: float) -> tuple[Host, list[Action]]:
         alive_at=None,
         found_running=False,
         restart_is_automatic=True,
+        planned=None,
     )
     cause = host.cause_code if automatic else None
-    return host, [Launch(reason=reason, is_restart=automatic, cause=cause)]
+    planned = None if automatic else planned
+    return host, [Launch(reason=reason, is_restart=automatic, cause=cause, planned=planned)]
 
 
 #: Causes that leave the worker alive: what it is doing is worth capturing before it dies.

@@ -114,6 +114,13 @@ class Metrics:
             ["host", "reason"],
             registry=self.registry,
         )
+        self.planned_restarts = Counter(
+            "reward_supervisor_planned_restarts",
+            "Healthy workers replaced on purpose, by host and who asked (operator, reload):"
+            " not faults, and not in reward_supervisor_restarts.",
+            ["host", "reason"],
+            registry=self.registry,
+        )
         self.reloads = Counter(
             "reward_supervisor_reloads",
             "Config reloads, by result.",

@@ -18,7 +18,7 @@ from typing import Any, Final
 import structlog
 
 from supervisor import config as config_mod
-from supervisor import fleet, health, leadership, logs, page, view, vocabulary
+from supervisor import fleet, leadership, logs, page, view, vocabulary
 from supervisor.config import HostConfig
 from supervisor.control import EventHub, EventSubscription
 from supervisor.errors import ControlError
@@ -87,17 +87,28 @@ class Presenter:
             fields["cause"] = change.cause.value
         if change.evidence is not None:
             fields["evidence"] = view.evidence_row(change.evidence)
-        level = "warning" if health.is_unhealthy(change.to) else "info"
-        getattr(log, level)("host.state", **fields)
+        (log.warning if change.fault else log.info)("host.state", **fields)
         self._events.publish({"event": "host.state", "timestamp": _utc_now(), **fields})
         self.publish_status_soon()
 
     def launch_asked(self, action: vocabulary.LaunchAsked) -> None:
-        """``host.launch``, and a restart counted by its cause."""
-        log.info("host.launch", host=action.host, reason=action.reason, restart=action.is_restart)
-        if action.is_restart and self._metrics is not None:
+        """``host.launch``, and a restart counted by its cause (automatic) or by who asked
+        (planned: an operator, a reload)."""
+        planned = None if action.planned is None else action.planned.value
+        log.info(
+            "host.launch",
+            host=action.host,
+            reason=action.reason,
+            restart=action.is_restart,
+            planned=planned,
+        )
+        if self._metrics is None:
+            return
+        if action.is_restart:
             reason = action.cause.value if action.cause is not None else "other"
             self._metrics.restarts.labels(host=action.host, reason=reason).inc()
+        elif planned is not None:
+            self._metrics.planned_restarts.labels(host=action.host, reason=planned).inc()
 
     def launches_waiting(self, action: vocabulary.LaunchesWaiting) -> None:
         """Launches queued behind the fleet's budget."""
@@ -272,14 +283,14 @@ class Presenter:
 
     def in_charge(self, action: leadership.InCharge) -> None:
         """A takeover is complete."""
-        hosts = self._core.hosts.values()
+        shown = self._core.view(asyncio.get_running_loop().time())
         log.info(
             "ha.in_charge",
             epoch=action.epoch,
             since_lock_s=action.since_lock_s,
             since_lock_free_s=action.since_lock_free_s,
-            adopted=sum(1 for h in hosts if h.pid is not None),
-            hosts=len(hosts),
+            adopted=shown.workers,
+            hosts=len(shown.hosts),
         )
 
     def stood_by(self, action: leadership.StandBy) -> None:
@@ -521,15 +532,11 @@ class Presenter:
             "frozen_reason": shown.frozen_reason or None,
             "freeze_finding": shown.finding,
             "crash_signatures": [
-                _signature_row(sig, held, now)
-                for sig, held in shown.signatures
-                if sig.kind == "crash"
+                _signature_row(sig, held, now) for sig, held in shown.crash_signatures
             ],
             #: Reward probes failing the same way on several hosts (``[probe]``).
             "probe_signatures": [
-                _signature_row(sig, held, now)
-                for sig, held in shown.signatures
-                if sig.kind == "probe"
+                _signature_row(sig, held, now) for sig, held in shown.probe_signatures
             ],
             #: ``[trainer] task_timeout_s``, beside which a probe's round trip is judged.
             "trainer_task_timeout_s": self._shell.config.trainer.task_timeout_s,

@@ -45,6 +45,8 @@ def host_row(
         "heartbeat_age_s": None if age is None else round(age, 3),
         "restarts": host.restarts,
         "restarts_in_window": health.restarts_in_window(host, now, policy),
+        #: Planned replacements of a healthy worker (not faults), by who asked.
+        "planned_restarts": {who.value: n for who, n in host.planned_restarts},
         "failures": host.failures,
         "last_reason": host.reason,
         #: Why the worker was last found unhealthy, as a code (``health.Cause``), kept after
@@ -331,7 +333,7 @@ def status_line(fleet_view: fleet.FleetView) -> str:
     if fleet_view.frozen:
         finding = f"{fleet_view.finding}; " if fleet_view.finding else ""
         text = f"FROZEN ({finding}restarts held: {fleet_view.frozen_reason}); {text}"
-    for signature, held_hosts in fleet_view.signatures:
+    for signature, held_hosts in (*fleet_view.crash_signatures, *fleet_view.probe_signatures):
         held = len(held_hosts)
         text = (
             f"{signature.kind.upper()} SIGNATURE ({terminal_text(signature.signature)}):"
@@ -593,6 +595,7 @@ def _offline_row(
         "ssh": "unknown",
         "heartbeat_age_s": None if age is None else round(age, 3),
         "restarts": None,
+        "planned_restarts": None,
         "last_reason": (
             ("ready" if record.ready else "not ready") + f" (status pid {record.pid})"
             if isinstance(record, StatusRecord)
@@ -754,6 +757,10 @@ def render_host(detail: Mapping[str, Any]) -> str:
             f"restarts: {restart.get('in_window')} in the last {_duration(restart.get('window_s'))}"
             f" ({restart.get('total')} in all), {restart.get('failures')} failures in a row"
         )
+        planned = detail.get("planned_restarts")
+        if isinstance(planned, Mapping) and planned:
+            by_whom = ", ".join(f"{n} {who}" for who, n in sorted(planned.items()))
+            text += f"; planned (not faults): {by_whom}"
         if restart.get("next_restart_in_s") is not None:
             text += f", next restart in {_age(restart['next_restart_in_s'])}"
         if restart.get("held"):

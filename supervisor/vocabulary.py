@@ -316,6 +316,8 @@ class LaunchAsked:
     is_restart: bool
     #: Why the worker is replaced (automatic restarts only).
     cause: health.Cause | None
+    #: Who replaced a healthy worker on purpose (a planned restart).
+    planned: health.Planned | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -429,6 +431,8 @@ class HostStateChanged:
     cause: health.Cause | None
     #: What the replaced worker was doing, when the change follows a terminate that took it.
     evidence: health.Evidence | None = None
+    #: The change is a fault (said as a warning), not an operator's or a reload's doing.
+    fault: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
