@@ -166,16 +166,19 @@ class Planned(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
-    """Timing and budget rules; ``config.py`` builds it from ``[health]``."""
+    """Timing and budget rules; ``config.py`` builds it from ``[health]``. The defaults are
+    what a config without ``[health]`` gives with the default ``[trainer]`` and ``[watch]``
+    (``config.trainer_defaults``: tests/unit/test_config.py holds them equal), so a test of
+    this core runs what production runs."""
 
-    heartbeat_stale_s: float = 60.0
+    heartbeat_stale_s: float = 5.0
     ready_timeout_s: float = 60.0
-    restart_cooldown_s: float = 30.0
+    restart_cooldown_s: float = 5.0
     backoff_max_s: float = 300.0
     backoff_reset_s: float = 600.0
     max_restarts: int = 0
     restart_window_s: float = 3600.0
-    stop_grace_s: float = 60.0
+    stop_grace_s: float = 30.0
     kill_after_grace: bool = False
     #: A stuck worker is SIGKILLed after the grace even without ``kill_after_grace``: its
     #: hung call cannot end on SIGTERM, so without the kill it would never be replaced.
@@ -184,7 +187,7 @@ class Policy:
     auto_restart: bool = True
     #: A ready worker with tasks in flight and no task finished for this long is stuck
     #: (0: progress is not judged).
-    progress_stale_s: float = 300.0
+    progress_stale_s: float = 10.0
     #: Exit codes after which a restart cannot help: the host goes ``failed`` at once.
     permanent_exit_codes: frozenset[int] = frozenset()
     #: How long the shell may spend capturing a live but unhealthy worker's stacks and log

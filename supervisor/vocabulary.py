@@ -36,8 +36,9 @@ class FleetPolicy:
     #: Start-up waits this long for every host to answer before READY=1 goes out anyway
     #: (a host that cannot be reached must not hold the others back).
     startup_timeout_s: float = 30.0
-    #: Shutdown gives up on hosts still stopping after this long.
-    shutdown_timeout_s: float = 75.0
+    #: Shutdown gives up on hosts still stopping after this long (``health.stop_grace_s``
+    #: and a margin: ``config.shutdown_timeout_s``).
+    shutdown_timeout_s: float = 45.0
     #: A stop leaves the workers running (``run.on_exit = "detach"``) unless it says otherwise.
     detach_on_exit: bool = False
     #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import config, leadership
+from supervisor import config, health, leadership, vocabulary
 from supervisor.errors import ConfigError
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -86,6 +86,23 @@ def test_defaults_are_the_documented_ones() -> None:
     assert c.hosts[0].port == 22
     assert c.hosts[0].concurrency == 48
     assert c.worker.argv == config.DEFAULT_ARGV
+
+
+@pytest.mark.parametrize(
+    ("table", "policy"),
+    [("health", health.Policy), ("fleet", vocabulary.FleetPolicy), ("ha", leadership.Policy)],
+)
+def test_each_policy_key_has_one_default(table: str, policy: type[Any]) -> None:
+    """A config that leaves a table out gets the policy's own defaults, field for field: the
+    unit tests of the cores (which build ``Policy()``) run what production runs."""
+    built = getattr(config.parse(minimal(), Path("/etc/x.toml")), table)
+    default = policy()
+    differ = {
+        f.name: (getattr(built, f.name), getattr(default, f.name))
+        for f in dataclasses.fields(policy)
+        if getattr(built, f.name) != getattr(default, f.name)
+    }
+    assert differ == {}
 
 
 def test_health_defaults_follow_the_trainer_table_and_set_keys_win() -> None:

@@ -165,7 +165,9 @@ def test_a_host_added_on_a_busy_shard_waits_for_the_retiring_host_to_stop() -> N
         )
     )
     assert s.of(out, v.Terminate) == [
-        v.Terminate(host="old", machine="old", shard=0, pid=100, grace_s=60.0, kill=False)
+        v.Terminate(
+            host="old", machine="old", shard=0, pid=100, grace_s=HEALTH.stop_grace_s, kill=False
+        )
     ]
     assert not s.of(out, v.ScanFiles)
     assert "new" in {n for n, x in s.core.view(0.0).hosts.items() if isinstance(x, v.Member)}

@@ -91,7 +91,9 @@ def test_a_worker_with_work_in_flight_that_finishes_nothing_is_stuck_and_replace
     assert host.cause_code is h.Cause.STUCK
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
     # Killed after the grace although kill_after_grace is off: the hung call ignores SIGTERM.
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=True)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=True, collect_evidence=True)
+    ]
     assert host.state is S.STALE and host.op == "terminate" and host.quarantine_due == 4
 
 
@@ -167,7 +169,9 @@ def test_with_kill_stuck_off_a_stuck_worker_is_only_asked_to_stop() -> None:
     policy = replace(POLICY, kill_stuck=False)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False, collect_evidence=True)
+    ]
 
 
 def test_only_a_stuck_worker_is_killed_without_kill_after_grace() -> None:
@@ -349,7 +353,9 @@ def test_no_evidence_is_asked_for_when_the_timeout_is_zero() -> None:
     policy = replace(POLICY, evidence_timeout_s=0.0)
     _, actions = beats(ready(), 2.0, 400.0, lambda t: (0, 1), policy=policy)
     terminate = [a for a in remote(actions) if isinstance(a, h.Terminate)]
-    assert terminate == [h.Terminate(pid=7, grace_s=60.0, kill=True, collect_evidence=False)]
+    assert terminate == [
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=True, collect_evidence=False)
+    ]
 
 
 def test_tasks_per_minute_need_a_minute_of_reports() -> None:
@@ -416,7 +422,7 @@ def test_tasks_left_waiting_with_slots_free_make_a_worker_not_taking_and_replace
     host, actions = _backlogged(old_tasks=3)
     assert host.state is S.STALE and host.cause_code is h.Cause.NOT_TAKING
     assert [a for a in remote(actions) if isinstance(a, h.Terminate)] == [
-        h.Terminate(pid=7, grace_s=60.0, kill=False, collect_evidence=True)
+        h.Terminate(pid=7, grace_s=POLICY.stop_grace_s, kill=False, collect_evidence=True)
     ]
 
 
