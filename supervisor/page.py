@@ -493,6 +493,10 @@ def _host_facts(detail: Mapping[str, Any]) -> str:
             rows.append(("held", restart["held"]))
     elif detail.get("restarts") is not None:
         rows.append(("restarts", detail["restarts"]))
+    planned = detail.get("planned_restarts")
+    if isinstance(planned, Mapping) and planned:
+        by_whom = ", ".join(f"{n} {who}" for who, n in sorted(planned.items()))
+        rows.append(("planned restarts (not faults)", by_whom))
     for key, label in (
         ("last_error", "last error"),
         ("status_problem", "status file"),

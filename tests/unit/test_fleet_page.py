@@ -312,6 +312,7 @@ def test_a_host_page_shows_what_status_host_shows() -> None:
             completed=1190, errors=10, queue_depth=5, concurrency=4, rss_gib=1.5
         ),
         restarts=4,
+        planned_restarts=((health.Planned.OPERATOR, 2), (health.Planned.RELOAD, 1)),
         failures=2,
         next_restart_at=130.0,
         held="crash signature exit 1",
@@ -329,6 +330,7 @@ def test_a_host_page_shows_what_status_host_shows() -> None:
         "1190 ok, 10 errors, 2 in flight of 4, queue 5",
         "rss 1.5 GiB",
         "4 in all), 2 failures in a row",
+        "2 operator, 1 reload",
         "crash signature exit 1",
         "pid 4241 killed by signal 9, 5.0s ago",
         "pid 4241, 20.0s ago, for: ",
