@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Final, assert_never
 
 from supervisor import budget as budgets
-from supervisor import failover, freeze, health, signatures
+from supervisor import failover, freeze, health, lifecycle, signatures
 from supervisor import pointer as pointers
 from supervisor.health import WANT_RUNNING_STATES, Host, HostState
 from supervisor.vocabulary import (
@@ -202,18 +202,11 @@ class Fleet:
         self._pointer_due = False
         self._seats_saved = self._seating.seats
         # Life cycle: boot, start-up, shutdown, halt.
-        self._booted = False
-        self._stop_at_boot = False
+        self._phase = lifecycle.Phase()
         self._at_boot: set[str] = set()
-        self._settled = False
         self._connect_seen: set[str] = set()
         self._unsettled: set[str] = set()
-        self._startup_deadline_at: float | None = None
-        self._shutting_down = False
         self._stop_pending: set[str] = set()
-        self._shutdown_deadline_at: float | None = None
-        self._finished = False
-        self._halted = False
         #: Hosts with a stop sentinel written or removed now, and the stop-host/start-host
         #: commands that wait for it, in the order they came: one file operation per host
         #: at a time, so the last command is the one whose effect stays.
@@ -327,28 +320,24 @@ class Fleet:
     @property
     def settled(self) -> bool:
         """Start-up is over (READY=1 went out)."""
-        return self._settled
+        return self._phase.settled
 
     @property
     def finished(self) -> bool:
         """Shutdown is over: nothing more will happen."""
-        return self._finished
+        return self._phase.finished
 
     def command_refusal(self) -> Refusal | None:
         """Why an operator command would find nobody to answer it, or None: the fleet has not
         booted (a standby, or a leader still reading its state) or has stopped. (While it
         stops, each command is the core's to refuse or not.)"""
-        if self._finished:
-            return Refusal.SHUTTING_DOWN
-        if not self._booted:
-            return Refusal.NOT_STARTED
-        return None
+        return lifecycle.command_refusal(self._phase)
 
     @property
     def history_is_ours(self) -> bool:
         """The restart history is this fleet's to save: it booted (it holds the history a
         previous daemon left) and was not halted (then the new leader owns the file)."""
-        return self._booted and not self._halted
+        return lifecycle.history_is_ours(self._phase)
 
     def histories(self) -> dict[str, health.History]:
         """What of every host must survive a restart of the daemon; a host's object is the
@@ -368,8 +357,7 @@ class Fleet:
                 self._timers[0][0] if self._timers else None,
                 self._watch.look_at,
                 budgets.next_grant_at(self._budget, self._policy),
-                None if self._settled else self._startup_deadline_at,
-                self._shutdown_deadline_at if not self._finished else None,
+                lifecycle.deadline_at(self._phase),
                 self._pointer.retry_at,
                 failover.deadline_at(self._seating),
             )
@@ -391,15 +379,15 @@ class Fleet:
         """Apply a batch of events seen at monotonic ``now``; return what to do, in order."""
         out: list[Action] = []
         for event in events:
-            if self._finished:
+            if self._phase.finished:
                 break  # nothing happens after shutdown
             if isinstance(event, HostObserved):
                 self._observed(event.host, event.event, now, out)
             else:
                 self._fleet_event(event, now, out)
-        if self._halted:
+        if self._phase.halted:
             return []  # whatever this batch asked for before the news came is not done either
-        if self._finished:
+        if self._phase.finished:
             return out
         if self._seating.down:
             self._seating, said = failover.look(
@@ -407,7 +395,7 @@ class Fleet:
                 self._hosts,
                 now=now,
                 policy=self._policy,
-                shutting_down=self._shutting_down,
+                shutting_down=self._phase.stopping,
             )
             self._tell(said, now, out)
         if self._seating.seats is not self._seats_saved and self._seating.sparing:
@@ -440,10 +428,10 @@ class Fleet:
                 self._sentinel_done(event, now, out)
             case UnfreezeRequested():
                 self._unfreeze(event, now, out)
-            case ShutdownRequested() if not self._booted and not self._detaches(event):
+            case ShutdownRequested() if not self._phase.booted and not self._detaches(event):
                 # Before the boot (a signal while the shell read the history): the stop
                 # comes once the members are known, so their workers are found and stopped.
-                self._stop_at_boot = True
+                self._phase = replace(self._phase, stop_at_boot=True)
             case ShutdownRequested():
                 self._shutdown(self._detaches(event), now, out)
             case PointerWritten():
@@ -453,7 +441,7 @@ class Fleet:
                     self._watch = replace(self._watch, finding=event.finding)
                     out.append(FreezeExplained(finding=event.finding, free_bytes=event.free_bytes))
             case LeadershipEnded():
-                self._halted = self._finished = True
+                self._phase = replace(self._phase, halted=True, finished=True)
                 self._joining.clear()
             case MachineObserved():
                 self._machine_observed(event, now, out)
@@ -487,7 +475,7 @@ class Fleet:
                 event.machine,
                 news,
                 now=now,
-                shutting_down=self._shutting_down,
+                shutting_down=self._phase.stopping,
                 health_policy=self._health,
             )
             self._tell(said, now, out)
@@ -576,93 +564,20 @@ class Fleet:
     def _host_action(
         self, name: str, host: Host, action: health.Action, now: float, out: list[Action]
     ) -> None:
-        machine = failover.machine_of(self._seating, name)
-        shard = self._members[name].shard
-        match action:
-            case health.StateChanged():
-                pid = host.pid if host.pid is not None else host.last_pid
-                cause = host.cause_code if action.to in health.UNHEALTHY_STATES else None
-                out.append(
-                    HostStateChanged(
-                        host=name,
-                        from_=action.from_,
-                        to=action.to,
-                        reason=action.reason,
-                        pid=pid,
-                        cause=cause,
-                        evidence=action.evidence,
-                        fault=action.fault,
-                    )
-                )
-            case health.Launch():
-                out.append(
-                    LaunchAsked(
-                        host=name,
-                        reason=action.reason,
-                        is_restart=action.is_restart,
-                        cause=action.cause,
-                        planned=action.planned,
-                    )
-                )
-                self._budget = budgets.want_launch(self._budget, name, now)
-                self._grant(now, out)
-            case health.Terminate():
-                out.append(
-                    Terminate(
-                        host=name,
-                        machine=machine,
-                        shard=shard,
-                        pid=action.pid,
-                        grace_s=action.grace_s,
-                        kill=action.kill,
-                        collect_evidence=action.collect_evidence,
-                    )
-                )
-            case health.Quarantine():
-                out.append(Quarantine(host=name, shard=shard, count=action.count))
-            case health.Watch():
-                out.append(
-                    Watch(
-                        host=name,
-                        machine=machine,
-                        shard=shard,
-                        pid=action.pid,
-                        start_time=action.start_time,
-                    )
-                )
-            case health.ReportProbe():
-                out.append(
-                    ProbeReported(
-                        host=name,
-                        pid=action.pid,
-                        status=action.status,
-                        score=action.score,
-                        round_trip_s=action.round_trip_s,
-                        cause=action.cause,
-                        error=action.error,
-                        busy=action.busy,
-                    )
-                )
-            case health.Probe():
-                out.append(Probe(host=name, machine=machine, shard=shard, pid=action.pid))
-            case health.RecheckStatus():
-                out.append(
-                    RecheckStatus(
-                        host=name, shard=shard, tasks_older_than_s=action.tasks_older_than_s
-                    )
-                )
-            case health.SendRewardProbe():
-                out.append(
-                    SendRewardProbe(
-                        host=name,
-                        shard=shard,
-                        pid=action.pid,
-                        task=action.task,
-                        timeout_s=action.timeout_s,
-                    )
-                )
-            case _:
-                assert_never(action)
+        if isinstance(action, health.Launch):
+            # Every launch waits for the budget (rule 3).
+            self._budget = budgets.want_launch(self._budget, name, now)
+        out.append(
+            fleet_action(
+                name,
+                failover.machine_of(self._seating, name),
+                self._members[name].shard,
+                host,
+                action,
+            )
+        )
+        if isinstance(action, health.Launch):
+            self._grant(now, out)
 
     def _after_change(self, name: str, before: Host, now: float, out: list[Action]) -> None:
         host = self._hosts[name]
@@ -685,14 +600,14 @@ class Fleet:
     def _track(self, name: str, out: list[Action]) -> None:
         """Re-check what start-up and shutdown wait for, for the host that changed."""
         host = self._hosts[name]
-        if not self._settled:
+        if not self._phase.settled:
             if self._host_settled(name, host):
                 self._unsettled.discard(name)
             else:
                 self._unsettled.add(name)
-            if not self._unsettled and self._booted and not self._joining:
+            if not self._unsettled and self._phase.booted and not self._joining:
                 self._settle((), out)
-        if self._shutting_down:
+        if self._phase.stopping:
             if self._stop_done(name, host):
                 self._stop_pending.discard(name)
             else:
@@ -711,15 +626,15 @@ class Fleet:
     # --- membership ----------------------------------------------------------------------------
 
     def _boot(self, event: Booted, now: float, out: list[Action]) -> None:
-        if self._booted:
+        if self._phase.booted:
             return
-        self._booted = True
+        self._phase = replace(self._phase, booted=True)
         self._histories = dict(event.histories)
         self._seating, said = failover.restore(self._seating, event.seats, self._configured)
         self._tell(said, now, out)
         self._admit(now, out)
         self._at_boot = set(self._joining)
-        if self._stop_at_boot:
+        if self._phase.stop_at_boot:
             self._shutdown(False, now, out)
             return
         if not self._joining:
@@ -727,7 +642,7 @@ class Fleet:
 
     def _admit(self, now: float, out: list[Action]) -> None:
         """Let configured hosts join whose shard and name no member holds."""
-        if self._shutting_down:
+        if self._phase.stopping:
             return
         busy_shards = {m.shard for m in self._members.values()}
         busy_shards.update(m.shard for m in self._joining.values())
@@ -745,9 +660,8 @@ class Fleet:
     def _files_scanned(self, event: FilesScanned, now: float, out: list[Action]) -> None:
         # A stop under way (a detach has finished already): they join only to be stopped,
         # so that a worker already running there is found and stopped, not left behind.
-        stopping = self._shutting_down
-        if self._startup_deadline_at is None:
-            self._startup_deadline_at = now + self._policy.startup_timeout_s
+        stopping = self._phase.stopping
+        self._phase = lifecycle.first_hosts_read(self._phase, now, self._policy.startup_timeout_s)
         # In the order they joined, which is the config's: hosts connect as listed.
         for name in [n for n in self._joining if n in event.hosts]:
             member = self._joining.pop(name)
@@ -769,7 +683,7 @@ class Fleet:
                 self._finish(out)
             return
         self._admit(now, out)
-        if not self._settled and not self._unsettled and not self._joining:
+        if not self._phase.settled and not self._unsettled and not self._joining:
             self._settle((), out)
 
     def _join(
@@ -784,7 +698,7 @@ class Fleet:
             self._watch, expected=self._watch.expected + (host.state in WANT_RUNNING_STATES)
         )
         self._members[name] = member
-        if not self._settled:
+        if not self._phase.settled:
             self._unsettled.add(name)
         added = name not in self._at_boot
         self._at_boot.discard(name)
@@ -819,9 +733,9 @@ class Fleet:
             out.append(Disconnect(host=name, machine=machine))
         else:
             out.append(Release(host=name, machine=machine))
-        if not self._shutting_down:
+        if not self._phase.stopping:
             self._admit(now, out)
-        if self._shutting_down and not self._stop_pending:
+        if self._phase.stopping and not self._stop_pending:
             self._finish(out)
 
     def _names_changed(self) -> None:
@@ -878,7 +792,7 @@ class Fleet:
         if name in self._joining:
             del self._joining[name]  # never connected: nothing to stop
             self._names_changed()
-            if self._shutting_down:  # a stop waited for it to join: no longer
+            if self._phase.stopping:  # a stop waited for it to join: no longer
                 self._stop_pending.discard(name)
                 if not self._stop_pending:
                     self._finish(out)
@@ -895,7 +809,7 @@ class Fleet:
 
     def _refuse(self, name: str | None, token: int, out: list[Action]) -> bool:
         """Refuse a command while stopping, or for a host that is not a member (or leaves)."""
-        if self._shutting_down:
+        if self._phase.stopping:
             message = "the daemon is stopping"
             out.append(Reply(token=token, refusal=Refusal.SHUTTING_DOWN, message=message))
             return True
@@ -997,7 +911,7 @@ class Fleet:
     # --- start-up and shutdown -----------------------------------------------------------------
 
     def _settle(self, slow: tuple[str, ...], out: list[Action]) -> None:
-        self._settled = True
+        self._phase = replace(self._phase, settled=True)
         self._unsettled.clear()
         out.append(Settled(slow=slow))
 
@@ -1006,16 +920,16 @@ class Fleet:
         return self._policy.detach_on_exit if event.detach is None else event.detach
 
     def _shutdown(self, detach: bool, now: float, out: list[Action]) -> None:
-        if self._shutting_down:
+        if self._phase.stopping:
             return
-        if not self._settled:
+        if not self._phase.settled:
             self._settle(tuple(sorted(self._unsettled | self._joining.keys())), out)
-        self._shutting_down = True
+        timeout_s = None if detach else self._policy.shutdown_timeout_s
+        self._phase = lifecycle.stopping(self._phase, now, timeout_s)
         out.append(ShutdownBegan(detach=detach))
         if detach:
             self._finish(out, detached=True)  # workers keep running; the next daemon adopts them
             return
-        self._shutdown_deadline_at = now + self._policy.shutdown_timeout_s
         # Hosts whose files are being read join once they are, only to be stopped.
         self._stop_pending = set(self._hosts) | set(self._joining)
         for name in list(self._hosts):
@@ -1035,9 +949,9 @@ class Fleet:
         return not host.ssh_up and host.op is None and name in self._connect_seen
 
     def _finish(self, out: list[Action], *, detached: bool = False) -> None:
-        if self._finished:
+        if self._phase.finished:
             return
-        self._finished = True
+        self._phase = replace(self._phase, finished=True)
         self._joining.clear()
         if detached:
             out.append(ShutdownDone())
@@ -1163,16 +1077,15 @@ class Fleet:
             self._grant(now, out)
         if self._pointer.retry_at is not None and now >= self._pointer.retry_at:
             self._pointer_due = True
-        deadline = self._startup_deadline_at
-        if not self._settled and deadline is not None and now >= deadline:
+        if lifecycle.startup_overdue(self._phase, now):
             self._settle(tuple(sorted(self._unsettled | self._joining.keys())), out)
-        if self._shutdown_deadline_at is not None and now >= self._shutdown_deadline_at:
+        if lifecycle.shutdown_overdue(self._phase, now):
             self._finish(out)
         if self._seating.kill_retry_at:
             self._seating, said = failover.retry_kills(
                 self._seating,
                 now=now,
-                shutting_down=self._shutting_down,
+                shutting_down=self._phase.stopping,
                 health_policy=self._health,
             )
             self._tell(said, now, out)
@@ -1208,6 +1121,64 @@ class Fleet:
             out.append(Launch(host=name, machine=machine, shard=self._members[name].shard))
         if self._budget.waiting:
             out.append(LaunchesWaiting(waiting=len(self._budget.waiting)))
+
+
+def fleet_action(name: str, machine: str, shard: int, host: Host, action: health.Action) -> Action:
+    """The fleet's action for what ``name``'s core said: where it is done (the machine
+    serving its shard) and what the shell needs to do it."""
+    match action:
+        case health.StateChanged():
+            return HostStateChanged(
+                host=name,
+                from_=action.from_,
+                to=action.to,
+                reason=action.reason,
+                pid=host.pid if host.pid is not None else host.last_pid,
+                cause=host.cause_code if action.to in health.UNHEALTHY_STATES else None,
+                evidence=action.evidence,
+                fault=action.fault,
+            )
+        case health.Launch():
+            return LaunchAsked(
+                host=name,
+                reason=action.reason,
+                is_restart=action.is_restart,
+                cause=action.cause,
+                planned=action.planned,
+            )
+        case health.Terminate():
+            return Terminate(
+                host=name,
+                machine=machine,
+                shard=shard,
+                pid=action.pid,
+                grace_s=action.grace_s,
+                kill=action.kill,
+                collect_evidence=action.collect_evidence,
+            )
+        case health.Quarantine():
+            return Quarantine(host=name, shard=shard, count=action.count)
+        case health.Watch():
+            return Watch(
+                host=name,
+                machine=machine,
+                shard=shard,
+                pid=action.pid,
+                start_time=action.start_time,
+            )
+        case health.ReportProbe():
+            return ProbeReported(host=name, report=action)
+        case health.Probe():
+            return Probe(host=name, machine=machine, shard=shard, pid=action.pid)
+        case health.RecheckStatus():
+            older = action.tasks_older_than_s
+            return RecheckStatus(host=name, shard=shard, tasks_older_than_s=older)
+        case health.SendRewardProbe():
+            return SendRewardProbe(
+                host=name, shard=shard, pid=action.pid, task=action.task, timeout_s=action.timeout_s
+            )
+        case _:
+            assert_never(action)
 
 
 def _drain_refused(refusal: Refusal) -> str:

@@ -606,10 +606,7 @@ class Watch:
 class ReportProbe:
     """Tell people what a reward probe found (logged, counted by its failure code)."""
 
-    pid: int
-    status: str | None
-    score: float | None
-    round_trip_s: float
+    answer: RewardProbeAnswered
     #: Why it failed (None: it scored, or waited behind the worker's backlog), and the words.
     cause: Cause | None
     error: str | None
@@ -1549,10 +1546,7 @@ def _report_probe(event: RewardProbeAnswered, host: Host, policy: Policy) -> Rep
     and words, or none (it scored, or it waited behind the worker's backlog: busy)."""
     verdict = None if host.last_probe_busy else probe_verdict(event, policy)
     return ReportProbe(
-        pid=event.pid,
-        status=event.status,
-        score=event.score,
-        round_trip_s=event.round_trip_s,
+        answer=event,
         cause=None if verdict is None else verdict[0],
         error=None if verdict is None else verdict[1],
         busy=host.last_probe_busy,

@@ -207,25 +207,26 @@ class Presenter:
     def probe_reported(self, action: vocabulary.ProbeReported) -> None:
         """``host.reward_probe``: what a reward probe found, as the core judged it; its round
         trip observed and a failure counted by its cause."""
+        report, answer, host = action.report, action.report.answer, action.host
         fields: dict[str, Any] = {
-            "host": action.host,
-            "pid": action.pid,
-            "status": action.status,
-            "score": action.score,
-            "round_trip_s": round(action.round_trip_s, 4),
+            "host": host,
+            "pid": answer.pid,
+            "status": answer.status,
+            "score": answer.score,
+            "round_trip_s": round(answer.round_trip_s, 4),
         }
-        if action.busy:
+        if report.busy:
             fields["busy"] = True  # unanswered behind the worker's backlog: not counted
-        cause = None if action.cause is None else action.cause.value
+        cause = None if report.cause is None else report.cause.value
         if cause is not None:
-            log.warning("host.reward_probe", cause=cause, error=action.error, **fields)
+            log.warning("host.reward_probe", cause=cause, error=report.error, **fields)
         else:
             log.info("host.reward_probe", **fields)
         if self._metrics is not None:
-            if action.status is not None:  # an unanswered probe has no round trip
-                self._metrics.probe_seconds.labels(host=action.host).observe(action.round_trip_s)
+            if answer.status is not None:  # an unanswered probe has no round trip
+                self._metrics.probe_seconds.labels(host=host).observe(answer.round_trip_s)
             if cause is not None:
-                self._metrics.probe_failures.labels(host=action.host, cause=cause).inc()
+                self._metrics.probe_failures.labels(host=host, cause=cause).inc()
 
     def settled(self, action: vocabulary.Settled) -> None:
         """Start-up is over: READY for systemd, ``daemon.ready`` in the journal."""

@@ -385,16 +385,10 @@ class Quarantine:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeReported:
-    """What ``host``'s reward probe found (``health.ReportProbe``): logged and counted."""
+    """What ``host``'s reward probe found, as its core judged it: logged and counted."""
 
     host: str
-    pid: int
-    status: str | None
-    score: float | None
-    round_trip_s: float
-    cause: health.Cause | None
-    error: str | None
-    busy: bool = False
+    report: health.ReportProbe
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,15 @@ import supervisor.leadership
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
 #: The fleet's sub-cores and their vocabulary: the fleet core is a coordinator of these.
-SUB_CORES = ("vocabulary", "failover", "signatures", "freeze", "budget", "pointer")
+SUB_CORES = (
+    "vocabulary",
+    "failover",
+    "signatures",
+    "freeze",
+    "budget",
+    "pointer",
+    "lifecycle",
+)
 #: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
 #: the per-host core it drives and its sub-cores.
 FLEET_ALLOWED = (

@@ -189,10 +189,7 @@ def test_every_answer_to_a_probe_in_flight_is_reported_once_with_the_core_s_verd
     verdict = h.probe_verdict(event, POLICY)
     assert reports == [
         h.ReportProbe(
-            pid=event.pid,
-            status=event.status,
-            score=event.score,
-            round_trip_s=event.round_trip_s,
+            answer=event,
             cause=None if verdict is None else verdict[0],
             error=None if verdict is None else verdict[1],
             busy=False,

@@ -71,6 +71,7 @@ CORE_MODULES = (
     "freeze",
     "budget",
     "pointer",
+    "lifecycle",
 )
 #: The config tables that choose behaviour (the others are I/O settings: hosts, ssh, control,
 #: metrics, watch, the worker's argv).
