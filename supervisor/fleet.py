@@ -515,6 +515,9 @@ class Fleet:
             # Decided before the exit is applied: a held host must not restart at once.
             self._crashed(name, event, now, out)
         elif isinstance(event, health.RewardProbeAnswered):
+            report = health.probe_report(self._hosts[name], event, self._health)
+            if report is not None:  # said first: what it leads to follows
+                out.append(ProbeReported(host=name, report=report))
             self._probe_failed(name, event, now, out)
         elif kind is health.Relocated:
             # Its launch, waiting or in flight, was for the machine it leaves.
@@ -1166,8 +1169,6 @@ def fleet_action(name: str, machine: str, shard: int, host: Host, action: health
                 pid=action.pid,
                 start_time=action.start_time,
             )
-        case health.ReportProbe():
-            return ProbeReported(host=name, report=action)
         case health.Probe():
             return Probe(host=name, machine=machine, shard=shard, pid=action.pid)
         case health.RecheckStatus():

@@ -603,8 +603,8 @@ class Watch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReportProbe:
-    """Tell people what a reward probe found (logged, counted by its failure code)."""
+class ProbeReport:
+    """What a reward probe found, as the core judged it (``probe_report``): for people."""
 
     answer: RewardProbeAnswered
     #: Why it failed (None: it scored, or waited behind the worker's backlog), and the words.
@@ -619,15 +619,7 @@ class ReportProbe:
 RECHECK_TIMEOUT_S: Final = 2.0
 
 Action = (
-    Launch
-    | Terminate
-    | Probe
-    | StateChanged
-    | RecheckStatus
-    | SendRewardProbe
-    | Quarantine
-    | Watch
-    | ReportProbe
+    Launch | Terminate | Probe | StateChanged | RecheckStatus | SendRewardProbe | Quarantine | Watch
 )
 
 # --------------------------------------------------------------------------------------
@@ -911,10 +903,7 @@ def _step_in_full(
     changes: list[Action] = []
     state = host.state
     before_recheck_at = host.recheck_at
-    asked = type(event) is RewardProbeAnswered and host.probe_at is not None
     host, applies = _observe(host, event, now, policy)
-    if asked:
-        changes.append(_report_probe(cast(RewardProbeAnswered, event), host, policy))
     handler = TRANSITIONS.get((host.state, type(event))) if applies else None
     if handler is not None:
         host = handler(host, event, now, policy)
@@ -1541,15 +1530,19 @@ def _probe_due(host: Host, policy: Policy) -> tuple[float, int] | None:
     return host.probe_next_at, pid
 
 
-def _report_probe(event: RewardProbeAnswered, host: Host, policy: Policy) -> ReportProbe:
-    """What the answer was judged to be (``host`` has recorded it): a failure with its code
-    and words, or none (it scored, or it waited behind the worker's backlog: busy)."""
-    verdict = None if host.last_probe_busy else probe_verdict(event, policy)
-    return ReportProbe(
+def probe_report(host: Host, event: RewardProbeAnswered, policy: Policy) -> ProbeReport | None:
+    """What an answer to ``host``'s probe in flight is judged to be, for people: a failure
+    with its code and words, or none (it scored, or it waited behind the worker's backlog:
+    busy). None for an answer nobody asked for. The one judgement ``step`` acts on too."""
+    if host.probe_at is None:
+        return None
+    busy = _waited_behind_work(host, event, host.probe_at)
+    verdict = None if busy else probe_verdict(event, policy)
+    return ProbeReport(
         answer=event,
         cause=None if verdict is None else verdict[0],
         error=None if verdict is None else verdict[1],
-        busy=host.last_probe_busy,
+        busy=busy,
     )
 
 

@@ -388,7 +388,7 @@ class ProbeReported:
     """What ``host``'s reward probe found, as its core judged it: logged and counted."""
 
     host: str
-    report: health.ReportProbe
+    report: health.ProbeReport
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -100,6 +100,7 @@ async def test_metrics_agree_with_status(daemon: tuple[DaemonProcess, int]) -> N
 #: sample: alert rules are written against these names.
 METRIC_FAMILIES = {
     "reward_supervisor_restarts_total": "counter",
+    "reward_supervisor_planned_restarts_total": "counter",
     "reward_supervisor_reloads_total": "counter",
     "reward_supervisor_launch_seconds": "histogram",
     "reward_supervisor_terminate_seconds": "histogram",

@@ -168,8 +168,7 @@ def test_probe_answer(name: str, answer: str) -> None:
     """The answer moves the scenario's host to the expected state, actions and cause."""
     scenario = SCENARIOS[name]
     host, actions = h.step(scenario.host, ANSWERS[answer], scenario.now + 0.5, POLICY)
-    said = (h.StateChanged, h.ReportProbe)
-    remote = tuple(type(a).__name__ for a in actions if not isinstance(a, said))
+    remote = tuple(type(a).__name__ for a in actions if not isinstance(a, h.StateChanged))
     state, expected_actions, cause = EXPECTED[name][answer]
     assert (host.state, remote, host.cause_code) == (state, expected_actions, cause)
     assert host.probe_at is None
@@ -179,31 +178,29 @@ def test_probe_answer(name: str, answer: str) -> None:
 def test_every_answer_to_a_probe_in_flight_is_reported_once_with_the_core_s_verdict(
     answer: str,
 ) -> None:
-    """What a probe found is said once, judged by the core: its failure code and words
-    (None when it scored), whichever worker the answer names; the presenter judges nothing."""
+    """What a probe found is judged by the core once: its failure code and words (None when
+    it scored), whichever worker the answer names; the presenter judges nothing."""
     scenario = SCENARIOS["ready:probe in flight"]
     event = ANSWERS[answer]
-    assert isinstance(event, h.RewardProbeAnswered)
-    _, actions = h.step(scenario.host, event, scenario.now + 0.5, POLICY)
-    reports = [a for a in actions if isinstance(a, h.ReportProbe)]
+    report = h.probe_report(scenario.host, event, POLICY)
     verdict = h.probe_verdict(event, POLICY)
-    assert reports == [
-        h.ReportProbe(
+    assert [report] == [
+        h.ProbeReport(
             answer=event,
             cause=None if verdict is None else verdict[0],
             error=None if verdict is None else verdict[1],
             busy=False,
         )
     ]
-    assert (reports[0].cause is None) == (answer in ("scored", "older-worker"))
+    assert report is not None
+    assert (report.cause is None) == (answer in ("scored", "older-worker"))
 
 
 def test_an_answer_nobody_asked_for_is_not_reported() -> None:
     """A probe answer with no probe in flight is not trusted, and not reported."""
     ready = SCENARIOS["ready:probe in flight"].host
     idle = replace(ready, probe_at=None)
-    _, actions = h.step(idle, ANSWERS["scored"], 100.0, POLICY)
-    assert not [a for a in actions if isinstance(a, h.ReportProbe)]
+    assert h.probe_report(idle, ANSWERS["scored"], POLICY) is None
 
 
 def test_a_new_worker_is_probed_at_its_first_heartbeat_and_waits_for_the_score() -> None:
@@ -296,10 +293,10 @@ def test_an_unanswered_probe_behind_tasks_the_worker_finishes_is_busy_not_broken
     working = replace(probing.host, progress_at=sent_at + 1.0)
     silence = ANSWERS["unanswered"]
     assert h.probe_failure(working, silence, POLICY) is None
+    report = h.probe_report(working, silence, POLICY)
+    assert report is not None and report.busy and report.cause is None
     host, actions = h.step(working, silence, sent_at + 4.0, POLICY)
-    [report] = actions
-    assert isinstance(report, h.ReportProbe) and report.busy and report.cause is None
-    assert host.state is S.READY
+    assert host.state is S.READY and actions == []
     assert host.last_probe_busy and "not counted" in (host.last_probe or "")
     idle = replace(probing.host, progress_at=sent_at - 1.0)
     assert h.probe_failure(idle, silence, POLICY) is not None

@@ -145,8 +145,6 @@ class FleetOfOne(RuleBasedStateMachine):
                 case h.Watch():
                     # Only of the worker the core knows, with nothing in flight.
                     assert action.pid == host.pid and host.op is None
-                case h.ReportProbe():
-                    assert isinstance(event, h.RewardProbeAnswered)
                 case h.SendRewardProbe():
                     # One probe at a time per host, only with probes on, only to its worker.
                     assert self.probe is None and self.policy.probe_interval_s > 0
