@@ -4,8 +4,8 @@ per host and fleet-wide; a healthy fleet and the trainer's calls are not disturb
 probe file outlives the daemon, even a SIGKILLed one.
 
 Each scenario runs on two stacks (``stack``): ``real``, areal-fs's worker and client
-(skipped, with its reason, where areal-fs is absent), and ``reference``, the reference worker
-(``python -m supervisor.demo.worker``) and ``tests.areal.ContractClient``.
+(skipped, named, where areal-fs is absent: ``tests/shared.py``), and ``reference``, the
+reference worker (``python -m supervisor.demo.worker``) and ``tests.areal.ContractClient``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from supervisor import config as config_mod
 from supervisor import control, view
 from supervisor.probes import is_probe_file
 from tests import areal as A
+from tests import shared
 from tests.faults.harness import READY_S, FaultRun, events, host_row, wait_event
 from tests.system.daemonproc import all_ready
 
@@ -53,12 +54,9 @@ class Stack:
 
 @pytest.fixture(params=["real", "reference"])
 def stack(request: pytest.FixtureRequest) -> Stack:
-    """The stack of this run: ``real`` skips where areal-fs is absent."""
+    """The stack of this run: ``real`` skips, named, where areal-fs is absent."""
     if request.param == "real":
-        areal = A.areal_dir()
-        if areal is None:
-            pytest.skip(A.areal_missing_reason())
-        return Stack("real", areal)
+        return Stack("real", shared.require(shared.AREAL))
     return Stack("reference", None)
 
 
