@@ -132,7 +132,7 @@ class SharedFilesAbsent(pytest.skip.Exception):  # type: ignore[name-defined,mis
     """The skip of a test whose shared files are truly absent: the one skip strict mode takes."""
 
     def __init__(self, absent: Absent) -> None:
-        super().__init__(f"SHARED FILES ABSENT: {absent.reason}")
+        super().__init__(absent.reason)
         #: The name of the missing set (``seed``, ``areal-fs``).
         self.name = absent.files.name
 

@@ -78,7 +78,7 @@ def test_truly_absent_files_skip_naming_what_is_missing_and_how_to_provide_it(
         assert isinstance(raised.value, pytest.skip.Exception)
         assert raised.value.name == files.name
         message = str(raised.value)
-        assert message.startswith("SHARED FILES ABSENT: " + files.what), message
+        assert message.startswith(files.what + " not found: "), message
         assert f"{files.default} does not exist" in message
         assert f"../shared/{files.name} beside the checkout" in message
         assert f"${files.env}" in message
@@ -222,7 +222,7 @@ def test_under_pytest_present_files_run_and_nothing_is_said(tmp_path: Path) -> N
     code, out, appended = run_suite(tmp_path, strict=True)
     assert code == 0, out
     assert "3 passed" in out, out
-    assert "SHARED FILES" not in out and "shared files absent" not in out, out
+    assert "SharedFilesAbsent" not in out and "shared files absent" not in out, out
     assert appended == ""
 
 
@@ -233,7 +233,7 @@ def test_under_pytest_absent_files_skip_by_name_and_are_counted_loudly(tmp_path:
     code, out, appended = run_suite(tmp_path, strict=True)
     assert code == 0, out
     assert "1 passed, 2 skipped" in out, out
-    assert "SHARED FILES ABSENT: the old script reward_workers_ctl.py" in out, out
+    assert "SharedFilesAbsent: the old script reward_workers_ctl.py" in out, out
     for name in ("test_needs", "test_needs_too"):
         assert f"SKIPPED test_suite.py::{name}: no seed" in out, out
     line = f"2 tests SKIPPED on Python {sys.version_info[0]}.{sys.version_info[1]}"
