@@ -88,11 +88,16 @@ class SharedFiles:
         if main is not None and self.main is not None:
             wanted[self.main] = main
         missing = [name for name, path in wanted.items() if not path.is_file()]
-        if not directory.is_dir() or missing:
-            lacks = (
-                "is not a directory" if not directory.is_dir() else f"lacks {', '.join(missing)}"
-            )
-            return Broken(self, f"{self.what} are broken: {where} {lacks}; {self.how()}")
+        if not directory.exists():
+            wrong = "does not exist"
+        elif not directory.is_dir():
+            wrong = "is not a directory"
+        elif missing:
+            wrong = f"lacks {', '.join(missing)}"
+        else:
+            wrong = ""
+        if wrong:
+            return Broken(self, f"{self.what} are broken: {where} {wrong}; {self.how()}")
         # Absolute (a test may change directory); a main file named by the variable is kept
         # as named, not resolved: its siblings were looked for beside that name.
         if main is not None:

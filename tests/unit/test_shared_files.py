@@ -89,10 +89,10 @@ def test_truly_absent_files_skip_naming_what_is_missing_and_how_to_provide_it(
     [
         ("the seed without its patch", PATCH),
         ("an empty areal-fs", FS_CLIENT),
-        ("a variable naming nothing", "is not a directory"),
+        ("a variable naming nothing", "nowhere does not exist"),
         ("a variable naming a file that is not the seed's", "is not a directory"),
         ("the seed named by a variable without its patch", PATCH),
-        ("a dangling symlink at ../shared/seed", "is not a directory"),
+        ("a dangling symlink at ../shared/seed", "seed does not exist"),
     ],
 )
 def test_present_but_broken_files_fail_and_never_skip(
