@@ -168,6 +168,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     run must not hide them. With ``$REWARD_SUPERVISOR_SHARED_REPORT`` (set by ./dev test), the
     count is appended to that file too, for ./dev to repeat at the very end of its run. Nothing
     at all when none was skipped so."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return  # a pytest-xdist worker: its controller has every report and counts them once
     absent = absent_shared_skips(terminalreporter.stats.get("skipped", []))
     if not absent:
         return

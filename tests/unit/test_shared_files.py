@@ -182,9 +182,12 @@ SUITE = textwrap.dedent(
 )
 
 
-def run_suite(tmp_path: Path, *, strict: bool, other_skip: bool = False) -> tuple[int, str, str]:
-    """Run ``SUITE`` in ``tmp_path`` (strict mode or not); its exit code, its output, and what
-    it appended to ``$REWARD_SUPERVISOR_SHARED_REPORT``."""
+def run_suite(
+    tmp_path: Path, *, strict: bool, other_skip: bool = False, workers: int = 0
+) -> tuple[int, str, str]:
+    """Run ``SUITE`` in ``tmp_path`` (strict mode or not; with pytest-xdist ``workers``, if
+    any); its exit code, its output, and what it appended to
+    ``$REWARD_SUPERVISOR_SHARED_REPORT``."""
     suite = tmp_path / "suite"
     suite.mkdir(exist_ok=True)
     (suite / "pytest.ini").write_text("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
@@ -203,7 +206,10 @@ def run_suite(tmp_path: Path, *, strict: bool, other_skip: bool = False) -> tupl
         }
     )
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs"],
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs"),
+            *(("-n", str(workers)) if workers else ("-p", "no:xdist")),
+        ],
         cwd=suite,
         env=env,
         capture_output=True,
@@ -257,3 +263,15 @@ def test_under_pytest_broken_files_and_other_skips_fail_in_strict_mode(tmp_path:
     assert code == 1, out
     assert "skipped in strict mode (CI installs everything)" in out, out
     assert "1 failed, 2 passed" in out, out
+
+
+def test_under_pytest_xdist_the_skips_are_counted_once_by_the_controller(tmp_path: Path) -> None:
+    """With two pytest-xdist workers, whichever runs the tests that need the seed: the run's
+    end names both, and the report file gets one line counting two, from the controller, not
+    one more from each worker that skipped one."""
+    code, out, appended = run_suite(tmp_path, strict=True, workers=2)
+    assert code == 0, out
+    for name in ("test_needs", "test_needs_too"):
+        assert f"SKIPPED test_suite.py::{name}: no seed" in out, out
+    assert len(appended.splitlines()) == 1, appended
+    assert appended.startswith("2 tests SKIPPED on Python"), appended
