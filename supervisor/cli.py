@@ -9,7 +9,8 @@ With ``--json`` a command prints one JSON object on stdout, ``{"ok": true, ...}`
 ``wait-ready`` print one a line).
 
 A command imports what it needs when it runs: one that only reads a config and asks the
-daemon imports no core, no SSH and no logging (``tests/unit/test_cli_imports.py``).
+daemon imports no core, no SSH, no logging and no event loop
+(``tests/unit/test_cli_imports.py``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,27 @@
 """The control socket's client: one request and its reply, or the event stream; and the
-wire format both ends speak (one JSON object a line). No server and no logging here, so
-that a command that only asks the daemon imports neither (``control.py`` is the server).
+wire format both ends speak (one JSON object a line). No server and no logging here, and
+``request_sync`` (the CLI's) no event loop either: asyncio is imported by the asyncio calls
+alone, so that a command that only asks the daemon imports none of them (``control.py`` is
+the server).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
+import socket
 import stat
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from supervisor.errors import ControlError, DaemonNotRunning
 from supervisor.refusals import Refusal
+
+if TYPE_CHECKING:
+    import asyncio
 
 # A `status` reply grows with the fleet (about 200 bytes a host); the client's cap only guards
 # against a runaway peer, not a big fleet.
@@ -37,8 +43,10 @@ async def request(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any)
 
     Raises DaemonNotRunning (no socket, or a stale one), or ControlError naming the socket and
     the reason: a socket we may not use, no reply within ``timeout_s``, or the daemon's own
-    error message.
+    error message, with its code.
     """
+    import asyncio
+
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await _connect(path)
@@ -65,8 +73,52 @@ def find_socket(candidates: Sequence[Path], default: Path) -> Path:
 
 
 def request_sync(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> dict[str, Any]:
-    """``request`` for synchronous callers (the CLI); not for use inside a running loop."""
-    return asyncio.run(request(path, cmd, timeout_s=timeout_s, **args))
+    """``request`` for synchronous callers (the CLI) over a blocking socket: the same checks,
+    wire and errors, and no event loop to import and start. It blocks: not for a loop."""
+    deadline = time.monotonic() + timeout_s
+    late = f"no reply from the daemon at {path} within {timeout_s:g}s"
+    _check_socket(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+        except TimeoutError:
+            raise _no_reply(late) from None
+        except OSError as exc:
+            raise _connect_failed(path, exc) from None
+        try:
+            sock.sendall(encode_line({"cmd": cmd, **args}))
+        except TimeoutError:
+            raise _no_reply(late) from None
+        except ConnectionError:
+            pass  # the daemon may have answered and hung up already (it refused us): read why
+        except OSError as exc:
+            raise _send_failed(path, exc) from None
+        line = _read_line_sync(path, sock, deadline, late)
+    if line is None:
+        raise _no_reply(f"the daemon at {path} closed the connection without replying")
+    return _unwrap(path, line)
+
+
+def _read_line_sync(path: Path, sock: socket.socket, deadline: float, late: str) -> bytes | None:
+    """One reply line by ``deadline``, or None at a clean end of stream."""
+    data = bytearray()
+    while True:
+        sock.settimeout(max(0.0, deadline - time.monotonic()) or 1e-6)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            raise _no_reply(late) from None
+        except OSError as exc:
+            raise _no_reply(f"connection to the daemon at {path} broke: {exc}") from None
+        if not chunk:
+            return bytes(data) if data.strip() else None
+        end = chunk.find(b"\n")
+        if end >= 0:
+            return bytes(data + chunk[: end + 1])
+        data += chunk
+        if len(data) > MAX_REPLY_BYTES:
+            raise _too_long(path)
 
 
 async def follow_events(
@@ -80,6 +132,8 @@ async def follow_events(
     event is missed.
     Raises ControlError as ``request`` does, and if the stream breaks.
     """
+    import asyncio
+
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await _connect(path)
@@ -104,12 +158,12 @@ async def follow_events(
         await _close_quietly(writer)
 
 
-async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    no_socket = f"daemon not running? no socket at {path}"
+def _check_socket(path: Path) -> None:
+    """Refuse a path that is not a socket we may trust with a command (before connecting)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise DaemonNotRunning(no_socket) from None
+        raise DaemonNotRunning(f"daemon not running? no socket at {path}") from None
     except PermissionError:
         raise _unreachable(
             f"permission denied: cannot reach {path}; the socket is not ours"
@@ -126,19 +180,44 @@ async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
             f"socket {path} is owned by uid {st.st_uid}, not by us (uid {euid}) or root;"
             " refusing to talk to it"
         )
-    try:
-        return await asyncio.open_unix_connection(path, limit=MAX_REPLY_BYTES)
-    except FileNotFoundError:
-        raise DaemonNotRunning(no_socket) from None
-    except ConnectionRefusedError:
-        raise DaemonNotRunning(f"daemon not running (stale socket {path})") from None
-    except PermissionError:
-        raise _unreachable(
+
+
+def _connect_failed(path: Path, exc: OSError) -> ControlError:
+    """What a failed connect to ``path`` means for the caller."""
+    if isinstance(exc, FileNotFoundError):
+        return DaemonNotRunning(f"daemon not running? no socket at {path}")
+    if isinstance(exc, ConnectionRefusedError):
+        return DaemonNotRunning(f"daemon not running (stale socket {path})")
+    if isinstance(exc, PermissionError):
+        return _unreachable(
             f"permission denied connecting to {path}; the socket is not ours"
             " (run as the daemon's user or root)"
-        ) from None
+        )
+    return _unreachable(f"cannot connect to {path}: {exc.strerror or exc}")
+
+
+def _send_failed(path: Path, exc: OSError) -> ControlError:
+    # ENOTCONN: a daemon whose accept queue is full refuses a unix connect with EAGAIN,
+    # which asyncio's connect takes for "in progress" and then for success.
+    return _unreachable(
+        f"cannot send to the daemon at {path}: {exc.strerror or exc} (is it accepting connections?)"
+    )
+
+
+def _too_long(path: Path) -> ControlError:
+    return ControlError(
+        f"the daemon at {path} sent a line over {MAX_REPLY_BYTES} bytes", code=Refusal.BAD_REPLY
+    )
+
+
+async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    import asyncio
+
+    _check_socket(path)
+    try:
+        return await asyncio.open_unix_connection(path, limit=MAX_REPLY_BYTES)
     except OSError as exc:
-        raise _unreachable(f"cannot connect to {path}: {exc.strerror or exc}") from None
+        raise _connect_failed(path, exc) from None
 
 
 async def _send_request(
@@ -150,25 +229,19 @@ async def _send_request(
     except ConnectionError:
         pass  # the daemon may have answered and hung up already (it refused us): read why
     except OSError as exc:
-        # ENOTCONN: a daemon whose accept queue is full refuses a unix connect with EAGAIN,
-        # which asyncio's connect takes for "in progress" and then for success.
-        raise _unreachable(
-            f"cannot send to the daemon at {path}: {exc.strerror or exc}"
-            " (is it accepting connections?)"
-        ) from None
+        raise _send_failed(path, exc) from None
 
 
 async def _read_line(path: Path, reader: asyncio.StreamReader) -> bytes | None:
     """One reply line, or None at a clean end of stream."""
+    import asyncio
+
     try:
         return await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:
         return exc.partial if exc.partial.strip() else None
     except asyncio.LimitOverrunError:
-        raise ControlError(
-            f"the daemon at {path} sent a line over {MAX_REPLY_BYTES} bytes",
-            code=Refusal.BAD_REPLY,
-        ) from None
+        raise _too_long(path) from None
     except OSError as exc:
         raise _no_reply(f"connection to the daemon at {path} broke: {exc}") from None
 

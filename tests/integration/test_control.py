@@ -776,6 +776,107 @@ async def test_request_sync_talks_to_the_daemon(server: ControlServer) -> None:
     assert reply == {"host": "worker-0", "state": "stale"}
 
 
+async def _outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
+    """What a client call came to: its reply, or its error's type, code and message."""
+    try:
+        return ("reply", await call())
+    except ControlError as exc:
+        return (type(exc).__name__, exc.code, str(exc))
+
+
+@pytest.fixture
+async def peer(sock_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Path]:
+    """A socket at ``sock_path`` whose peer behaves as the test's parameter says: ``silent``
+    (accepts, never answers), ``hangs up`` (closes at once), ``garbage`` (a line that is not
+    JSON), ``no newline`` (a reply, then EOF without its newline)."""
+    behaviour: str = request.param
+    sock_path.parent.mkdir(mode=0o700)
+    done = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read the request, then do as the parameter says."""
+        await reader.readline()
+        if behaviour == "silent":
+            await done.wait()
+        elif behaviour == "garbage":
+            writer.write(b"<html>\n")
+        elif behaviour == "no newline":
+            writer.write(b'{"ok": true, "pid": 7}')
+        writer.close()
+
+    server = await asyncio.start_unix_server(serve, path=str(sock_path))
+    try:
+        yield sock_path
+    finally:
+        done.set()
+        server.close()
+
+
+def _sync(path: Path, cmd: str, **args: Any) -> Callable[[], Any]:
+    """The blocking client's call, run in a thread (the loop serves the other end)."""
+    return lambda: asyncio.to_thread(request_sync, path, cmd, timeout_s=0.5, **args)
+
+
+def _async(path: Path, cmd: str, **args: Any) -> Callable[[], Any]:
+    """The asyncio client's call."""
+    return lambda: request(path, cmd, timeout_s=0.5, **args)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "args"),
+    [("restart-host", {"host": "worker-0"}), ("restart-host", {"host": "worker-9"}), ("nope", {})],
+)
+async def test_the_blocking_client_answers_as_the_asyncio_one_from_a_daemon(
+    server: ControlServer, cmd: str, args: dict[str, Any]
+) -> None:
+    """``request_sync`` (the CLI's, a blocking socket) gets the same reply, or the same
+    refusal with the same code, as ``request``."""
+    sync = await _outcome(_sync(server.path, cmd, **args))
+    assert sync == await _outcome(_async(server.path, cmd, **args))
+    assert sync[0] == "reply" or sync[1] in (Refusal.UNKNOWN_HOST, Refusal.UNKNOWN_COMMAND)
+
+
+@pytest.mark.parametrize(
+    ("peer", "code"),
+    [
+        ("silent", Refusal.NO_REPLY),
+        ("hangs up", Refusal.NO_REPLY),
+        ("garbage", Refusal.BAD_REPLY),
+        ("no newline", None),
+    ],
+    indirect=["peer"],
+)
+async def test_the_blocking_client_fails_as_the_asyncio_one_on_a_broken_peer(
+    peer: Path, code: str | None
+) -> None:
+    """Against a peer that never answers, hangs up, sends garbage or a last line with no
+    newline, both clients come to the same outcome, by the same code."""
+    sync = await _outcome(_sync(peer, "ping"))
+    assert sync == await _outcome(_async(peer, "ping"))
+    if code is None:
+        assert sync == ("reply", {"pid": 7})
+    else:
+        assert sync[1] == code
+
+
+async def test_the_blocking_client_fails_as_the_asyncio_one_without_a_daemon(
+    sock_path: Path,
+) -> None:
+    """No socket, a stale one, a file that is not one: the same errors, by the same code."""
+    sock_path.parent.mkdir(mode=0o700)
+    found = [await _outcome(_sync(sock_path, "ping"))]
+    assert found[0] == await _outcome(_async(sock_path, "ping"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(str(sock_path))
+    found.append(await _outcome(_sync(sock_path, "ping")))
+    assert found[1] == await _outcome(_async(sock_path, "ping"))
+    sock_path.unlink()
+    sock_path.write_text("precious")
+    found.append(await _outcome(_sync(sock_path, "ping")))
+    assert found[2] == await _outcome(_async(sock_path, "ping"))
+    assert [f[1] for f in found] == [Refusal.NO_DAEMON, Refusal.NO_DAEMON, Refusal.UNREACHABLE]
+
+
 # --- events -----------------------------------------------------------------------------
 
 

@@ -5,17 +5,33 @@ failure) and the exit status the code maps to. Asserted by code, never by wordin
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
-from supervisor import cli
+from supervisor import cli, logs
 from supervisor.refusals import Refusal
 from tests.canned import CannedDaemon, config_with_socket
 
 Capsys = pytest.CaptureFixture[str]
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A command run here may set up the logs (to stderr, at warning): put structlog and
+    the root logger back afterwards, for the tests that capture logs after these."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    logs.stop_background()
+    structlog.reset_defaults()
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def run(argv: list[str], capsys: Capsys) -> tuple[int, Any]:

@@ -289,4 +289,4 @@ def test_the_table_says_which_machine_serves_a_moved_host_and_what_the_spares_do
 def test_the_terminal_knows_the_states_in_the_cores_order() -> None:
     """``render.STATE_ORDER`` (kept apart so that rendering imports no core) is the host
     core's states in its order, so a summary lists a new state where the core puts it."""
-    assert render.STATE_ORDER == tuple(s.value for s in HostState)
+    assert tuple(s.value for s in HostState) == render.STATE_ORDER
