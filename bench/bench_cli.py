@@ -26,6 +26,7 @@ three cores' import spent making their dataclasses. Writes the report to ``--out
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -42,7 +43,7 @@ if str(ROOT) not in sys.path:
 
 from bench.ab import Arm, imported_from, neutral_directory, on_pythonpath  # noqa: E402
 from bench.common import load_average, machine_facts, median, with_bytecode  # noqa: E402
-from tests.canned import CannedDaemon, config_with_socket  # noqa: E402
+from tests.canned import CannedDaemon  # noqa: E402
 
 #: Hosts in the config and in the canned status: a mid-sized fleet's table to render.
 HOSTS = 50
@@ -136,13 +137,37 @@ def canned_status() -> dict[str, Any]:
 
 
 def fleet_config(directory: Path, socket: Path) -> Path:
-    """The shipped example with ``HOSTS`` hosts, its socket at ``socket``."""
-    path = config_with_socket(directory, socket)
-    extra = "".join(
+    """A config of ``HOSTS`` hosts, its socket at ``socket``, in the keys every checkout
+    since cd67813 takes (a newer example's ``[trainer]`` is unknown to older ones)."""
+    quoted = {k: json.dumps(str(v)) for k, v in {"dir": directory, "socket": socket}.items()}
+    argv = ["{python}", "-m", "areal.reward.fs_worker", "--root", "{root}", "--shard", "{shard}"]
+    argv += ["--host", "{host}", "--concurrency", "{concurrency}"]
+    text = f"""
+[run]
+root = {json.dumps(str(directory / "run"))}
+experiment = "bench"
+trial = "cli"
+reward_fn = "areal.reward.gsm8k.gsm8k_reward_fn"
+cleanup_prefix = {quoted["dir"]}
+
+[worker]
+argv = {json.dumps(argv)}
+python = "/usr/bin/python3"
+
+[ssh]
+username = "reward"
+client_keys = [{json.dumps(str(directory / "id_ed25519"))}]
+known_hosts = {json.dumps(str(directory / "known_hosts"))}
+
+[control]
+socket = {quoted["socket"]}
+"""
+    text += "".join(
         f'\n[[hosts]]\nname = "worker-{i}"\naddress = "10.0.1.{i}"\nshard = {i}\n'
-        for i in range(2, HOSTS)
+        for i in range(HOSTS)
     )
-    path.write_text(path.read_text(encoding="utf-8") + extra, encoding="utf-8")
+    path = directory / "rs.toml"
+    path.write_text(text, encoding="utf-8")
     return path
 
 

@@ -134,7 +134,6 @@ _NO_LOGS: Final = frozenset(
         "unfreeze",
         "events",
         "wait-ready",
-        "check-config",
         "alert-rules",
         "dashboard",
     }
