@@ -69,13 +69,15 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Final, assert_never
 
 from supervisor import health
 from supervisor.health import WANT_RUNNING_STATES, Host, HostState
+from supervisor.policies import FleetPolicy as FleetPolicy
+from supervisor.policies import Member as Member
+from supervisor.refusals import Refusal as Refusal
 
 S = HostState
 
@@ -88,42 +90,6 @@ WAITING_REASON: Final = "shard busy"
 
 #: The budget counts launches over this sliding window (the per-minute limit).
 BUDGET_WINDOW_S: Final = 60.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FleetPolicy:
-    """``[fleet]`` settings and the fleet's own deadlines; ``config.py`` builds it."""
-
-    freeze_fraction: float = 0.5
-    freeze_window_s: float = 30.0
-    max_concurrent_launches: int = 16
-    max_launches_per_minute: int = 120
-    #: Start-up waits this long for every host to answer before READY=1 goes out anyway
-    #: (a host that cannot be reached must not hold the others back).
-    startup_timeout_s: float = 30.0
-    #: Shutdown gives up on hosts still stopping after this long.
-    shutdown_timeout_s: float = 75.0
-    #: A stop leaves the workers running (``run.on_exit = "detach"``) unless it says otherwise.
-    detach_on_exit: bool = False
-    #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
-    pointer_file: str | None = None
-    #: This many hosts crashing the same way within the window hold restarts (0: never).
-    crash_signature_hosts: int = 3
-    crash_signature_window_s: float = 300.0
-    #: ``[failover] after_s``: a machine down this long with its heartbeat this old is lost
-    #: and its shard moves to a spare (only with ``[[spares]]``).
-    failover_after_s: float = 11.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Member:
-    """A configured host as the fleet sees it: its name, shard and what shapes its worker."""
-
-    name: str
-    shard: int
-    #: Everything that shapes the worker (argv, env, python, address...): a reload that
-    #: changes it restarts the host.
-    launch_key: Hashable = ()
 
 
 # --------------------------------------------------------------------------------------
@@ -467,21 +433,6 @@ class DeleteStopSentinel:
 
     host: str
     token: int
-
-
-class Refusal(StrEnum):
-    """Why an operator command was refused (a code beside the message)."""
-
-    UNKNOWN_HOST = "unknown_host"
-    SENTINEL_HELD = "sentinel_held"
-    FILE_ERROR = "file_error"
-    SHUTTING_DOWN = "shutting_down"
-    #: drain: every spare serves a shard, is lost or still being cleaned.
-    NO_FREE_SPARE = "no_free_spare"
-    #: drain: the host serves no shard (a spare, lost, or drained already).
-    NOT_SERVING = "not_serving"
-    #: undrain: the host was not drained.
-    NOT_DRAINED = "not_drained"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

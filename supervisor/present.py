@@ -24,6 +24,7 @@ from supervisor.errors import ControlError
 from supervisor.links import Links
 from supervisor.metrics import Metrics, detail_on_loop, snapshot_on_loop
 from supervisor.notify import NotifierProtocol
+from supervisor.refusals import Refusal
 from supervisor.rundir import RunDirectory
 from supervisor.shell import Shell
 
@@ -416,7 +417,7 @@ class Presenter:
         core = self._core
         shown = core.shown(now).get(name)
         if shown is None:
-            raise ControlError(f"unknown host {name!r}")
+            raise ControlError(f"unknown host {name!r}", code=Refusal.UNKNOWN_HOST)
         cfg = self._links.cfg(name)
         detail = view.shown_row(
             shown, cfg, now, core.health_policy, detail=True, wall_now=time.time()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from supervisor import config as config_mod
-from supervisor import control, view
+from supervisor import control, render
 from supervisor.probes import is_probe_file
 from tests import areal as A
 from tests import shared
@@ -127,10 +127,10 @@ async def test_a_reward_fn_missing_on_every_host_is_held_with_the_error_shown(
         assert row["last_cause"] == "probe_failed", (name, row)
         assert "No module named" in row["last_probe"]["what"], (name, row)
     assert not [e for e in events(daemon, "host.state") if e.get("to") == "ready"]
-    assert "PROBE SIGNATURE" in view.render_table(status)
+    assert "PROBE SIGNATURE" in render.render_table(status)
     detail = await control.request(daemon.socket, "status", host="worker-0")
-    assert "last reward probe: reward probe failed:" in view.render_host(detail)
-    assert "No module named" in view.render_host(detail)
+    assert "last reward probe: reward probe failed:" in render.render_host(detail)
+    assert "No module named" in render.render_host(detail)
 
     fixed = probe_config(fault_run, stack, THRESHOLD, GOOD_PROBE)
     fault_run.write(fixed)

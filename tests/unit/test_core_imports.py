@@ -1,5 +1,6 @@
 """The cores stay pure: health.py, fleet.py and leadership.py import only a few stdlib
-modules, and fleet.py nothing of ours but health.py."""
+modules, and of ours only the leaf modules of plain values (policies.py, refusals.py: stdlib
+only themselves) and, for fleet.py, health.py."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ from pathlib import Path
 import supervisor.fleet
 import supervisor.health
 import supervisor.leadership
+import supervisor.policies
+import supervisor.refusals
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
+#: Plain values the cores share with the config and the CLI, defined apart so that reading a
+#: config or a refusal imports no core.
+LEAVES = {"supervisor.policies", "supervisor.refusals"}
+CORE_ALLOWED = ALLOWED | LEAVES
 #: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
 #: and the per-host core it drives.
-FLEET_ALLOWED = ALLOWED | {"heapq", "re", "supervisor", "supervisor.health"}
+FLEET_ALLOWED = CORE_ALLOWED | {"heapq", "re", "supervisor", "supervisor.health"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -31,7 +38,7 @@ def _imports(path: Path) -> set[str]:
 def test_health_imports_only_allowed_stdlib_modules() -> None:
     """No asyncio, time, os, logging, structlog or supervisor.* import sneaks into the core."""
     path = Path(supervisor.health.__file__)
-    assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
+    assert _imports(path) <= CORE_ALLOWED, _imports(path) - CORE_ALLOWED
 
 
 def test_fleet_imports_only_allowed_stdlib_modules_and_the_host_core() -> None:
@@ -44,7 +51,15 @@ def test_leadership_imports_only_allowed_stdlib_modules() -> None:
     """The leadership core has no clock, no I/O and nothing of ours: the shell takes the lock,
     reads the epoch and sleeps until its deadline."""
     path = Path(supervisor.leadership.__file__)
-    assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
+    assert _imports(path) <= CORE_ALLOWED, _imports(path) - CORE_ALLOWED
+
+
+def test_the_leaf_modules_the_cores_import_are_stdlib_only() -> None:
+    """policies.py and refusals.py, which the cores import, import nothing of ours and no
+    stdlib module a core may not: the cores stay pure through them."""
+    for module in (supervisor.policies, supervisor.refusals):
+        path = Path(module.__file__ or "")
+        assert _imports(path) <= ALLOWED, (path.name, _imports(path) - ALLOWED)
 
 
 def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:
