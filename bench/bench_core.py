@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.common import SCRATCH
 from supervisor import freeze as freezes
-from supervisor import health, view, vocabulary
+from supervisor import health, render, vocabulary
 from supervisor.statusfiles import parse_status, read_status
 
 POLICY = health.Policy(heartbeat_stale_s=60.0)
@@ -78,7 +78,7 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
         freezes.assess(freeze, fleet_hosts, now + 3, policy, silent_after_s, surveyed=surveyed)
 
     def summary(_i: int) -> None:
-        view.summary(h.state.value for h in fleet_hosts)
+        render.summary(h.state.value for h in fleet_hosts)
 
     def history(_i: int) -> None:
         _ = health.history_of(host) != health.history_of(host)
@@ -121,7 +121,7 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
             per_call(assess, 200),
             "per look (a state change that could freeze)",
         ),
-        (f"view.summary, {hosts} hosts", per_call(summary, 200), "per state change"),
+        (f"render.summary, {hosts} hosts", per_call(summary, 200), "per state change"),
     ]
     loop.close()
     return rows

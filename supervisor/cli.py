@@ -1,25 +1,35 @@
 """``reward-supervisor``: the command line (DESIGN §7). Parses arguments; the work is elsewhere.
 
-Exit codes: 0 success; 1 the operation failed; 2 bad usage or an invalid config;
-3 no daemon is running for this config (commands that need one).
+Exit statuses: 0 success; 1 the operation failed; 2 bad usage, an invalid config or an
+unknown host; 3 no daemon is running for this config (commands that need one). A failure
+has a code beside its message (``refusals.Refusal``, the daemon's and the client's, and
+``Failure``, the command line's own); the exit status follows from it (``exit_status``).
+With ``--json`` a command prints one JSON object on stdout, ``{"ok": true, ...}`` or
+``{"ok": false, "code": CODE, "error": MESSAGE, ...}`` (``events``, ``status --watch`` and
+``wait-ready`` print one a line).
+
+A command imports what it needs when it runs: one that only reads a config and asks the
+daemon imports no core, no SSH, no logging and no event loop
+(``tests/unit/test_cli_imports.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from supervisor import config as config_mod
-from supervisor.errors import ConfigError, ConfigProblem, ControlError, DaemonNotRunning
+from supervisor.errors import ConfigError, ConfigProblem, ControlError
+from supervisor.refusals import Refusal
 from supervisor.terminal import terminal_text
 
 CONFIG_ENV: Final = "REWARD_SUPERVISOR_CONFIG"
@@ -29,40 +39,144 @@ EXIT_USAGE: Final = 2
 EXIT_NO_DAEMON: Final = 3
 
 
-class CliError(Exception):
-    """A failure to report on stderr with an exit code (no traceback)."""
+class Failure(StrEnum):
+    """Why a command failed, as a code, where the daemon refused nothing (``Refusal`` is
+    what the daemon and the client say)."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    #: Bad arguments: an unknown option, a bad value, no config given, two given.
+    USAGE = "usage"
+    #: The config file does not validate.
+    INVALID_CONFIG = "invalid_config"
+    #: reload: the daemon found the edited file invalid and keeps its previous config.
+    RELOAD_REFUSED = "reload_refused"
+    #: wait-ready: the fleet was not all ready within ``--timeout``.
+    NOT_READY = "not_ready"
+    #: handover: no standby took the run lock within ``--timeout``.
+    NOT_TAKEN_OVER = "not_taken_over"
+    #: stop: the daemon did not exit within ``--timeout``.
+    TIMEOUT = "timeout"
+    #: preflight: a check failed on some host (``failures`` names each).
+    CHECKS_FAILED = "checks_failed"
+    #: cleanup: a safety check refused to delete the run directory.
+    CLEANUP_REFUSED = "cleanup_refused"
+
+
+#: The exit status of a failure, by its code; every other code exits ``EXIT_FAILED``.
+EXIT_STATUS: Final[Mapping[str, int]] = {
+    Failure.USAGE: EXIT_USAGE,
+    Failure.INVALID_CONFIG: EXIT_USAGE,
+    # The CLI finds an unknown host in the config; the daemon, in its own (a file edited and
+    # not reloaded): the same mistake, one status.
+    Refusal.UNKNOWN_HOST: EXIT_USAGE,
+    Refusal.NO_DAEMON: EXIT_NO_DAEMON,
+}
+
+
+def exit_status(code: str) -> int:
+    """The exit status of a failure with ``code``."""
+    return EXIT_STATUS.get(code, EXIT_FAILED)
+
+
+class CliError(Exception):
+    """A failure to report (no traceback): its message on stderr, with ``--json`` one JSON
+    object on stdout, and an exit status that follows from its code."""
+
+    def __init__(self, message: str, code: str = Refusal.FAILED, *, printed: bool = False) -> None:
         self.code = code
+        #: Its JSON line was printed already (``wait-ready``'s phases).
+        self.printed = printed
         super().__init__(message)
+
+    @property
+    def exit_status(self) -> int:
+        """The process's exit status for this failure."""
+        return exit_status(self.code)
+
+
+def failure_json(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A failure as ``--json`` prints it: ``{"ok": false, "code", "error", ...}``."""
+    return {**extra, "ok": False, "code": str(code), "error": message}
+
+
+class _BadUsage(SystemExit):
+    """argparse's usage error, with its message kept for ``--json``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_USAGE)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage error says what it was to ``main``."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and exit 2, as argparse does; ``main`` prints the message."""
+        self.print_usage(sys.stderr)
+        raise _BadUsage(f"{self.prog}: error: {message}")
+
+
+#: Commands that set up their own logs (run, demo, worker), and commands that log nothing:
+#: whatever they import, a path that can log (a file read from the run root, an SSH
+#: connection) sets up the logs first (``_logs_to_stderr``). Every other command's library
+#: log lines go to stderr from the start.
+_OWN_LOGS: Final = frozenset({"run", "demo", "worker"})
+_NO_LOGS: Final = frozenset(
+    {
+        "status",
+        "restart-host",
+        "stop-host",
+        "start-host",
+        "drain",
+        "undrain",
+        "reload",
+        "stop",
+        "handover",
+        "unfreeze",
+        "events",
+        "wait-ready",
+        "alert-rules",
+        "dashboard",
+    }
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``reward-supervisor`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _BadUsage as exc:
+        print(exc.message, file=sys.stderr)
+        if "--json" in argv:
+            print(json.dumps(failure_json(Failure.USAGE, exc.message)))
+        raise
     handler: Callable[[argparse.Namespace], int] = args.handler
-    # run, demo and worker configure their own logs; alert-rules and dashboard print a file
-    # and log nothing.
-    if args.command not in ("run", "demo", "worker", "alert-rules", "dashboard"):
-        # Stdout is the command's answer (often JSON for a script): library log lines, such
-        # as cleanup's SSH probe connecting, go to stderr, and only when they matter.
-        from supervisor import logs
-
-        logs.configure("auto", "warning", sys.stderr)
+    if args.command not in _OWN_LOGS | _NO_LOGS:
+        _logs_to_stderr()
     try:
         return handler(args)
     except CliError as exc:
         # A daemon's message may quote a host's text.
         print(f"reward-supervisor: {terminal_text(exc)}", file=sys.stderr)
-        return exc.code
+        if getattr(args, "json", False) and not exc.printed:
+            print(json.dumps(failure_json(exc.code, str(exc))), flush=True)
+        return exc.exit_status
     except KeyboardInterrupt:
         return 130
 
 
+def _logs_to_stderr() -> None:
+    """Library log lines (cleanup's SSH probe connecting, a bad file's warning) go to
+    stderr, and only when they matter: stdout is the command's answer, often JSON."""
+    from supervisor import logs
+
+    logs.configure("auto", "warning", sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="reward-supervisor",
         description="Keeps a fleet of file-sharded reward workers alive over persistent SSH.",
     )
@@ -524,7 +638,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         )
         return starter.run(request, say=lambda line: print(terminal_text(line)), confirm=confirm)
     except starter.StarterProblem as exc:
-        raise CliError(str(exc), exc.code) from None
+        # The starter says how it failed by an exit status: 2 bad usage, else 1.
+        raise CliError(
+            str(exc), Failure.USAGE if exc.code == EXIT_USAGE else Refusal.FAILED
+        ) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -569,30 +686,39 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _host_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
-    from supervisor import control, view
+    from supervisor import client, render
 
     if cfg.host(args.host) is None:
         known = ", ".join(h.name for h in cfg.hosts)
-        raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
+        raise CliError(f"unknown host {args.host!r} (known: {known})", Refusal.UNKNOWN_HOST)
     if args.watch:
-        raise CliError("--watch shows every host; leave out HOST", EXIT_USAGE)
+        raise CliError("--watch shows every host; leave out HOST", Failure.USAGE)
+    # The log's lines, and without a daemon the host's files, are read from the run root,
+    # whose readers may log.
+    _logs_to_stderr()
+    from supervisor import view
+
     try:
-        detail = control.request_sync(cfg.control.socket, "status", host=args.host)
+        detail = client.request_sync(cfg.control.socket, "status", host=args.host)
     except ControlError as exc:
         detail = view.offline_host_detail(cfg, args.host)
-        detail["daemon"]["why"] = str(exc)
+        detail["daemon"] |= {"why": str(exc), "why_code": exc.code}
     detail["log"] = view.log_lines(cfg, args.host, args.lines)
     if args.json:
+        # No "ok" added: read from the files alone, a host's row has its own (the seed's
+        # verdict), and its meaning is contract.
         print(json.dumps(detail, indent=2, sort_keys=True))
     else:
-        print(view.render_host(detail))
+        print(render.render_host(detail))
     return EXIT_OK
 
 
-def _log_line_count(text: str) -> int:
-    """An argparse type: a number of log lines, 0 to view.MAX_LOG_LINES."""
-    from supervisor.view import MAX_LOG_LINES
+#: Lines of the log a ``status HOST`` may ask for.
+MAX_LOG_LINES: Final = 1000
 
+
+def _log_line_count(text: str) -> int:
+    """An argparse type: a number of log lines, 0 to MAX_LOG_LINES."""
     try:
         value = int(text)
     except ValueError:
@@ -603,23 +729,26 @@ def _log_line_count(text: str) -> int:
 
 
 def _status_or_offline(cfg: config_mod.Config) -> dict[str, Any]:
-    from supervisor import control, view
+    from supervisor import client
 
     try:
-        return control.request_sync(cfg.control.socket, "status")
+        return client.request_sync(cfg.control.socket, "status")
     except ControlError as exc:
+        _logs_to_stderr()  # the run root's files are read
+        from supervisor import view
+
         status = view.offline_status(cfg)
-        status["daemon"]["why"] = str(exc)
+        status["daemon"] |= {"why": str(exc), "why_code": exc.code}
         return status
 
 
 def _print_status(status: dict[str, Any], *, as_json: bool) -> None:
-    from supervisor import view
+    from supervisor import render
 
     if as_json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+        print(json.dumps({"ok": True, **status}, indent=2, sort_keys=True))
     else:
-        print(view.render_table(status))
+        print(render.render_table(status))
 
 
 def _watch_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
@@ -656,10 +785,10 @@ def cmd_host_command(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     if cfg.host(args.host) is None:
         known = ", ".join(h.name for h in cfg.hosts)
-        raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
+        raise CliError(f"unknown host {args.host!r} (known: {known})", Refusal.UNKNOWN_HOST)
     reply = _request(cfg.control.socket, args.command, host=args.host)
     if args.json:
-        print(json.dumps(reply, indent=2, sort_keys=True))
+        print(json.dumps({"ok": True, **reply}, indent=2, sort_keys=True))
     else:
         print(terminal_text(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})"))
     return EXIT_OK
@@ -671,10 +800,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
     machines = [h.name for h in cfg.hosts] + [s.name for s in cfg.spares]
     if args.host not in machines:
         known = ", ".join(machines)
-        raise CliError(f"unknown host {args.host!r} (known: {known})", EXIT_USAGE)
+        raise CliError(f"unknown host {args.host!r} (known: {known})", Refusal.UNKNOWN_HOST)
     reply = _request(cfg.control.socket, args.command, host=args.host, timeout_s=30.0)
     if args.json:
-        print(json.dumps(reply, indent=2, sort_keys=True))
+        print(json.dumps({"ok": True, **reply}, indent=2, sort_keys=True))
     elif args.command == "drain":
         text = f"{reply.get('label')} (shard {reply.get('shard')}) moves to {reply.get('to')}"
         print(terminal_text(f"{text}; {args.host} stays out until undrain"))
@@ -687,7 +816,12 @@ def cmd_reload(args: argparse.Namespace) -> int:
     """``reload -c CONFIG``: like SIGHUP, but reports the outcome."""
     reply = _request(_socket_of(args.config), "reload", timeout_s=60.0)
     if args.json:
-        print(json.dumps(reply, indent=2, sort_keys=True))
+        if reply.get("reloaded"):
+            print(json.dumps({"ok": True, **reply}, indent=2, sort_keys=True))
+        else:
+            why = "reload refused; the daemon keeps running on its previous config"
+            refused = failure_json(Failure.RELOAD_REFUSED, why, **reply)
+            print(json.dumps(refused, indent=2, sort_keys=True))
     elif reply.get("reloaded"):
         changes = ", ".join(
             f"{k}: {', '.join(reply[k])}" for k in ("added", "removed", "restarted") if reply.get(k)
@@ -697,7 +831,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
         print("reload refused; the daemon keeps running on its previous config:")
         for error in reply.get("errors", []):
             print(f"  {terminal_text(error)}")
-    return EXIT_OK if reply.get("reloaded") else EXIT_FAILED
+    return EXIT_OK if reply.get("reloaded") else exit_status(Failure.RELOAD_REFUSED)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -713,7 +847,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
         _wait_for_exit(socket, args.timeout or config_mod.exit_wait_s(grace))
     if args.json:
-        print(json.dumps({**reply, "stopped": not args.no_wait}, sort_keys=True))
+        print(json.dumps({"ok": True, **reply, "stopped": not args.no_wait}, sort_keys=True))
     else:
         print("daemon stopped" if not args.no_wait else "daemon stopping")
     return EXIT_OK
@@ -722,6 +856,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_handover(args: argparse.Namespace) -> int:
     """``handover -c CONFIG``: the leader detaches and releases the run lock; waits until
     another daemon (a standby) holds it, and names it."""
+    _logs_to_stderr()  # the run root's lock and epoch are read
     from supervisor import layout, leadership, runfiles
 
     cfg = _load_config(args.config)
@@ -751,38 +886,44 @@ def cmd_handover(args: argparse.Namespace) -> int:
         state, actions = leadership.step(state, event, time.monotonic(), cfg.ha)
     epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
     result = {"handed_over": bool(new), "from": old, "to": new or None, "epoch": epoch}
+    unclaimed = f"{old} let go of the run, but no standby took it within {timeout:g}s"
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        if new:
+            print(json.dumps({"ok": True, **result}, sort_keys=True))
+        else:
+            print(json.dumps(failure_json(Failure.NOT_TAKEN_OVER, unclaimed, **result)))
     elif new:
         print(terminal_text(f"handed over: {old} -> {new} (epoch {epoch})"))
     else:
-        print(terminal_text(f"{old} let go of the run, but no standby took it within {timeout:g}s"))
-    return EXIT_OK if new else EXIT_FAILED
+        print(terminal_text(unclaimed))
+    return EXIT_OK if new else exit_status(Failure.NOT_TAKEN_OVER)
 
 
 def _wait_for_exit(socket: Path, timeout: float) -> None:
-    from supervisor import control
+    from supervisor import client
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            control.request_sync(socket, "ping", timeout_s=2.0)
+            client.request_sync(socket, "ping", timeout_s=2.0)
         except ControlError:
             return
         time.sleep(0.1)
-    raise CliError(f"the daemon did not exit within {timeout:g}s")
+    raise CliError(f"the daemon did not exit within {timeout:g}s", Failure.TIMEOUT)
 
 
 def cmd_unfreeze(args: argparse.Namespace) -> int:
     """``unfreeze -c CONFIG``."""
     reply = _request(_socket_of(args.config), "unfreeze")
-    print(json.dumps(reply, sort_keys=True) if args.json else "restarts unfrozen")
+    print(json.dumps({"ok": True, **reply}, sort_keys=True) if args.json else "restarts unfrozen")
     return EXIT_OK
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     """``events -c CONFIG``: state changes as they happen."""
-    from supervisor import control
+    import asyncio
+
+    from supervisor import client
 
     socket = _socket_of(args.config)
 
@@ -790,7 +931,7 @@ def cmd_events(args: argparse.Namespace) -> int:
         print(f"following events from {socket} (Ctrl-C to stop)", file=sys.stderr, flush=True)
 
     async def follow() -> None:
-        stream = control.follow_events(socket, on_subscribed=subscribed)
+        stream = client.follow_events(socket, on_subscribed=subscribed)
         async with contextlib.aclosing(stream) as events:
             async for event in events:
                 if args.json:
@@ -801,7 +942,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     try:
         asyncio.run(follow())
     except ControlError as exc:
-        raise CliError(str(exc), _control_exit_code(exc)) from None
+        raise CliError(str(exc), exc.code) from None
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK
@@ -828,7 +969,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> int:
     """``wait-ready -c CONFIG``: exit 0 once the fleet is all ready (every host ready but the
     ones an operator stopped); 1 at the timeout (after
     stopping everything with ``--stop-on-timeout``); 3 if no daemon answered at all."""
-    from supervisor import control
+    from supervisor import client
 
     cfg_path = args.config
     socket = _socket_of(cfg_path)
@@ -837,7 +978,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> int:
     answered = False
     while time.monotonic() < deadline:
         try:
-            status = control.request_sync(socket, "status")
+            status = client.request_sync(socket, "status")
         except ControlError:
             status = {}
         if status and not answered:
@@ -856,34 +997,35 @@ def cmd_wait_ready(args: argparse.Namespace) -> int:
             return EXIT_OK
         time.sleep(0.25)
     if not answered:
+        silent = f"no daemon answered on {socket} within {args.timeout:g}s"
         if args.json:
-            _print_phase({"ok": False, "phase": "no_daemon", "socket": str(socket)})
-        raise CliError(f"no daemon answered on {socket} within {args.timeout:g}s", EXIT_NO_DAEMON)
+            _print_phase(
+                failure_json(Refusal.NO_DAEMON, silent, phase="no_daemon", socket=str(socket))
+            )
+        raise CliError(silent, Refusal.NO_DAEMON, printed=True)
     waiting = {n: r for n, r in status.get("hosts", {}).items() if r.get("state") != "ready"}
-    if args.json:
-        _print_phase(
-            {
-                "ok": False,
-                "phase": "timeout",
-                "root": status.get("daemon", {}).get("root"),
-                "not_ready": {
-                    n: {"state": r.get("state"), "reason": r.get("last_reason")}
-                    for n, r in waiting.items()
-                },
-            }
-        )
     detail = ", ".join(
         f"{n} ({r.get('state')}: {r.get('last_reason')})" for n, r in waiting.items()
     )
+    late = f"not ready within {args.timeout:g}s: {detail}"
+    root = status.get("daemon", {}).get("root")
+    if args.json:
+        not_ready = {
+            n: {"state": r.get("state"), "reason": r.get("last_reason")} for n, r in waiting.items()
+        }
+        _print_phase(
+            failure_json(Failure.NOT_READY, late, phase="timeout", root=root, not_ready=not_ready)
+        )
     if args.stop_on_timeout:
         _stop_after_failed_start(socket, status, as_json=args.json)
         if status.get("daemon", {}).get("on_exit") == "detach":
             raise CliError(
-                f"not ready within {args.timeout:g}s: {detail}; stopped the daemon, but"
-                ' run.on_exit = "detach" left its workers running'
+                f'{late}; stopped the daemon, but run.on_exit = "detach" left its workers running',
+                Failure.NOT_READY,
+                printed=True,
             )
-        raise CliError(f"not ready within {args.timeout:g}s: {detail}; stopped everything")
-    raise CliError(f"not ready within {args.timeout:g}s: {detail}")
+        raise CliError(f"{late}; stopped everything", Failure.NOT_READY, printed=True)
+    raise CliError(late, Failure.NOT_READY, printed=True)
 
 
 def _print_phase(line: dict[str, Any]) -> None:
@@ -894,6 +1036,7 @@ def _manifest_phase(cfg_path: str, status: dict[str, Any]) -> dict[str, Any]:
     """The seed's first line, ``{"ok": true, "phase": "manifest", **launch_meta}``: the launch
     meta the daemon writes, computed from the config rather than read back from the run
     root (a file there could be anything, even a FIFO that never answers)."""
+    _logs_to_stderr()  # layout's run-file readers may log
     from supervisor import layout
 
     meta: dict[str, Any] = {"root": status.get("daemon", {}).get("root")}
@@ -908,9 +1051,9 @@ def _stop_after_failed_start(socket: Path, status: dict[str, Any], *, as_json: b
     grace = float(status.get("daemon", {}).get("stop_grace_s") or 60.0)
     _wait_for_exit(socket, config_mod.exit_wait_s(grace))
     if as_json:
-        _print_phase(
-            {"ok": False, "phase": "stopped", "root": status.get("daemon", {}).get("root")}
-        )
+        root = status.get("daemon", {}).get("root")
+        stopped = "not ready in time: stopped every worker and the daemon"
+        _print_phase(failure_json(Failure.NOT_READY, stopped, phase="stopped", root=root))
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -933,6 +1076,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         }
         if checked.config is None:
             report["problems"] = [_problem_json(p) for p in checked.problems]
+            count = len(checked.problems)
+            report["code"] = str(Failure.INVALID_CONFIG)
+            report["error"] = f"{path}: {count} problem{'s' * (count != 1)}"
         else:
             cfg = checked.config
             report |= {"summary": cfg.summary(), "hosts": len(cfg.hosts)}
@@ -940,7 +1086,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         if here is not None:
             report["reward_fn"] = here.as_json()
         print(json.dumps(report, sort_keys=True))
-        return EXIT_OK if checked.config is not None else EXIT_USAGE
+        return EXIT_OK if checked.config is not None else exit_status(Failure.INVALID_CONFIG)
     for problem in checked.problems:
         print(problem, file=sys.stderr)
     for warning in warnings:
@@ -949,7 +1095,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         count, warned = len(checked.problems), len(warnings)
         also = f", {warned} warning{'s' * (warned != 1)}" if warned else ""
         print(f"{path}: {count} problem{'s' * (count != 1)}{also}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_status(Failure.INVALID_CONFIG)
     print(checked.config.summary())
     if here is not None and here.problem is None:
         # A note (not checked here) goes with the warnings; a check that passed, with the summary.
@@ -961,11 +1107,12 @@ def _check_config_path(args: argparse.Namespace) -> str:
     """The file to check: the positional (DESIGN §7's form), else ``-c``, else the env."""
     if args.config_file and args.config and args.config_file != args.config:
         raise CliError(
-            f"two configs given: {args.config_file} and -c {args.config}; pass one", EXIT_USAGE
+            f"two configs given: {args.config_file} and -c {args.config}; pass one",
+            Failure.USAGE,
         )
     path = args.config_file or args.config or os.environ.get(CONFIG_ENV)
     if not path:
-        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
+        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", Failure.USAGE)
     return str(path)
 
 
@@ -989,15 +1136,17 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     try:
         report = preflight.run(cfg, options)
     except preflight.LocalProblem as exc:
-        raise CliError(str(exc), EXIT_FAILED) from None
+        raise CliError(str(exc)) from None
     if args.json:
-        print(json.dumps(preflight.as_json(report, options), indent=2, sort_keys=True))
+        found = preflight.as_json(report, options)
         if not report.ok:
-            failing = ", ".join(preflight.failures(report))
-            print(f"reward-supervisor: preflight failed: {failing}", file=sys.stderr)
+            failing = f"preflight failed: {', '.join(preflight.failures(report))}"
+            found |= {"code": str(Failure.CHECKS_FAILED), "error": failing}
+            print(f"reward-supervisor: {failing}", file=sys.stderr)
+        print(json.dumps(found, indent=2, sort_keys=True))
     else:
         print(preflight.render(report, options))
-    return EXIT_OK if report.ok else EXIT_FAILED
+    return EXIT_OK if report.ok else exit_status(Failure.CHECKS_FAILED)
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -1012,11 +1161,16 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         code = cleanup.run(cfg, yes=args.yes, out=out)
     except cleanup.Refused as exc:
         if not args.json:
-            raise CliError(str(exc), EXIT_FAILED) from None
-        print(json.dumps({"ok": False, "refused": str(exc), "messages": said}))
-        return EXIT_FAILED
+            raise CliError(str(exc), Failure.CLEANUP_REFUSED) from None
+        refused = failure_json(Failure.CLEANUP_REFUSED, str(exc), refused=str(exc), messages=said)
+        print(json.dumps(refused))
+        return exit_status(Failure.CLEANUP_REFUSED)
     if args.json:
-        print(json.dumps({"ok": code == EXIT_OK, "messages": said}))
+        if code == EXIT_OK:
+            print(json.dumps({"ok": True, "messages": said}))
+        else:
+            failed = said[-1] if said else "cleanup failed"
+            print(json.dumps(failure_json(Refusal.FAILED, failed, messages=said)))
     return code
 
 
@@ -1042,7 +1196,7 @@ def cmd_import_seed(args: argparse.Namespace) -> int:
             pointer_file=args.pointer_file,
         )
     except seedimport.ImportProblem as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
+        raise CliError(str(exc), Failure.USAGE) from None
     for warning in imported.warnings:
         print(f"reward-supervisor: warning: {warning}", file=sys.stderr)
     if args.output:
@@ -1060,7 +1214,10 @@ def cmd_disarm_seed(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     report = seedmigrate.run(cfg, dry_run=args.dry_run, watch_timeout_s=args.watch_timeout)
     if args.json:
-        print(json.dumps(report.as_json(), indent=2, sort_keys=True))
+        found = report.as_json()
+        if not report.ok:
+            found |= {"code": str(Refusal.FAILED), "error": "disarm-seed did not finish"}
+        print(json.dumps(found, indent=2, sort_keys=True))
     else:
         print("\n".join(report.lines()))
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -1129,13 +1286,13 @@ def _load_config(path: str | None, *, daemon: bool = False) -> config_mod.Config
     """The config at ``path``; for a client of the daemon (not ``daemon``), with the control
     socket its daemon is on (``_daemon_socket``)."""
     if not path:
-        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
+        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", Failure.USAGE)
     try:
         cfg = config_mod.load(path)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
-        raise CliError(f"{path} is not a valid config", EXIT_USAGE) from None
+        raise CliError(f"{path} is not a valid config", Failure.INVALID_CONFIG) from None
     if daemon:
         return cfg
     socket = _daemon_socket(config_mod.socket_candidates(cfg), cfg.control.socket)
@@ -1146,9 +1303,9 @@ def _daemon_socket(candidates: Sequence[Path], default: Path) -> Path:
     """Where the daemon is: the default socket's place can change while it runs (a user's
     /run/user/UID comes and goes with their sessions), so each place it may have bound is
     looked in; ``default`` (where it would bind now) when none holds a socket."""
-    from supervisor import control
+    from supervisor import client
 
-    return control.find_socket(candidates, default)
+    return client.find_socket(candidates, default)
 
 
 def _positive_seconds(text: str) -> float:
@@ -1169,7 +1326,7 @@ def _socket_of(path: str | None) -> Path:
     only talk to the daemon must not require the file on disk to be valid.
     """
     if not path:
-        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", EXIT_USAGE)
+        raise CliError(f"no config: pass -c CONFIG or set ${CONFIG_ENV}", Failure.USAGE)
     with contextlib.suppress(ConfigError):
         cfg = config_mod.load(path)
         return _daemon_socket(config_mod.socket_candidates(cfg), cfg.control.socket)
@@ -1179,16 +1336,12 @@ def _socket_of(path: str | None) -> Path:
 
 
 def _request(socket: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> Any:
-    from supervisor import control
+    from supervisor import client
 
     try:
-        return control.request_sync(socket, cmd, timeout_s=timeout_s, **args)
+        return client.request_sync(socket, cmd, timeout_s=timeout_s, **args)
     except ControlError as exc:
-        raise CliError(str(exc), _control_exit_code(exc)) from None
-
-
-def _control_exit_code(exc: ControlError) -> int:
-    return EXIT_NO_DAEMON if isinstance(exc, DaemonNotRunning) else EXIT_FAILED
+        raise CliError(str(exc), exc.code) from None
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 SIGHUP's reload, turned into events for the cores; each answered when the core replies to
 its token, refused with the core's code and message.
 
-It decides nothing: whether a command is refused, and why, is the cores' answer
-(``vocabulary.Refusal``, ``leadership.refusal``); a reload reads and validates the file
-(``config.py``) and hands the result to the fleet core, which reconciles.
+It decides nothing: whether a command is refused, and why, is the cores' answer (a
+``Refusal`` code and a message: ``vocabulary.Reply``, ``leadership.refusal``); a reload reads and
+validates the file (``config.py``) and hands the result to the fleet core, which reconciles.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from supervisor.control import EventSubscription
 from supervisor.errors import ConfigError, ControlError
 from supervisor.notify import NotifierProtocol
 from supervisor.present import Facts, Presenter
+from supervisor.refusals import Refusal
 from supervisor.shell import Shell
 
 log = structlog.get_logger("supervisor.daemon")
@@ -73,15 +74,18 @@ class Operator:
         """The daemon is stopping: every command still waiting is answered with an error."""
         for future in self._replies.values():
             if not future.done():
-                future.set_exception(ControlError("the daemon is stopping"))
+                future.set_exception(
+                    ControlError("the daemon is stopping", code=Refusal.SHUTTING_DOWN)
+                )
 
     async def _ask(self, make: Callable[[int], vocabulary.Event]) -> vocabulary.Reply:
         """Queue an operator command and wait for the core's answer to it."""
-        refused = leadership.refusal(self._leading(), "command")
+        _raise_if_refused(leadership.refusal(self._leading(), "command"))
+        refused = self._refusal()
         if refused is not None:
-            raise ControlError(refused)
-        if self._refusal() is not None:
-            raise ControlError("the daemon is not serving commands (starting or stopping)")
+            raise ControlError(
+                "the daemon is not serving commands (starting or stopping)", code=refused
+            )
         token = next(self._tokens)
         future: asyncio.Future[vocabulary.Reply] = asyncio.get_running_loop().create_future()
         self._replies[token] = future
@@ -91,7 +95,7 @@ class Operator:
         finally:
             self._replies.pop(token, None)
         if reply.refusal is not None:
-            raise ControlError(reply.message)
+            raise ControlError(reply.message, code=reply.refusal)
         return reply
 
     # --- control.Commands ---------------------------------------------------------------------
@@ -107,9 +111,7 @@ class Operator:
     def host_status(self, name: str) -> dict[str, Any]:
         """Request ``{"cmd": "status", "host": H}``; response ``{"daemon": {...}, "host": H,
         ...}``, the host's row with its progress, restarts, last exit and evidence in full."""
-        refused = leadership.refusal(self._leading(), "command")
-        if refused is not None:
-            raise ControlError(refused)
+        _raise_if_refused(leadership.refusal(self._leading(), "command"))
         return self._presenter.host_status(name)
 
     async def restart_host(self, host: str) -> dict[str, Any]:
@@ -155,7 +157,7 @@ class Operator:
         self._shell.lead(leadership.HandoverAsked(token=token))
         reply = self._lead_replies.pop(token)
         if reply.refusal is not None:
-            raise ControlError(reply.message)
+            raise ControlError(reply.message, code=reply.refusal)
         return dict(reply.result or {})
 
     def subscribe(self) -> EventSubscription:
@@ -189,9 +191,7 @@ class Operator:
         Request ``{"cmd": "reload"}``; response ``{"reloaded": bool, "errors": [...],
         "added": [...], "removed": [...], "restarted": [...], "updated": [...]}``.
         """
-        refused = leadership.refusal(self._leading(), "reload")
-        if refused is not None:
-            raise ControlError(refused)
+        _raise_if_refused(leadership.refusal(self._leading(), "reload"))
         async with self._reload_lock:
             self._notifier.reloading()
             try:
@@ -229,3 +229,10 @@ class Operator:
         self._facts.last_reload_errors = []
         log.info("config.reloaded", **result)
         return {"reloaded": True, "errors": [], **result}
+
+
+def _raise_if_refused(refused: tuple[Refusal, str] | None) -> None:
+    """Raise the leadership core's refusal, with its code, if there is one."""
+    if refused is not None:
+        code, message = refused
+        raise ControlError(message, code=code)

@@ -23,9 +23,8 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, cast, get_args
 
 from supervisor.errors import ConfigError, ConfigProblem
-from supervisor.health import Policy
-from supervisor.leadership import Policy as HaPolicy
-from supervisor.vocabulary import FleetPolicy, Member
+from supervisor.policies import FleetPolicy, HaPolicy, Member
+from supervisor.policies import HealthPolicy as Policy
 
 WatchMode = Literal["auto", "inotify", "poll"]
 OnExit = Literal["stop", "detach"]

@@ -1,21 +1,22 @@
-"""The operator control socket: a JSON-lines server on AF_UNIX, its client, and an event hub.
+"""The operator control socket: a JSON-lines server on AF_UNIX, and an event hub.
 
-This module owns the socket, its permissions and its wire format; it decides nothing about
-hosts: every command is delegated to the daemon through the ``Commands`` protocol.
+This module owns the socket and its permissions; it decides nothing about hosts: every
+command is delegated to the daemon through the ``Commands`` protocol. A refusal goes out as
+``{"ok": false, "code": ..., "error": ...}`` (``refusals.Refusal``). The client and the wire
+format are ``client.py`` (``request``, ``request_sync``, ``follow_events`` are also here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import fcntl
 import json
 import os
 import socket
 import stat
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -23,16 +24,19 @@ from typing import Any, Final, Protocol, Self
 
 import structlog
 
-from supervisor.errors import ControlError, DaemonNotRunning
+from supervisor.client import encode_line
+from supervisor.client import find_socket as find_socket
+from supervisor.client import follow_events as follow_events
+from supervisor.client import request as request
+from supervisor.client import request_sync as request_sync
+from supervisor.errors import ControlError
+from supervisor.refusals import Refusal
 
 log = structlog.get_logger()
 
 # A request is a command and a host name; 64 KiB is generous and bounds what one client can
 # make us buffer.
 MAX_REQUEST_BYTES: Final = 64 * 1024
-# A `status` reply grows with the fleet (about 200 bytes a host); the client's cap only guards
-# against a runaway peer, not a big fleet.
-MAX_REPLY_BYTES: Final = 64 * 1024 * 1024
 # An operator at `socat` may pause between commands; a forgotten connection must not hold a
 # task forever.
 IDLE_TIMEOUT_S: Final = 60.0
@@ -263,7 +267,7 @@ class _Connection:
         return PeerCredentials(pid=pid, uid=uid, gid=gid)
 
     async def send(self, message: Mapping[str, Any]) -> None:
-        await self.send_raw(_encode(message))
+        await self.send_raw(encode_line(message))
 
     async def send_raw(self, data: bytes) -> None:
         """Write one line; raises TimeoutError if the client does not take it in time."""
@@ -454,7 +458,12 @@ class ControlServer:
                 return
             # A best-effort word on why; the transport flushes it, then closes.
             writer.write(
-                _encode(_error(f"too many connections (over {self._max_connections}); try again"))
+                encode_line(
+                    _error(
+                        Refusal.BUSY,
+                        f"too many connections (over {self._max_connections}); try again",
+                    )
+                )
             )
             writer.close()
             return
@@ -493,7 +502,10 @@ class ControlServer:
             if peer.uid not in (self._euid, 0):
                 log.warning("control.refused", peer_pid=peer.pid, peer_uid=peer.uid)
                 await conn.send(
-                    {"ok": False, "error": f"permission denied: uid {peer.uid} is not allowed"}
+                    _error(
+                        Refusal.PERMISSION_DENIED,
+                        f"permission denied: uid {peer.uid} is not allowed",
+                    )
                 )
                 return
             await self._serve_requests(conn, peer)
@@ -524,10 +536,12 @@ class ControlServer:
                     return
                 line, last = exc.partial, True
             except asyncio.LimitOverrunError:
-                await conn.send(_error(f"request over {self._max_request_bytes} bytes; closing"))
+                message = f"request over {self._max_request_bytes} bytes; closing"
+                await conn.send(_error(Refusal.BAD_REQUEST, message))
                 return
             except TimeoutError:
-                await conn.send(_error(f"idle for {self._idle_timeout_s:g}s; closing"))
+                message = f"idle for {self._idle_timeout_s:g}s; closing"
+                await conn.send(_error(Refusal.IDLE_TIMEOUT, message))
                 return
             finally:
                 conn.idle_since = None
@@ -536,7 +550,7 @@ class ControlServer:
             try:
                 cmd, request = _parse_request(line, self._known)
             except ControlError as exc:
-                await conn.send(_error(str(exc)))
+                await conn.send(_error(exc.code, str(exc)))
                 continue
             if cmd == "events":
                 if await self._cmd_events(request, conn):
@@ -561,12 +575,12 @@ class ControlServer:
             )
         try:
             result = await self._handlers[cmd](request)
-            return _encode({"ok": True} | {k: v for k, v in result.items() if k != "ok"})
+            return encode_line({"ok": True} | {k: v for k, v in result.items() if k != "ok"})
         except ControlError as exc:
-            return _encode(_error(str(exc)))
+            return encode_line(_error(exc.code, str(exc)))
         except Exception as exc:  # a daemon bug must not take the control socket down
             log.exception("control.handler_failed", cmd=cmd)
-            return _encode(_error(f"internal error: {type(exc).__name__}: {exc}"))
+            return encode_line(_internal_error(exc))
 
     # --- one handler per command ----------------------------------------------------------
 
@@ -602,7 +616,7 @@ class ControlServer:
 
         Request:  {"cmd": "restart-host", "host": "worker-0"}
         Response: {"ok": true, "host": "worker-0", "state": "stale"}
-                  {"ok": false, "error": "unknown host 'worker-9'"}
+                  {"ok": false, "code": "unknown_host", "error": "unknown host 'worker-9'"}
         """
         return await self._commands.restart_host(_host_arg("restart-host", request))
 
@@ -646,7 +660,7 @@ class ControlServer:
 
         Request:  {"cmd": "drain", "host": "worker-0"}
         Response: {"ok": true, "label": "worker-0", "shard": 0, "to": "spare-0"}
-                  {"ok": false, "error": "no spare is free (...)"}
+                  {"ok": false, "code": "no_free_spare", "error": "no spare is free (...)"}
         """
         return await self._commands.drain(_host_arg("drain", request))
 
@@ -692,11 +706,11 @@ class ControlServer:
             _expect_args("events", request)
             subscription = self._commands.subscribe()
         except ControlError as exc:
-            await conn.send(_error(str(exc)))
+            await conn.send(_error(exc.code, str(exc)))
             return False
         except Exception as exc:  # a daemon bug must not take the control socket down
             log.exception("control.handler_failed", cmd="events")
-            await conn.send(_error(f"internal error: {type(exc).__name__}: {exc}"))
+            await conn.send(_internal_error(exc))
             return False
         try:
             await conn.send({"ok": True})
@@ -719,7 +733,7 @@ class ControlServer:
     async def _pump(self, subscription: EventSubscription, conn: _Connection) -> None:
         async for event in subscription:
             try:
-                data = _encode(event)
+                data = encode_line(event)
             except (TypeError, ValueError):
                 log.exception("control.event_unserializable", event_name=event.get("event"))
                 continue
@@ -848,21 +862,24 @@ def _parse_request(line: bytes, known: list[str]) -> tuple[str, dict[str, Any]]:
     try:
         request = json.loads(line)
     except ValueError as exc:
-        raise ControlError(f"malformed JSON: {exc}") from None
+        raise _bad_request(f"malformed JSON: {exc}") from None
     except RecursionError:
-        raise ControlError("malformed JSON: nested too deeply") from None
+        raise _bad_request("malformed JSON: nested too deeply") from None
     if not isinstance(request, dict):
-        raise ControlError(
+        raise _bad_request(
             f'a request must be a JSON object such as {{"cmd": "status"}},'
             f" not {_json_type(request)}"
         )
     cmd = request.get("cmd")
     if cmd is None:
-        raise ControlError(f"request has no 'cmd'; known commands: {', '.join(known)}")
+        raise _bad_request(f"request has no 'cmd'; known commands: {', '.join(known)}")
     if not isinstance(cmd, str):
-        raise ControlError(f"'cmd' must be a string, not {_json_type(cmd)}")
+        raise _bad_request(f"'cmd' must be a string, not {_json_type(cmd)}")
     if cmd not in known:
-        raise ControlError(f"unknown command {_show(cmd)}; known commands: {', '.join(known)}")
+        raise ControlError(
+            f"unknown command {_show(cmd)}; known commands: {', '.join(known)}",
+            code=Refusal.UNKNOWN_COMMAND,
+        )
     return cmd, request
 
 
@@ -870,30 +887,30 @@ def _expect_args(cmd: str, request: Mapping[str, Any], *allowed: str) -> None:
     extra = sorted(set(request) - {"cmd", *allowed})
     if extra:
         names = ", ".join(_show(name) for name in extra)
-        raise ControlError(f"{cmd}: unexpected argument {names}")
+        raise _bad_request(f"{cmd}: unexpected argument {names}")
 
 
 def _host_arg(cmd: str, request: Mapping[str, Any]) -> str:
     _expect_args(cmd, request, "host")
     host = request.get("host")
     if host is None:
-        raise ControlError(f'{cmd} needs a host: {{"cmd": "{cmd}", "host": "worker-0"}}')
+        raise _bad_request(f'{cmd} needs a host: {{"cmd": "{cmd}", "host": "worker-0"}}')
     if not isinstance(host, str) or not host:
-        raise ControlError(f"{cmd}: 'host' must be a non-empty string, not {_show(host)}")
+        raise _bad_request(f"{cmd}: 'host' must be a non-empty string, not {_show(host)}")
     return host
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"ok": False, "error": message}
+def _bad_request(message: str) -> ControlError:
+    return ControlError(message, code=Refusal.BAD_REQUEST)
 
 
-def _encode(message: Mapping[str, Any]) -> bytes:
-    # NaN and Infinity are not JSON; other readers of the socket (jq) would choke on them.
-    text = json.dumps(message, allow_nan=False, ensure_ascii=False) + "\n"
-    # A lone surrogate (a request's or a host's "\ud800") cannot be UTF-8; as the escape it
-    # came in as it stays valid JSON (surrogates only ever occur inside JSON strings), where
-    # a strict encode would fail the whole reply.
-    return text.encode("utf-8", "backslashreplace")
+def _error(code: str, message: str) -> dict[str, Any]:
+    """A refusal on the wire: its code for programs, its message for people."""
+    return {"ok": False, "code": str(code), "error": message}
+
+
+def _internal_error(exc: Exception) -> dict[str, Any]:
+    return _error(Refusal.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _show(value: object, limit: int = 60) -> str:
@@ -909,172 +926,3 @@ def _json_type(value: object) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return "a number"
     return names.get(type(value), type(value).__name__)
-
-
-# --------------------------------------------------------------------------------------
-# Client
-
-
-async def request(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> dict[str, Any]:
-    """Send one command to the daemon at ``path``; return its reply without the ``ok`` key.
-
-    Raises DaemonNotRunning (no socket, or a stale one), or ControlError naming the socket and
-    the reason: a socket we may not use, no reply within ``timeout_s``, or the daemon's own
-    error message.
-    """
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await _connect(path)
-            try:
-                await _send_request(path, writer, {"cmd": cmd, **args})
-                line = await _read_line(path, reader)
-            finally:
-                await _close_quietly(writer)
-    except TimeoutError:
-        raise ControlError(f"no reply from the daemon at {path} within {timeout_s:g}s") from None
-    if line is None:
-        raise ControlError(f"the daemon at {path} closed the connection without replying")
-    return _unwrap(path, line)
-
-
-def find_socket(candidates: Sequence[Path], default: Path) -> Path:
-    """The first of ``candidates`` (where a daemon may have its socket) that holds a socket;
-    ``default`` (where a daemon would put it now) when none does."""
-    for path in candidates:
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                return path
-    return default
-
-
-def request_sync(path: Path, cmd: str, *, timeout_s: float = 10.0, **args: Any) -> dict[str, Any]:
-    """``request`` for synchronous callers (the CLI); not for use inside a running loop."""
-    return asyncio.run(request(path, cmd, timeout_s=timeout_s, **args))
-
-
-async def follow_events(
-    path: Path, *, timeout_s: float = 10.0, on_subscribed: Callable[[], None] | None = None
-) -> AsyncGenerator[dict[str, Any], None]:
-    """Yield the daemon's events as they happen, until the daemon ends the stream.
-
-    Connecting and the first reply are bounded by ``timeout_s``; waiting for events is not.
-    Wrap it in ``contextlib.aclosing`` so stopping early closes the connection at once.
-    ``on_subscribed`` runs once the daemon has confirmed the subscription: from then on no
-    event is missed.
-    Raises ControlError as ``request`` does, and if the stream breaks.
-    """
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await _connect(path)
-    except TimeoutError:
-        raise ControlError(f"no answer from the daemon at {path} within {timeout_s:g}s") from None
-    try:
-        try:
-            async with asyncio.timeout(timeout_s):
-                await _send_request(path, writer, {"cmd": "events"})
-                first = await _read_line(path, reader)
-        except TimeoutError:
-            raise ControlError(
-                f"no reply from the daemon at {path} within {timeout_s:g}s"
-            ) from None
-        if first is None:
-            raise ControlError(f"the daemon at {path} closed the connection without replying")
-        _unwrap(path, first)
-        if on_subscribed is not None:
-            on_subscribed()
-        while (line := await _read_line(path, reader)) is not None:
-            event = _decode(path, line)
-            yield event
-    finally:
-        await _close_quietly(writer)
-
-
-async def _connect(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    no_socket = f"daemon not running? no socket at {path}"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise DaemonNotRunning(no_socket) from None
-    except PermissionError:
-        raise ControlError(
-            f"permission denied: cannot reach {path}; the socket is not ours"
-            " (run as the daemon's user or root)"
-        ) from None
-    except OSError as exc:
-        raise ControlError(f"cannot reach {path}: {exc.strerror}") from None
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ControlError(f"{path} is not a socket")
-    euid = os.geteuid()
-    # Whoever owns the socket hears our commands; only trust ourselves and root.
-    if st.st_uid not in (euid, 0):
-        raise ControlError(
-            f"socket {path} is owned by uid {st.st_uid}, not by us (uid {euid}) or root;"
-            " refusing to talk to it"
-        )
-    try:
-        return await asyncio.open_unix_connection(path, limit=MAX_REPLY_BYTES)
-    except FileNotFoundError:
-        raise DaemonNotRunning(no_socket) from None
-    except ConnectionRefusedError:
-        raise DaemonNotRunning(f"daemon not running (stale socket {path})") from None
-    except PermissionError:
-        raise ControlError(
-            f"permission denied connecting to {path}; the socket is not ours"
-            " (run as the daemon's user or root)"
-        ) from None
-    except OSError as exc:
-        raise ControlError(f"cannot connect to {path}: {exc.strerror or exc}") from None
-
-
-async def _send_request(
-    path: Path, writer: asyncio.StreamWriter, message: Mapping[str, Any]
-) -> None:
-    try:
-        writer.write(_encode(message))
-        await writer.drain()
-    except ConnectionError:
-        pass  # the daemon may have answered and hung up already (it refused us): read why
-    except OSError as exc:
-        # ENOTCONN: a daemon whose accept queue is full refuses a unix connect with EAGAIN,
-        # which asyncio's connect takes for "in progress" and then for success.
-        raise ControlError(
-            f"cannot send to the daemon at {path}: {exc.strerror or exc}"
-            " (is it accepting connections?)"
-        ) from None
-
-
-async def _read_line(path: Path, reader: asyncio.StreamReader) -> bytes | None:
-    """One reply line, or None at a clean end of stream."""
-    try:
-        return await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        return exc.partial if exc.partial.strip() else None
-    except asyncio.LimitOverrunError:
-        raise ControlError(
-            f"the daemon at {path} sent a line over {MAX_REPLY_BYTES} bytes"
-        ) from None
-    except OSError as exc:
-        raise ControlError(f"connection to the daemon at {path} broke: {exc}") from None
-
-
-def _decode(path: Path, line: bytes) -> dict[str, Any]:
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):
-        message = None
-    if not isinstance(message, dict):
-        raise ControlError(f"the daemon at {path} sent a malformed reply: {line[:80]!r}")
-    return message
-
-
-def _unwrap(path: Path, line: bytes) -> dict[str, Any]:
-    reply = _decode(path, line)
-    if reply.get("ok") is not True:
-        raise ControlError(str(reply.get("error") or f"the daemon at {path} refused the request"))
-    return {k: v for k, v in reply.items() if k != "ok"}
-
-
-async def _close_quietly(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(OSError):  # what broke the exchange was reported, if it mattered
-        await writer.wait_closed()

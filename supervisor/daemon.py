@@ -241,7 +241,7 @@ class Daemon:
         """Why no command can be served now: the fleet core's answer, or no task group to
         act in yet (or any more)."""
         if self._tg is None or self._tearing_down:
-            return vocabulary.Refusal.NOT_STARTED
+            return vocabulary.Refusal.UNAVAILABLE
         return self._fleet.command_refusal()
 
     # ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervisor.refusals import Refusal
 from supervisor.safefiles import UnsafeFile
 
 
@@ -52,11 +53,22 @@ class ShardHeld(RemoteError):
 
 
 class ControlError(SupervisorError):
-    """A control-socket request that could not be served, or a daemon that cannot be reached."""
+    """A control-socket request that could not be served, or a daemon that cannot be reached.
+
+    ``code`` says why for a program (a ``Refusal`` value; from a daemon, whatever code it
+    sent), the message for a person: match the code, never the wording.
+    """
+
+    def __init__(self, message: str, *, code: str = Refusal.FAILED) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class DaemonNotRunning(ControlError):
     """No daemon answers for this config: no socket, or a socket nobody listens on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=Refusal.NO_DAEMON)
 
 
 class RunLocked(SupervisorError):

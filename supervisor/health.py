@@ -73,6 +73,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final, Literal, assert_never, cast
 
+from supervisor.policies import HealthPolicy
+
 
 class HostState(StrEnum):
     """The states of a host (contract: these strings appear in status output and logs)."""
@@ -164,56 +166,9 @@ class Planned(StrEnum):
     RELOAD = "reload"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Policy:
-    """Timing and budget rules; ``config.py`` builds it from ``[health]``. The defaults are
-    what a config without ``[health]`` gives with the default ``[trainer]`` and ``[watch]``
-    (``config.trainer_defaults``: tests/unit/test_config.py holds them equal), so a test of
-    this core runs what production runs."""
-
-    heartbeat_stale_s: float = 5.0
-    ready_timeout_s: float = 60.0
-    restart_cooldown_s: float = 5.0
-    backoff_max_s: float = 300.0
-    backoff_reset_s: float = 600.0
-    max_restarts: int = 0
-    restart_window_s: float = 3600.0
-    stop_grace_s: float = 30.0
-    kill_after_grace: bool = False
-    #: A stuck worker is SIGKILLed after the grace even without ``kill_after_grace``: its
-    #: hung call cannot end on SIGTERM, so without the kill it would never be replaced.
-    kill_stuck: bool = True
-    #: False: an unhealthy worker is never replaced automatically (the seed's --no-respawn).
-    auto_restart: bool = True
-    #: A ready worker with tasks in flight and no task finished for this long is stuck
-    #: (0: progress is not judged).
-    progress_stale_s: float = 10.0
-    #: Exit codes after which a restart cannot help: the host goes ``failed`` at once.
-    permanent_exit_codes: frozenset[int] = frozenset()
-    #: How long the shell may spend capturing a live but unhealthy worker's stacks and log
-    #: tail before terminating it (0: no evidence is collected).
-    evidence_timeout_s: float = 3.0
-    #: How its stacks are taken: "auto" (py-spy where the host has it, else the signal),
-    #: "py-spy", "signal" (SIGUSR1, answered by ``faulthandler``) or "none" (log tail only).
-    evidence_stacks: str = "auto"
-    #: How a worker is ended when another is to replace it (a restart, automatic or not):
-    #: "kill" (SIGKILL at once: its in-flight tasks are computed again by the next worker,
-    #: and no ``ready: false`` ever reaches the trainer) or "drain" (SIGTERM and
-    #: ``stop_grace_s``, as a stop: in-flight tasks finish, and the trainer's client fails
-    #: every call from the worker's last ``ready: false`` to its successor's first heartbeat).
-    restart_stop: str = "kill"
-    #: The tasks a stuck worker hung on are quarantined before its successor starts, each
-    #: answered with an error result, so one poison task cannot keep a shard restarting.
-    quarantine_stuck_tasks: bool = True
-    #: Reward probes (``[probe]``): one every this long per worker (0: no probes, and a
-    #: worker is judged by its heartbeat alone).
-    probe_interval_s: float = 0.0
-    #: A probe not answered within this long failed.
-    probe_timeout_s: float = 20.0
-    #: The probe's task record without its id (JSON text, written as is); opaque here.
-    probe_task: str = ""
-    #: The score a probe must have (None: any score will do; an error never does).
-    probe_expect: float | None = None
+#: Timing and budget rules; ``config.py`` builds it from ``[health]``. Defined apart
+#: (``policies.py``) so that reading a config imports no core.
+Policy = HealthPolicy
 
 
 # --------------------------------------------------------------------------------------

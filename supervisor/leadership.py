@@ -45,6 +45,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final, Literal, assert_never
 
+from supervisor.policies import HaPolicy
+from supervisor.refusals import Refusal as Refusal
+
 #: The exit code of a daemon that was deposed or handed over: non-zero, so that systemd
 #: (Restart=on-failure) starts it again, as a standby.
 EXIT_DEPOSED: Final = 3
@@ -91,21 +94,9 @@ ACTING_ROLES: Final = frozenset({Role.LEADER, Role.HANDING_OVER})
 #: The one I/O operation in flight, if any.
 Op = Literal["try", "check", "view", "look"]
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Policy:
-    """``[ha]``: a standby that takes over when the leader goes (``config.py`` builds it)."""
-
-    #: Wait for the run lock instead of exiting when another daemon holds it.
-    standby: bool = False
-    #: How often a standby tries the run lock.
-    poll_interval_s: float = 0.5
-    #: How often the leader checks that it still holds the lock and the epoch is its own.
-    check_interval_s: float = 5.0
-    #: How long ``handover`` waits for a standby to take the lock.
-    confirm_timeout_s: float = 30.0
-    #: After a handover the old leader stays off the lock this long (a standby takes it).
-    handover_hold_s: float = 5.0
+#: ``[ha]``; ``config.py`` builds it. Defined apart (``policies.py``) so that reading a
+#: config imports no core.
+Policy = HaPolicy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,13 +185,17 @@ def asked_to_stop(state: Leadership) -> bool:
     return state.stopping
 
 
-def refusal(state: Leadership, command: Literal["command", "reload", "handover"]) -> str | None:
-    """Why an operator ``command`` that only a leader serves is refused here, or None."""
+def refusal(
+    state: Leadership, command: Literal["command", "reload", "handover"]
+) -> tuple[Refusal, str] | None:
+    """Why an operator ``command`` that only a leader serves is refused here (its code and
+    message), or None."""
     if not state.standing_by:
         return None
     if command == "reload":
-        return "this daemon is a standby: restart it to apply a new config before it leads"
-    return f"this daemon is a standby; the leader is {state.leader or '?'}"
+        why = "this daemon is a standby: restart it to apply a new config before it leads"
+        return Refusal.NOT_LEADER, why
+    return Refusal.NOT_LEADER, f"this daemon is a standby; the leader is {state.leader or '?'}"
 
 
 # --------------------------------------------------------------------------------------
@@ -463,13 +458,6 @@ class HandoverUnclaimed:
     """Nobody took the lock within the hold-off (logged as ``ha.handover_unclaimed``)."""
 
     waited_s: float
-
-
-class Refusal(StrEnum):
-    """Why a leadership command was refused (a code beside the message)."""
-
-    NOT_LEADER = "not_leader"
-    SHUTTING_DOWN = "shutting_down"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -913,9 +901,10 @@ def _watchdog(state: Leadership, event: WatchdogDue, now: float, policy: Policy)
 
 
 def _refuse_handover(state: Leadership, event: HandoverAsked) -> Reply:
-    why = refusal(state, "handover")
-    if why is not None:
-        return Reply(token=event.token, refusal=Refusal.NOT_LEADER, message=why)
+    refused = refusal(state, "handover")
+    if refused is not None:
+        code, why = refused
+        return Reply(token=event.token, refusal=code, message=why)
     if state.role is R.DEPOSED:
         message = "this daemon was deposed: another daemon leads"
         return Reply(token=event.token, refusal=Refusal.NOT_LEADER, message=message)

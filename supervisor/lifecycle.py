@@ -74,7 +74,7 @@ def command_refusal(phase: Phase) -> Refusal | None:
     if phase.finished:
         return Refusal.SHUTTING_DOWN
     if not phase.booted:
-        return Refusal.NOT_STARTED
+        return Refusal.UNAVAILABLE
     return None
 
 

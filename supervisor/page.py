@@ -19,8 +19,8 @@ from typing import Any, Final, TypeGuard
 from urllib.parse import quote
 
 from supervisor import health, vocabulary
+from supervisor.render import work_text
 from supervisor.terminal import terminal_text
-from supervisor.view import work_text
 
 #: The script fetches the page again this often and swaps the live part in place: the
 #: snapshot behind it is at most a second old, and a person glancing at a fleet needs no

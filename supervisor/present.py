@@ -25,6 +25,7 @@ from supervisor.errors import ControlError
 from supervisor.links import Links
 from supervisor.metrics import Metrics, detail_on_loop, snapshot_on_loop
 from supervisor.notify import NotifierProtocol
+from supervisor.refusals import Refusal
 from supervisor.rundir import RunDirectory
 from supervisor.shell import Shell
 
@@ -445,7 +446,7 @@ class Presenter:
         self.publish_status(shown)
         host = shown.hosts.get(name)
         if host is None:
-            raise ControlError(f"unknown host {name!r}")
+            raise ControlError(f"unknown host {name!r}", code=Refusal.UNKNOWN_HOST)
         detail = view.shown_row(
             host,
             self._settings(shown, name),
@@ -467,7 +468,7 @@ class Presenter:
         shown = self._core.view(now)
         host = self._core.host(name)
         if host is None:  # it left between the command and its answer
-            raise ControlError(f"unknown host {name!r}")
+            raise ControlError(f"unknown host {name!r}", code=Refusal.UNKNOWN_HOST)
         row = view.host_row(host, self._settings(shown, name), now, shown.health_policy)
         return {"host": name, **row}
 

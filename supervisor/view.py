@@ -1,7 +1,8 @@
-"""What operators see: status rows and tables, from the daemon's hosts or from files alone.
+"""What operators see: status rows, from the daemon's hosts or from files alone (the text a
+terminal shows of them is ``render.py``'s).
 
-Pure presentation; the only I/O is ``offline_status``, which reads the run directory when
-no daemon is running (and says so).
+Pure presentation; the only I/O is ``offline_status`` and ``offline_host_detail``, which read
+the run directory when no daemon is running (and say so), and ``log_lines``.
 """
 
 from __future__ import annotations
@@ -9,22 +10,19 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from supervisor import health, pointer, runfiles, vocabulary
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
+from supervisor.render import summary
 from supervisor.statusfiles import StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
 
 if TYPE_CHECKING:
     from supervisor import fleet
-
-# Order of states in summaries: the ones that need attention last, where the eye lands.
-_SUMMARY_ORDER = [s.value for s in health.HostState]
 
 
 def host_row(
@@ -103,23 +101,6 @@ def work_row(stats: health.WorkerStats | None) -> dict[str, Any] | None:
         "rss_gib": _rounded(stats.rss_gib, 3),
         "verify_ms_p95": _rounded(stats.verify_ms_p95, 1),
     }
-
-
-def work_text(work: Mapping[str, Any] | None, in_flight: object = None) -> str:
-    """A worker's own figures in a few words: ``1234 ok, 3 errors, 4 in flight, queue 12``."""
-    if not work:
-        return ""
-    parts = []
-    if work.get("completed") is not None:
-        parts.append(f"{work['completed']} ok")
-    if work.get("errors") is not None:
-        parts.append(f"{work['errors']} errors")
-    if in_flight is not None:
-        slots = work.get("concurrency")
-        parts.append(f"{in_flight} in flight" + (f" of {slots}" if slots is not None else ""))
-    if work.get("queue_depth") is not None:
-        parts.append(f"queue {work['queue_depth']}")
-    return ", ".join(parts)
 
 
 def host_detail(
@@ -265,8 +246,6 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 #: ``status HOST`` reads at most this much of the end of the worker's log for its lines.
 LOG_TAIL_READ_BYTES: Final = 256 * 1024
-#: Lines of the log a ``status HOST`` may ask for.
-MAX_LOG_LINES: Final = 1000
 
 
 def log_lines(config: Config, host: str, lines: int) -> dict[str, Any]:
@@ -310,15 +289,6 @@ def pointer_row(
     }
 
 
-def summary(states: Iterable[str]) -> str:
-    """``48/50 ready, 1 cooling_down, 1 starting``: the one line for STATUS= and humans."""
-    counts = Counter(states)
-    total = sum(counts.values())
-    parts = [f"{counts.get('ready', 0)}/{total} ready"]
-    parts += [f"{counts[s]} {s}" for s in _SUMMARY_ORDER if s != "ready" and counts.get(s)]
-    return ", ".join(parts)
-
-
 def status_line(fleet_view: fleet.FleetView) -> str:
     """The one line for ``STATUS=`` (``systemctl status``) and ``status``'s ``summary``: the
     states of the joined hosts, led by what holds restarts (a freeze, crash signatures). A
@@ -340,157 +310,6 @@ def status_line(fleet_view: fleet.FleetView) -> str:
             f" restarts held on {held} hosts, canary {signature.canary}; {text}"
         )
     return text
-
-
-def render_table(status: Mapping[str, Any]) -> str:
-    """The status JSON as an aligned text table with a header line, for a terminal: every
-    value is escaped (``terminal_text``), so a host's text cannot drive the screen."""
-    daemon = status.get("daemon", {})
-    hosts: Mapping[str, Mapping[str, Any]] = status.get("hosts", {})
-    lines: list[str] = []
-    if daemon.get("role") == "standby":
-        warm = daemon.get("warm") or {}
-        lines.append(
-            terminal_text(
-                f"standby pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
-                f" leader: {daemon.get('leader')}, epoch {daemon.get('epoch')},"
-                f" warm {warm.get('connected')}/{warm.get('hosts')} connected,"
-                f" {warm.get('probed')} probed; hosts as the run directory shows them:"
-            )
-        )
-        return "\n".join([*lines, *_offline_table(hosts)])
-    if daemon.get("running", True):
-        frozen = " FROZEN: restarts held" if daemon.get("frozen") else ""
-        if frozen and daemon.get("freeze_finding"):
-            frozen += f" ({daemon['freeze_finding']})"
-        lines.append(
-            terminal_text(
-                f"daemon pid {daemon.get('pid')} up {_duration(daemon.get('uptime_s'))},"
-                f" {daemon.get('summary', '')}, watch {daemon.get('watch_mode', '?')}{frozen}"
-                + (f", leader, epoch {daemon['epoch']}" if daemon.get("epoch") else "")
-            )
-        )
-        lines += [terminal_text(line) for line in crash_signature_lines(daemon)]
-        pointer = daemon.get("pointer")
-        if isinstance(pointer, Mapping) and pointer.get("error"):
-            retry = pointer.get("retry_in_s")
-            lines.append(
-                f"pointer file {pointer.get('path')} not written: {pointer['error']}"
-                + (f" (retry in {_age(retry)})" if retry is not None else "")
-            )
-    else:
-        lines.append(terminal_text(daemon.get("note", "daemon not running")))
-        return "\n".join([*lines, *_offline_table(hosts)])
-    header = (
-        "HOST",
-        "SHARD",
-        "STATE",
-        "PID",
-        "SSH",
-        "BEAT",
-        "RESTARTS",
-        "NEXT",
-        "TASKS",
-        "LAST REASON",
-    )
-    rows: list[tuple[str, ...]] = [header]
-    for name, row in hosts.items():
-        state = str(row.get("state"))
-        if row.get("ssh") == "unreachable" and state == "ready":
-            state = "ready*"
-        machine = row.get("machine")
-        raw = (
-            name if machine in (None, name) else f"{name} on {machine}",
-            str(row.get("shard", "")),
-            state,
-            _dash(row.get("pid")),
-            str(row.get("ssh", "")),
-            _age(row.get("heartbeat_age_s")),
-            _dash(row.get("restarts")),
-            "held" if row.get("restart_held") else _age(row.get("next_restart_in_s")),
-            _tasks_cell(row),
-            str(row.get("last_reason") or row.get("last_error") or ""),
-        )
-        # Escaped before measuring, so widths are those of what is shown.
-        shown = tuple(terminal_text(cell) for cell in raw)
-        rows.append((*shown[:-1], _clip(shown[-1], 60)))
-    lines += _aligned(rows)
-    if any(r[2] == "ready*" for r in rows[1:]):
-        lines.append("ready* = heartbeat fresh but SSH unreachable: remote actions wait")
-    spares = [s for s in daemon.get("spares") or () if isinstance(s, Mapping)]
-    if spares:
-        described = ", ".join(
-            f"{s.get('name')} {s.get('role')}" + (f" {s['serves']}" if s.get("serves") else "")
-            for s in spares
-        )
-        lines.append(terminal_text(f"spares ({daemon.get('free_spares', 0)} free): {described}"))
-    return "\n".join(lines)
-
-
-def _tasks_cell(row: Mapping[str, Any]) -> str:
-    """Finished tasks (errors among them) and the shard's queue, in a narrow cell."""
-    work = row.get("work")
-    if not isinstance(work, Mapping):
-        return "-" if row.get("processed") is None else str(row["processed"])
-    done = row.get("processed")
-    cell = _dash(done)
-    if work.get("errors"):
-        cell += f" ({work['errors']} err)"
-    if work.get("queue_depth") is not None:
-        cell += f" q{work['queue_depth']}"
-    return cell
-
-
-def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
-    """One line per crash signature that holds restarts (``status --json``'s
-    ``crash_signatures``), with what releases it; unescaped (the signature quotes a log)."""
-    lines = []
-    for kind, how, fix in (
-        ("crash", "crashed", "the worker"),
-        ("probe", "failed their reward probe", "the worker or the probe's reward fn"),
-    ):
-        for sig in daemon.get(f"{kind}_signatures") or ():
-            held = sig.get("held") or []
-            lines.append(
-                f"{kind.upper()} SIGNATURE for {_duration(sig.get('since_s'))}:"
-                f" {len(sig.get('hosts') or [])} hosts {how} the same way"
-                f" ({sig.get('signature')}); restarts held on {len(held)},"
-                f" canary {sig.get('canary')}; a reload that changes {fix}, or"
-                " `reward-supervisor unfreeze`, releases them"
-            )
-    return lines
-
-
-def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Rows from files alone, with the seed's verdict where the daemon's state would be."""
-    header = ("HOST", "SHARD", "VERDICT", "PID", "STATUS PID", "BEAT", "NOTE")
-    rows: list[tuple[str, ...]] = [header]
-    for name, row in hosts.items():
-        note = str(row.get("last_reason") or "")
-        if row.get("stop_sentinel"):
-            note = f"ctl/{name}.stop present (kept stopped); {note}"
-        raw = (
-            name,
-            str(row.get("shard", "")),
-            str(row.get("verdict", "?")),
-            _dash(row.get("pid")),
-            _dash(row.get("status_pid")),
-            _age(row.get("heartbeat_age_s")),
-            note,
-        )
-        # What a file says is escaped before it reaches a terminal (and before measuring).
-        shown = tuple(terminal_text(cell) for cell in raw)
-        rows.append((*shown[:-1], _clip(shown[-1], 60)))
-    return _aligned(rows)
-
-
-def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    """Rows as lines with every column but the last padded to its widest cell."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return [
-        "  ".join([c.ljust(w) for c, w in zip(r, widths, strict=False)] + [r[-1]]).rstrip()
-        for r in rows
-    ]
 
 
 def offline_status(config: Config, *, now_wall: float | None = None) -> dict[str, Any]:
@@ -611,31 +430,6 @@ def _read_pid(layout: RunLayout, host: str) -> int | None:
     return runfiles.read_pid(layout.pidfile(host), root=layout.root)
 
 
-def _dash(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _age(value: object) -> str:
-    if not isinstance(value, int | float):
-        return "-"
-    return f"{value:.1f}s" if value < 100 else _duration(value)
-
-
-def _duration(value: object) -> str:
-    if not isinstance(value, int | float):
-        return "?"
-    seconds = int(value)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def offline_host_detail(
     config: Config, host: str, *, now_wall: float | None = None
 ) -> dict[str, Any]:
@@ -696,113 +490,3 @@ def offline_host_detail(
         "last_exit": last_exit,
         "evidence": None,
     }
-
-
-def render_host(detail: Mapping[str, Any]) -> str:
-    """``status HOST`` as text for a terminal; every value escaped (``terminal_text``), each
-    line of a multi-line text (stacks, log lines) on its own line."""
-    out: list[str] = []
-
-    def say(text: object, indent: int = 0) -> None:
-        out.append(" " * indent + terminal_text(text))
-
-    def block(text: object, indent: int = 4) -> None:
-        for line in str(text).splitlines():
-            say(line, indent)
-
-    daemon = detail.get("daemon", {})
-    name = detail.get("host")
-    if not daemon.get("running", True):
-        say(daemon.get("note", "daemon not running"))
-        say(f"{name}: verdict {detail.get('verdict', '?')} ({detail.get('last_reason') or '-'})")
-    else:
-        since = _duration(detail.get("since_s"))
-        say(f"{name}: {detail.get('state')} for {since}: {detail.get('last_reason') or '-'}")
-    age = detail.get("heartbeat_age_s")
-    beat = "no heartbeat seen yet" if age is None else f"heartbeat {_age(age)} ago"
-    say(
-        f"shard {detail.get('shard')}, pid {_dash(detail.get('pid'))}, ssh {detail.get('ssh')}"
-        f" ({detail.get('address')}), {beat}",
-        2,
-    )
-    progress = detail.get("progress")
-    if isinstance(progress, Mapping) and progress.get("reported"):
-        text = f"progress: {_dash(progress.get('processed'))} processed"
-        text += f", {_dash(progress.get('in_flight'))} in flight"
-        if progress.get("tasks_per_min") is not None:
-            text += f", {progress['tasks_per_min']:g} tasks/min"
-        if progress.get("last_progress_age_s") is not None:
-            text += f", last change {_age(progress['last_progress_age_s'])} ago"
-        if progress.get("stuck_in_s") is not None:
-            text += f" (stuck in {_age(progress['stuck_in_s'])} without one)"
-        say(text, 2)
-    else:
-        say("progress: not reported: judged by heartbeat only", 2)
-    work = detail.get("work")
-    if isinstance(work, Mapping):
-        in_flight = progress.get("in_flight") if isinstance(progress, Mapping) else None
-        text = "work (as the worker reports it): " + work_text(work, in_flight)
-        if work.get("semantic_zero") is not None:
-            text += f", {work['semantic_zero']} scored 0"
-        if work.get("qps") is not None:
-            text += f", {work['qps']:g} tasks/s"
-        if work.get("verify_ms_p95") is not None:
-            text += f", verify p95 {work['verify_ms_p95']:g} ms"
-        if work.get("rss_gib") is not None:
-            text += f", rss {work['rss_gib']:g} GiB"
-        say(text, 2)
-    restart = detail.get("restart")
-    if isinstance(restart, Mapping):
-        text = (
-            f"restarts: {restart.get('in_window')} in the last {_duration(restart.get('window_s'))}"
-            f" ({restart.get('total')} in all), {restart.get('failures')} failures in a row"
-        )
-        planned = detail.get("planned_restarts")
-        if isinstance(planned, Mapping) and planned:
-            by_whom = ", ".join(f"{n} {who}" for who, n in sorted(planned.items()))
-            text += f"; planned (not faults): {by_whom}"
-        if restart.get("next_restart_in_s") is not None:
-            text += f", next restart in {_age(restart['next_restart_in_s'])}"
-        if restart.get("held"):
-            text += f", held: {restart['held']}"
-        say(text, 2)
-    probe = detail.get("last_probe")
-    if isinstance(probe, Mapping):
-        age = probe.get("age_s")
-        when = f", {_age(age)} ago" if age is not None else ""
-        say(f"last reward probe: {probe.get('what')}{when}", 2)
-    last_exit = detail.get("last_exit")
-    if isinstance(last_exit, Mapping):
-        age = last_exit.get("age_s")
-        when = f", {_age(age)} ago" if age is not None else ""
-        reaped = last_exit.get("reaped")
-        if isinstance(reaped, int):
-            when += f"; {reaped} process{'' if reaped == 1 else 'es'} of its session reaped"
-        say(f"last exit: pid {_dash(last_exit.get('pid'))} {last_exit.get('what')}{when}", 2)
-    else:
-        say("last exit: none seen", 2)
-    evidence = detail.get("evidence")
-    if isinstance(evidence, Mapping):
-        age = evidence.get("age_s")
-        when = f", {_age(age)} ago" if age is not None else ""
-        say(f"evidence: pid {evidence.get('pid')}{when}, for: {evidence.get('cause') or '-'}", 2)
-        for note in evidence.get("notes") or []:
-            say(f"note: {note}", 4)
-        if evidence.get("stacks"):
-            say(f"stacks ({evidence.get('via')}):", 4)
-            block(evidence["stacks"], 6)
-        if evidence.get("log_tail"):
-            say("log before the stacks:", 4)
-            block(evidence["log_tail"], 6)
-    else:
-        say("evidence: none taken", 2)
-    log = detail.get("log")
-    if isinstance(log, Mapping):
-        lines = log.get("lines") or []
-        if log.get("error"):
-            say(f"log {log.get('path')}: {log['error']}", 2)
-        else:
-            say(f"log {log.get('path')} (last {len(lines)} lines):", 2)
-            for line in lines:
-                say(line, 4)
-    return "\n".join(out)

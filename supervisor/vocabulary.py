@@ -1,6 +1,7 @@
 """The fleet's vocabulary: the events the shell feeds the fleet core and the actions it
-returns, with the policy and membership values ``config.py`` builds for it. Pure values and
-no behaviour, so the shell and the CLI import it without the cores behind it.
+returns (with the policy, membership and refusal codes of ``policies.py`` and
+``refusals.py``, which the CLI imports alone). Pure values and no behaviour, so the shell
+imports it without the fleet core behind it.
 
 Events are past-tense facts the shell observed, or the results of actions it performed;
 actions are imperative, each performed by one adapter (``Daemon._fleet_routes``), and a
@@ -9,13 +10,15 @@ remote operation or a file write answers with an event.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Final
 
 from supervisor import health
 from supervisor.health import HostState
+from supervisor.policies import FleetPolicy as FleetPolicy
+from supervisor.policies import Member as Member
+from supervisor.refusals import Refusal as Refusal
 
 #: The state ``status`` shows for a configured host that waits for its shard or its name to
 #: be free (a reload moved a shard while its old host still stops): not a ``HostState``, as
@@ -23,43 +26,6 @@ from supervisor.health import HostState
 WAITING: Final = "waiting"
 #: Why such a host waits, as ``status`` says it.
 WAITING_REASON: Final = "shard busy"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FleetPolicy:
-    """``[fleet]`` settings and the fleet's own deadlines; ``config.py`` builds it."""
-
-    freeze_fraction: float = 0.5
-    freeze_window_s: float = 30.0
-    max_concurrent_launches: int = 16
-    max_launches_per_minute: int = 120
-    #: Start-up waits this long for every host to answer before READY=1 goes out anyway
-    #: (a host that cannot be reached must not hold the others back).
-    startup_timeout_s: float = 30.0
-    #: Shutdown gives up on hosts still stopping after this long (``health.stop_grace_s``
-    #: and a margin: ``config.shutdown_timeout_s``).
-    shutdown_timeout_s: float = 45.0
-    #: A stop leaves the workers running (``run.on_exit = "detach"``) unless it says otherwise.
-    detach_on_exit: bool = False
-    #: ``run.pointer_file``, written once the fleet is first all ready (None: no pointer).
-    pointer_file: str | None = None
-    #: This many hosts crashing the same way within the window hold restarts (0: never).
-    crash_signature_hosts: int = 3
-    crash_signature_window_s: float = 300.0
-    #: ``[failover] after_s``: a machine down this long with its heartbeat this old is lost
-    #: and its shard moves to a spare (only with ``[[spares]]``).
-    failover_after_s: float = 11.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Member:
-    """A configured host as the fleet sees it: its name, shard and what shapes its worker."""
-
-    name: str
-    shard: int
-    #: Everything that shapes the worker (argv, env, python, address...): a reload that
-    #: changes it restarts the host.
-    launch_key: Hashable = ()
 
 
 # --------------------------------------------------------------------------------------
@@ -451,25 +417,6 @@ class DeleteStopSentinel:
 
     host: str
     token: int
-
-
-class Refusal(StrEnum):
-    """Why an operator command was refused (a code beside the message)."""
-
-    UNKNOWN_HOST = "unknown_host"
-    SENTINEL_HELD = "sentinel_held"
-    FILE_ERROR = "file_error"
-    SHUTTING_DOWN = "shutting_down"
-    #: The daemon does not serve commands yet: it is starting.
-    NOT_STARTED = "not_started"
-    #: drain: every spare serves a shard, is lost or still being cleaned.
-    NO_FREE_SPARE = "no_free_spare"
-    #: drain: no ``[[spares]]`` are configured.
-    NO_SPARES = "no_spares"
-    #: drain: the host serves no shard (a spare, lost, or drained already).
-    NOT_SERVING = "not_serving"
-    #: undrain: the host was not drained.
-    NOT_DRAINED = "not_drained"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,11 +33,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
+from tests import shared
+
 if TYPE_CHECKING:
     from tests.sshd import OpenSsh
 
 #: Names another areal-fs directory (the one holding ``areal/``) than ``../shared/areal-fs``.
-AREAL_ENV: Final = "REWARD_SUPERVISOR_AREAL"
+AREAL_ENV: Final = shared.AREAL.env
 REPO: Final = Path(__file__).resolve().parent.parent
 #: The worker module our config's default ``worker.argv`` runs, and the old script too.
 WORKER_MODULE: Final = "areal.reward.fs_worker"
@@ -83,20 +85,38 @@ KINDS: Final = (HEARTBEAT_STALE, NOT_READY, TASK_FAILED, TIMEOUT, OTHER)
 
 def areal_dir() -> Path | None:
     """The areal-fs directory (``$REWARD_SUPERVISOR_AREAL``, else ``../shared/areal-fs`` beside
-    the repository), or None where this machine has none."""
-    given = os.environ.get(AREAL_ENV)
-    path = Path(given) if given else REPO.parent / "shared" / "areal-fs"
-    if (path / "areal" / "reward" / "fs_client.py").is_file():
-        return path.resolve()
-    return None
+    the repository), or None where it is absent or broken (``tests/shared.py``; a test takes
+    it from ``shared.require``, which tells the two apart)."""
+    found = shared.AREAL.locate()
+    return found.path if isinstance(found, shared.Found) else None
 
 
 def areal_missing_reason() -> str:
-    """Why an AReaL test cannot run here, for its skip."""
-    return (
-        f"the real AReaL worker and client (areal-fs) were not found: set ${AREAL_ENV} to the"
-        f" directory holding areal/ (default {REPO.parent / 'shared' / 'areal-fs'})"
-    )
+    """Why the AReaL files cannot be used here (empty where they can)."""
+    found = shared.AREAL.locate()
+    return "" if isinstance(found, shared.Found) else found.reason
+
+
+#: The two stacks a scenario with the real AReaL worker runs on: areal-fs's worker (and client),
+#: or the reference worker (and ``ContractClient``) in its place.
+REAL: Final = "real"
+REFERENCE: Final = "reference"
+#: ``both``: every such scenario runs on the reference stack too, beside the real one.
+STACKS_ENV: Final = "REWARD_SUPERVISOR_TRAINER_STACKS"
+
+
+def stacks() -> list[str]:
+    """The stacks a scenario of the real worker is parametrized with, at collection.
+
+    Where areal-fs is found (CI), ``[real]`` alone: the reference stack beside it is time the
+    CI budget has not got (``REWARD_SUPERVISOR_TRAINER_STACKS=both`` adds it). Anywhere else,
+    ``[real, reference]``: ``real`` skips, named, where areal-fs is truly absent (fails where
+    it is broken: take it with ``shared.require(shared.AREAL)``), and the same scenario runs
+    on the reference worker."""
+    if os.environ.get(STACKS_ENV) == "both":
+        return [REAL, REFERENCE]
+    found = isinstance(shared.AREAL.locate(), shared.Found)
+    return [REAL] if found else [REAL, REFERENCE]
 
 
 def worker_env(areal: Path | None, **extra: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import shared
 from tests.sshd import OpenSsh
 
 # Machines here are shared and noisy: a test must not fail because generating or running an
@@ -57,7 +59,8 @@ def openssh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
 
 
 #: Set by ./dev test (and so CI): a skipped test is a failure unless marked optional_env,
-#: because on the CI machine every tool a test needs is installed by the project itself.
+#: because on the CI machine every tool a test needs is installed by the project itself. The
+#: one other skip taken is for the team's shared files truly absent (``tests/shared.py``).
 STRICT_SKIPS = os.environ.get("REWARD_SUPERVISOR_STRICT_SKIPS") == "1"
 
 
@@ -145,12 +148,51 @@ def _unmount(target: Path) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, None]:
-    """In strict mode, turn an unexpected skip into a failure that says why it skipped."""
+    """In strict mode, turn an unexpected skip into a failure that says why it skipped. A skip
+    for truly absent shared files (``tests/shared.py``) is expected: it is marked on its report
+    instead, for the count at the end of the run."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    if STRICT_SKIPS and report.skipped and item.get_closest_marker("optional_env") is None:
+    if not report.skipped:
+        return
+    if call.excinfo is not None and isinstance(call.excinfo.value, shared.SharedFilesAbsent):
+        report.user_properties.append((shared.ABSENT_PROPERTY, call.excinfo.value.name))
+        return
+    if STRICT_SKIPS and item.get_closest_marker("optional_env") is None:
         report.outcome = "failed"
         report.longrepr = f"skipped in strict mode (CI installs everything): {report.longrepr}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name every test skipped for absent shared files, and say how many loudly, last: a green
+    run must not hide them. With ``$REWARD_SUPERVISOR_SHARED_REPORT`` (set by ./dev test), the
+    count is appended to that file too, for ./dev to repeat at the very end of its run. Nothing
+    at all when none was skipped so."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return  # a pytest-xdist worker: its controller has every report and counts them once
+    absent = absent_shared_skips(terminalreporter.stats.get("skipped", []))
+    if not absent:
+        return
+    names = sorted({name for _, name in absent})
+    terminalreporter.section("skipped: shared files absent (tests/shared.py)", sep="-")
+    for nodeid, name in absent:
+        terminalreporter.line(f"SKIPPED {nodeid}: no {name}")
+    line = shared.summary_line(len(absent), names, sys.version_info[:2])
+    terminalreporter.write_line(line, red=True, bold=True)
+    target = os.environ.get(shared.REPORT_ENV)
+    if target:
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+
+def absent_shared_skips(reports: list[pytest.TestReport]) -> list[tuple[str, str]]:
+    """``(node id, files' name)`` of each report of a skip for absent shared files."""
+    found = []
+    for report in reports:
+        for key, value in getattr(report, "user_properties", ()):
+            if key == shared.ABSENT_PROPERTY:
+                found.append((report.nodeid, str(value)))
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -179,11 +221,15 @@ def chromium() -> str:
 
 @pytest.fixture(scope="session")
 def seed_script() -> Path:
-    """``reward_workers_ctl.py``, the script we replace (``tests/seed.py`` says where it is
-    looked for); skips without it, which strict mode turns into a failure."""
-    from tests.seed import find_seed, seed_missing_reason
+    """``reward_workers_ctl.py``, the script we replace, from ``../shared/seed`` or
+    ``$REWARD_SUPERVISOR_SEED``: skips, named, where it is truly absent; fails where it is
+    broken (``tests/shared.py``)."""
+    return shared.require(shared.SEED)
 
-    found = find_seed()
-    if found is None:
-        pytest.skip(seed_missing_reason())
-    return found
+
+@pytest.fixture(scope="session")
+def areal_fs() -> Path:
+    """The areal-fs directory (the real AReaL worker and client), from ``../shared/areal-fs``
+    or ``$REWARD_SUPERVISOR_AREAL``: skips, named, where it is truly absent; fails where it is
+    broken (``tests/shared.py``)."""
+    return shared.require(shared.AREAL)

@@ -38,14 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import shared
 from tests.sshd import OpenSsh
 
-SEED_ENV = "REWARD_SUPERVISOR_SEED"
+SEED_ENV = shared.SEED.env
 SCRIPT = "reward_workers_ctl.py"
 PATCH = "selfmatch-fix.patch"
 REPO = Path(__file__).resolve().parent.parent
-#: Where the team keeps the old script, beside the checkout.
-SHARED_SEED = REPO.parent / "shared" / "seed"
 #: The reference worker's reward fn, as the seed's ``--reward-fn`` (read from the manifest).
 REWARD_FN = "supervisor.demo.worker.exact_match"
 
@@ -81,24 +80,17 @@ if __name__ == "__main__":
 
 
 def find_seed() -> Path | None:
-    """The seed script (with its patch beside it), or None where this machine has none."""
-    given = os.environ.get(SEED_ENV)
-    if given:
-        path = Path(given)
-        path = path / SCRIPT if path.is_dir() else path
-        return path if path.is_file() else None
-    candidate = SHARED_SEED / SCRIPT
-    if candidate.is_file() and (candidate.parent / PATCH).is_file():
-        return candidate
-    return None
+    """The seed script (with its patch beside it), or None where it is absent or broken
+    (``tests/shared.py``; a test takes it from the ``seed_script`` fixture, which tells the two
+    apart)."""
+    found = shared.SEED.locate()
+    return found.path if isinstance(found, shared.Found) else None
 
 
 def seed_missing_reason() -> str:
-    """Why a seed test cannot run here, for its skip (a failure under strict skips)."""
-    return (
-        f"the old script {SCRIPT} was not found: set ${SEED_ENV} to it (or its directory);"
-        f" it is looked for in {SHARED_SEED}"
-    )
+    """Why the seed cannot be used here (empty where it can)."""
+    found = shared.SEED.locate()
+    return "" if isinstance(found, shared.Found) else found.reason
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO, cast
 
 from supervisor import config as config_mod
-from supervisor import logs, view
+from supervisor import logs, render
 from supervisor.daemon import Daemon
 from supervisor.demo import worker
 from supervisor.demo.sshserver import LocalSshServer
@@ -221,7 +221,7 @@ async def _follow(daemon: Daemon, tally: Tally, live: bool) -> None:
                 if tty and time.monotonic() - last_table >= REFRESH_S:
                     last_table = time.monotonic()
                     done = _results_count(daemon)
-                    print("\x1b[H\x1b[2J" + view.render_table(status), flush=True)
+                    print("\x1b[H\x1b[2J" + render.render_table(status), flush=True)
                     print(f"\ntasks: {tally.submitted} submitted, {done} done", flush=True)
                 await asyncio.sleep(0.05)
     finally:

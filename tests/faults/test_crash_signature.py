@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import view
+from supervisor import render
 from tests.faults.harness import (
     READY_S,
     FaultRun,
@@ -123,7 +123,7 @@ async def test_bad_deploy_holds_restarts_on_one_signature_until_a_fixed_reload(
         assert row["state"] == "cooling_down", (name, row)
         assert row["restart_held"] is True, (name, row)
         assert row["next_restart_in_s"] is None, (name, row)  # no time: it waits for a release
-    table = view.render_table(status)
+    table = render.render_table(status)
     assert f"restarts held on {HOSTS - 1}, canary {canary}" in table
     assert any(f"CRASH SIGNATURE ({signature})" in n for n in daemon.notifications)
     metrics = await asyncio.to_thread(scrape, port)

@@ -23,6 +23,7 @@ import pytest
 
 from supervisor import control
 from supervisor.errors import ControlError
+from supervisor.refusals import Refusal
 from tests import ports
 from tests.faults.harness import READY_S, FaultRun, events, host_row, kill, pid_of, wait_event
 from tests.faults.test_worker_faults import wait_ready_pid
@@ -204,10 +205,12 @@ async def test_drain_moves_a_shard_to_the_spare_and_undrain_gives_the_host_back(
     assert new != old
     status = await served_by(daemon, "worker-1", "spare-0")
     assert spare_roles(status) == {"spare-0": "serving", "worker-1": "drained"}
-    with pytest.raises(ControlError, match="every spare is busy"):
+    with pytest.raises(ControlError) as no_spare:
         await control.request(daemon.socket, "drain", host="worker-0")
-    with pytest.raises(ControlError, match="not drained"):
+    assert no_spare.value.code == Refusal.NO_FREE_SPARE
+    with pytest.raises(ControlError) as not_drained:
         await control.request(daemon.socket, "undrain", host="worker-0")
+    assert not_drained.value.code == Refusal.NOT_DRAINED
     assert await control.request(daemon.socket, "undrain", host="worker-1") == {"spare": "worker-1"}
     status = await daemon.status()
     assert spare_roles(status)["worker-1"] == "free"

@@ -4,8 +4,8 @@ per host and fleet-wide; a healthy fleet and the trainer's calls are not disturb
 probe file outlives the daemon, even a SIGKILLed one.
 
 Each scenario runs on two stacks (``stack``): ``real``, areal-fs's worker and client
-(skipped, with its reason, where areal-fs is absent), and ``reference``, the reference worker
-(``python -m supervisor.demo.worker``) and ``tests.areal.ContractClient``.
+(skipped, named, where areal-fs is absent: ``tests/shared.py``), and ``reference``, the
+reference worker (``python -m supervisor.demo.worker``) and ``tests.areal.ContractClient``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from supervisor import config as config_mod
-from supervisor import control, view
+from supervisor import control, render
 from supervisor.probes import is_probe_file
 from tests import areal as A
+from tests import shared
 from tests.faults.harness import READY_S, FaultRun, events, host_row, wait_event
 from tests.system.daemonproc import all_ready
 
@@ -53,12 +54,9 @@ class Stack:
 
 @pytest.fixture(params=["real", "reference"])
 def stack(request: pytest.FixtureRequest) -> Stack:
-    """The stack of this run: ``real`` skips where areal-fs is absent."""
+    """The stack of this run: ``real`` skips, named, where areal-fs is absent."""
     if request.param == "real":
-        areal = A.areal_dir()
-        if areal is None:
-            pytest.skip(A.areal_missing_reason())
-        return Stack("real", areal)
+        return Stack("real", shared.require(shared.AREAL))
     return Stack("reference", None)
 
 
@@ -129,10 +127,10 @@ async def test_a_reward_fn_missing_on_every_host_is_held_with_the_error_shown(
         assert row["last_cause"] == "probe_failed", (name, row)
         assert "No module named" in row["last_probe"]["what"], (name, row)
     assert not [e for e in events(daemon, "host.state") if e.get("to") == "ready"]
-    assert "PROBE SIGNATURE" in view.render_table(status)
+    assert "PROBE SIGNATURE" in render.render_table(status)
     detail = await control.request(daemon.socket, "status", host="worker-0")
-    assert "last reward probe: reward probe failed:" in view.render_host(detail)
-    assert "No module named" in view.render_host(detail)
+    assert "last reward probe: reward probe failed:" in render.render_host(detail)
+    assert "No module named" in render.render_host(detail)
 
     fixed = probe_config(fault_run, stack, THRESHOLD, GOOD_PROBE)
     fault_run.write(fixed)

@@ -6,8 +6,9 @@ Two workers: ``tests/family_worker.py`` (the reference worker after forking two 
 a grandchild in a group of its own; each replacement records which of its predecessors'
 family it found alive when it started), and the REAL AReaL worker (``areal.reward.fs_worker``:
 a coordinator, its spawned process pool and a multiprocessing resource tracker) from
-``../shared/areal-fs`` (``REWARD_SUPERVISOR_AREAL`` overrides), or, where it is absent, the
-family stand-in in its place.
+``../shared/areal-fs`` (``REWARD_SUPERVISOR_AREAL`` overrides). The scenarios of the real
+worker run on the stacks of ``tests.areal.stacks``: where areal-fs is absent, ``[real]`` skips,
+named, and ``[reference]`` runs the same scenario with the family stand-in in its place.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import pytest
 
 from supervisor import agent as agent_module
 from supervisor import control
+from tests import areal as A
+from tests import shared
 from tests.family_worker import alive, families
 from tests.faults.harness import READY_S, FaultRun, host_row, kill, pid_of, wait_event
 from tests.faults.test_worker_faults import wait_ready_pid
@@ -42,7 +45,6 @@ REPO = Path(__file__).resolve().parents[2]
 FAMILY_WORKER = REPO / "tests" / "family_worker.py"
 #: The family a stand-in leaves: two children and a grandchild.
 FAMILY = 3
-AREAL = Path(os.environ.get("REWARD_SUPERVISOR_AREAL") or REPO.parent / "shared" / "areal-fs")
 #: The AReaL worker's pool size here (it defaults to 48): its session then holds that many
 #: pool processes and one resource tracker once every slot has a task.
 AREAL_CONCURRENCY = 3
@@ -196,14 +198,23 @@ async def test_a_stuck_worker_terminated_after_its_grace_leaves_no_session_membe
 # --- the real AReaL worker -------------------------------------------------------------------
 
 
-def areal_raw(fault_run: FaultRun, record: Path) -> dict[str, Any]:
-    """A config for one host running the AReaL worker with a pool of AREAL_CONCURRENCY, or,
-    without ``../shared/areal-fs``, the family stand-in."""
-    if not (AREAL / "areal" / "reward" / "fs_worker.py").is_file():
+@pytest.fixture(params=A.stacks())
+def areal(request: pytest.FixtureRequest) -> Path | None:
+    """The areal-fs directory of the ``real`` stack; None: the ``reference`` stack, where the
+    family stand-in takes the AReaL worker's place (``tests.areal.stacks``)."""
+    if request.param == A.REAL:
+        return shared.require(shared.AREAL)
+    return None
+
+
+def areal_raw(fault_run: FaultRun, record: Path, areal: Path | None) -> dict[str, Any]:
+    """A config for one host running the AReaL worker from ``areal`` with a pool of
+    AREAL_CONCURRENCY, or, for ``areal`` None, the family stand-in recording to ``record``."""
+    if areal is None:
         return fault_run.raw(1, worker={"argv": family_argv(record)})
     argv = ["{python}", "-m", "areal.reward.fs_worker", "--root", "{root}", "--shard", "{shard}"]
     argv += ["--host", "{host}", "--concurrency", "{concurrency}"]
-    raw = fault_run.raw(1, env={"PYTHONPATH": str(AREAL)}, worker={"argv": argv})
+    raw = fault_run.raw(1, env={"PYTHONPATH": str(areal)}, worker={"argv": argv})
     raw["hosts"][0]["concurrency"] = AREAL_CONCURRENCY
     return raw
 
@@ -247,13 +258,13 @@ async def kill_and_replace(
 
 
 async def test_the_real_worker_s_pool_dies_with_its_coordinator(
-    fault_run: FaultRun, tmp_path: Path, leftovers: list[list[int]]
+    fault_run: FaultRun, tmp_path: Path, leftovers: list[list[int]], areal: Path | None
 ) -> None:
     """The AReaL worker with every pool slot busy, killed with SIGKILL: once its replacement
     is ready, none of its pool processes or its resource tracker lives, and the exit's
     reports count them all."""
     record = tmp_path / "families.jsonl"
-    fault_run.write(areal_raw(fault_run, record))
+    fault_run.write(areal_raw(fault_run, record, areal))
     daemon = await fault_run.start(ready=1)
     victim = pid_of(await daemon.status(), "worker-0")
     members = await busy_session(fault_run, victim, record, leftovers)
@@ -265,13 +276,13 @@ async def test_the_real_worker_s_pool_dies_with_its_coordinator(
 
 
 async def test_the_real_worker_s_pool_dies_with_it_after_a_daemon_restart(
-    fault_run: FaultRun, tmp_path: Path, leftovers: list[list[int]]
+    fault_run: FaultRun, tmp_path: Path, leftovers: list[list[int]], areal: Path | None
 ) -> None:
     """The daemon SIGKILLed and started again adopts the busy AReaL worker (its agent, new,
     only watches it); a kill -9 of it then leaves none of its pool or resource tracker alive
     once the replacement is ready."""
     record = tmp_path / "families.jsonl"
-    fault_run.write(areal_raw(fault_run, record))
+    fault_run.write(areal_raw(fault_run, record, areal))
     first = await fault_run.start(ready=1)
     victim = pid_of(await first.status(), "worker-0")
     members = await busy_session(fault_run, victim, record, leftovers)

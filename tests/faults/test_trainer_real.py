@@ -5,11 +5,11 @@ workers on the real sshd, through kill -9, SIGSTOP, stuck reward calls and a dea
 The goal (issue 29): the trainer's calls do not fail because a worker crashed or hung (only a
 task that is itself stuck may fail), and nothing of a replaced worker is left running.
 
-Each scenario runs on one of two stacks (the ``stack`` parameter, ``STACKS``): ``real``, the
-worker and client of areal-fs, where areal-fs is present (as in CI); else ``reference``, the
-reference worker (``python -m supervisor.demo.worker``, same flags) called by
-``tests.areal.ContractClient``. Where the two workers differ by design (a broken pool) the
-assertions say which is which.
+Each scenario runs on the stacks of ``tests.areal.stacks`` (the ``stack`` parameter): ``real``,
+the worker and client of areal-fs, where areal-fs is present (as in CI); where it is absent,
+``real`` skips, named, and ``reference`` runs the same scenario: the reference worker
+(``python -m supervisor.demo.worker``, same flags) called by ``tests.areal.ContractClient``.
+Where the two workers differ by design (a broken pool) the assertions say which is which.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests import areal as A
+from tests import shared
 from tests.faults.harness import FaultRun, events
 from tests.system.daemonproc import DaemonProcess
 
@@ -52,9 +53,8 @@ SETTLE_S = 40.0
 STUCK_HOLD_S = 33.0
 
 
-#: The two stacks: areal-fs's worker and client, or the reference worker and our client.
-REAL = "real"
-REFERENCE = "reference"
+REAL = A.REAL
+REFERENCE = A.REFERENCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,27 +72,11 @@ class Stack:
         return self.areal is not None
 
 
-#: What the scenarios run on: areal-fs's worker and client where areal-fs is present (CI),
-#: else the reference worker and our contract client (issue 29: "without it the same
-#: scenarios run on the reference worker"); ``REWARD_SUPERVISOR_TRAINER_STACKS=both`` runs
-#: the reference stack beside the real one.
-STACKS = (
-    [REAL, REFERENCE]
-    if os.environ.get("REWARD_SUPERVISOR_TRAINER_STACKS") == "both"
-    else [REAL]
-    if A.areal_dir() is not None
-    else [REFERENCE]
-)
-
-
-@pytest.fixture(params=STACKS)
+@pytest.fixture(params=A.stacks())
 def stack(request: pytest.FixtureRequest) -> Stack:
-    """The stack of this run."""
+    """The stack of this run (``tests.areal.stacks``)."""
     if request.param == REAL:
-        areal = A.areal_dir()
-        if areal is None:
-            pytest.skip(A.areal_missing_reason())
-        return Stack(REAL, areal)
+        return Stack(REAL, shared.require(shared.AREAL))
     return Stack(REFERENCE, None)
 
 

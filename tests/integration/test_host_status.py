@@ -12,7 +12,7 @@ import pytest
 
 from supervisor import config as config_mod
 from supervisor import health as h
-from supervisor import view
+from supervisor import render, view
 
 POLICY = h.Policy(progress_stale_s=300.0, restart_window_s=3600.0)
 
@@ -58,7 +58,7 @@ def test_a_worker_reporting_no_progress_is_said_to_be_judged_by_its_heartbeat(
     assert row["progress"] == "heartbeat only"
     detail = view.host_detail(host, cfg.hosts[0], 12.0, POLICY)
     assert detail["progress"] == {"reported": False, "judged_by": "heartbeat only"}
-    assert "progress: not reported: judged by heartbeat only" in view.render_host(
+    assert "progress: not reported: judged by heartbeat only" in render.render_host(
         {"host": "worker-0", "daemon": {"running": True}, **detail}
     )
 
@@ -79,7 +79,7 @@ def test_reported_progress_shows_its_rate_and_when_it_would_be_stuck(tmp_path: P
         "stuck_in_s": 270.0,
         "progress_stale_s": 300.0,
     }
-    text = view.render_host({"host": "worker-0", "daemon": {}, **detail})
+    text = render.render_host({"host": "worker-0", "daemon": {}, **detail})
     assert "progress: 500 processed, 4 in flight, 120 tasks/min" in text
     assert "(stuck in 4m30s without one)" in text
 
@@ -124,7 +124,7 @@ def test_the_last_exit_and_evidence_are_shown_in_full_and_escaped(tmp_path: Path
     assert detail["restart"]["next_restart_at"] is None
     assert detail["restart"]["in_window"] == 1 and detail["restart"]["total"] == 2
     detail["log"] = {"path": "/r/ctl/worker-0.log", "lines": ["one", "two\x07"], "error": None}
-    text = view.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
+    text = render.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
     assert "last exit: pid 6 exited with code 3, 15.0s ago\n" in text  # nothing said reaped
     assert "      Thread 0x1 (most recent call first):" in text
     assert "in hung\\x1b[2J" in text and "\x1b" not in text and "\x07" not in text
@@ -172,7 +172,7 @@ def test_without_a_daemon_status_host_reads_progress_and_the_exit_record(
     assert detail["progress"]["processed"] == 12 and detail["progress"]["in_flight"] == 2
     assert detail["last_exit"]["what"] == "killed by signal 9 (SIGKILL)"
     assert detail["last_exit"]["age_s"] == 30.0 and detail["evidence"] is None
-    text = view.render_host(detail)
+    text = render.render_host(detail)
     assert "verdict ok" in text and "last exit: pid 8 killed by signal 9 (SIGKILL)" in text
     assert "30.0s ago; 1 process of its session reaped" in text
     with pytest.raises(KeyError):
@@ -202,5 +202,5 @@ def test_the_last_exit_says_how_many_processes_of_its_session_were_reaped(
     )
     detail = view.host_detail(host, cfg.hosts[0], 20.0, POLICY)
     assert detail["last_exit"]["reaped"] == reaped
-    text = view.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
+    text = render.render_host({"host": "worker-0", "daemon": {"running": True}, **detail})
     assert f"last exit: pid 4711 killed by signal 9 (SIGKILL), 3.1s ago{said}\n" in text

@@ -276,14 +276,12 @@ async def test_the_reward_fn_is_looked_up_with_worker_env_and_imported_on_reques
 
 
 async def test_the_default_reward_fn_is_one_the_real_worker_has(
-    sshd: OpenSsh, tmp_path: Path
+    sshd: OpenSsh, tmp_path: Path, areal_fs: Path
 ) -> None:
     """With the real AReaL worker's package on the path (areal-fs), the default
     ``run.reward_fn`` imports and is a function, while the old default,
     ``areal.reward.gsm8k.gsm8k_reward_fn``, fails ``reward_fn`` as not found."""
-    areal = A.areal_dir()
-    if areal is None:
-        pytest.skip(A.areal_missing_reason())
+    areal = areal_fs
     root = tmp_path / "run"
     raw = sshd.config_dict(root, 1, env=A.worker_env(areal))
     del raw["run"]["reward_fn"]

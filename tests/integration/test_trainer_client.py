@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests import areal as A
+from tests import shared
 
 HOSTS = ("h0", "h1")
 SHARDS = 2
@@ -208,9 +209,7 @@ def make_client(kind: str, root: Path, timeout_s: float) -> tuple[Any, type[Base
             ),
             A.ContractCallFailed,
         )
-    areal = A.areal_dir()
-    assert areal is not None
-    module = A.client_module(areal)
+    module = A.client_module(shared.require(shared.AREAL))
     client = module.FSRewardClient(
         REWARD_FN,
         root=str(root),
@@ -251,8 +250,7 @@ def clients(request: pytest.FixtureRequest) -> list[str]:
     real one and ours, to compare."""
     if request.param == "contract":
         return ["contract"]
-    if A.areal_dir() is None:
-        pytest.skip(A.areal_missing_reason())
+    shared.require(shared.AREAL)
     return ["real", "contract"]
 
 
@@ -298,20 +296,17 @@ async def test_the_contract_client_writes_the_task_record_into_its_shard(
         assert record["args"][:2] == [A.PROMPT, A.COMPLETIONS]
         assert record["kwargs"] == {"answer": A.ANSWER}
         assert path.parent.name == str(A.contract_shard(record["task_id"], SHARDS))
-        areal = A.areal_dir()
-        if "real" in clients and areal is not None:
+        if "real" in clients:
+            areal = shared.require(shared.AREAL)
             assert path.parent.name == str(A.stable_shard(areal, record["task_id"], SHARDS))
 
 
-def test_the_contract_shard_is_the_real_clients_for_every_shard_count() -> None:
+def test_the_contract_shard_is_the_real_clients_for_every_shard_count(areal_fs: Path) -> None:
     """``contract_shard`` sends every task id where AReaL's ``stable_shard`` does, for shard
     counts from 1 to 64 (where areal-fs is)."""
-    areal = A.areal_dir()
-    if areal is None:
-        pytest.skip(A.areal_missing_reason())
     ids = [uuid.uuid4().hex for _ in range(500)] + ["", "a", "é/é", "x" * 300]
     for count in (1, 2, 3, 4, 7, 16, 64):
         ours = [A.contract_shard(task_id, count) for task_id in ids]
-        real = [A.stable_shard(areal, task_id, count) for task_id in ids]
+        real = [A.stable_shard(areal_fs, task_id, count) for task_id in ids]
         assert ours == real, count
     assert len({A.contract_shard(task_id, 64) for task_id in ids}) > 32

@@ -1,7 +1,7 @@
 """The reference worker as a real subprocess (in its own session, as a shepherd starts it) on a
 temporary run directory: the real task and result records, its process pool, its heartbeat,
-its stop, its faults; and, where ``../shared/areal-fs`` is found, the real trainer client
-against it and the real worker's heartbeat beside its own."""
+its stop, its faults; and, where areal-fs is (``tests/shared.py``; skipped, named, where it is
+absent), the real trainer client against it and the real worker's heartbeat beside its own."""
 
 from __future__ import annotations
 
@@ -31,10 +31,6 @@ FAST_BEAT = "0.05"
 # How long "nothing happens" is watched for: twenty heartbeat intervals at FAST_BEAT.
 QUIET_WINDOW_S = 1.0
 EXACT_MATCH = "supervisor.demo.worker.exact_match"
-#: The real worker and client (``areal.reward.fs_worker``, ``FSRewardClient``), when present.
-AREAL_FS_ENV = "REWARD_SUPERVISOR_AREAL_FS"
-REPO = Path(__file__).resolve().parents[2]
-
 #: The real worker's heartbeat fields (areal.reward.fs_worker._write_status).
 REAL_STATUS_FIELDS = frozenset(
     [
@@ -962,17 +958,7 @@ def test_hang_call_with_a_marker_hangs_only_the_first_worker(
     assert worker.has_event("worker.fault") is None
 
 
-# -- the real worker and client, where ../shared/areal-fs is ------------------------------
-
-
-def areal_fs() -> Path:
-    """The directory of the real worker and client (``$REWARD_SUPERVISOR_AREAL_FS``, else
-    ``../shared/areal-fs`` beside the repository); skips the test where there is none."""
-    given = os.environ.get(AREAL_FS_ENV)
-    path = Path(given) if given else REPO.parent / "shared" / "areal-fs"
-    if not (path / "areal" / "reward" / "fs_client.py").is_file():
-        pytest.skip(f"no areal-fs at {path} (set ${AREAL_FS_ENV})")
-    return path
+# -- the real worker and client, where areal-fs is (the areal_fs fixture) ------------------
 
 
 CLIENT = textwrap.dedent(
@@ -1028,17 +1014,15 @@ def run_client(areal: Path, worker: Worker, mode: str) -> dict[str, Any]:
     return reply
 
 
-@pytest.mark.optional_env
 def test_the_real_trainer_client_gets_its_scores_and_errors_from_the_reference_worker(
-    start_worker: StartWorker,
+    start_worker: StartWorker, areal_fs: Path
 ) -> None:
     """FSRewardClient, run from areal-fs, finds the heartbeat fresh and ready, gets the right
     score for 20 concurrent calls, a RewardInfraError carrying the reward fn's error (and the
     import failure) for failing ones, and refuses to call once the worker has stopped."""
-    areal = areal_fs()
     worker = start_worker(concurrency=4)
     worker.wait_ready()
-    reply = run_client(areal, worker, "score")
+    reply = run_client(areal_fs, worker, "score")
     assert reply["scores"] == [1.0 if str(i % 4) in f"answer {i}" else 0.0 for i in range(20)]
     assert reply["error"] is not None and "KeyError: 'no verifier'" in reply["error"]
     assert reply["missing"] is not None and "no_such_module_xyz" in reply["missing"]
@@ -1046,19 +1030,19 @@ def test_the_real_trainer_client_gets_its_scores_and_errors_from_the_reference_w
     assert worker.proc.poll() is None
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.wait_exit() == 0
-    stopped = run_client(areal, worker, "stopped")
+    stopped = run_client(areal_fs, worker, "stopped")
     assert stopped["error"] == f"reward worker not ready: {HOST}"
 
 
-@pytest.mark.optional_env
-def test_the_real_worker_writes_the_same_heartbeat_fields_but_seq(tmp_path: Path) -> None:
+def test_the_real_worker_writes_the_same_heartbeat_fields_but_seq(
+    tmp_path: Path, areal_fs: Path
+) -> None:
     """areal.reward.fs_worker's heartbeat has exactly the fields the reference worker writes,
     but seq (ours)."""
-    areal = areal_fs()
     root = tmp_path / "real"
     argv = [sys.executable, "-m", "areal.reward.fs_worker", "--root", str(root), "--shard", "0"]
     argv += ["--host", "real-0", "--concurrency", "1"]
-    env = {**os.environ, "PYTHONPATH": str(areal)}
+    env = {**os.environ, "PYTHONPATH": str(areal_fs)}
     real = subprocess.Popen(
         argv,
         env=env,

@@ -123,9 +123,9 @@ async def test_restart_stop_and_start_host(running: tuple[DaemonProcess, Path]) 
     )
     sentinel = Path(status["daemon"]["root"]) / "ctl" / "worker-1.stop"
     assert sentinel.exists()
-    refused = await acli("restart-host", "-c", str(config), "worker-1")
+    refused = await acli("restart-host", "-c", str(config), "worker-1", "--json")
     assert refused.returncode == 1
-    assert "stop sentinel" in refused.stderr
+    assert json.loads(refused.stdout)["code"] == "sentinel_held"
 
     started = await acli("start-host", "-c", str(config), "worker-1")
     assert started.returncode == 0, started.stderr
@@ -269,15 +269,16 @@ def test_commands_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -> None:
     assert as_json["daemon"]["running"] is False
     assert set(as_json["hosts"]) == {"worker-0", "worker-1"}
     for command in (["restart-host", "worker-0"], ["stop"], ["reload"]):
-        result = cli(command[0], "-c", str(config), *command[1:])
+        result = cli(command[0], "-c", str(config), *command[1:], "--json")
         assert result.returncode == 3, (command, result.stderr)
-        assert "not running" in result.stderr or "no socket" in result.stderr
-    unknown = cli("restart-host", "-c", str(config), "worker-7")
+        assert json.loads(result.stdout)["code"] == "no_daemon", command
+    unknown = cli("restart-host", "-c", str(config), "worker-7", "--json")
     assert unknown.returncode == 2
-    assert "unknown host 'worker-7'" in unknown.stderr
-    missing = cli("status")
+    assert json.loads(unknown.stdout)["code"] == "unknown_host"
+    missing = cli("status", "--json")
     assert missing.returncode == 2
-    assert "REWARD_SUPERVISOR_CONFIG" in missing.stderr
+    assert json.loads(missing.stdout)["code"] == "usage"
+    assert "REWARD_SUPERVISOR_CONFIG" in missing.stderr  # it says how to give one
 
 
 def test_status_of_one_host_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -> None:
@@ -299,10 +300,10 @@ def test_status_of_one_host_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -
     assert detail["host"] == "worker-1" and detail["daemon"]["running"] is False
     assert detail["log"]["lines"][-2:] == ["line 29", "\x1b[2J"]
     assert len(detail["log"]["lines"]) == 20
-    unknown = cli("status", "-c", str(config), "worker-7")
-    assert unknown.returncode == 2 and "unknown host 'worker-7'" in unknown.stderr
-    watching = cli("status", "-c", str(config), "worker-1", "--watch")
-    assert watching.returncode == 2 and "--watch" in watching.stderr
+    unknown = cli("status", "-c", str(config), "worker-7", "--json")
+    assert unknown.returncode == 2 and json.loads(unknown.stdout)["code"] == "unknown_host"
+    watching = cli("status", "-c", str(config), "worker-1", "--watch", "--json")
+    assert watching.returncode == 2 and json.loads(watching.stdout)["code"] == "usage"
 
 
 def test_check_config_exit_codes() -> None:

@@ -34,7 +34,6 @@ from typing import Any
 import pytest
 
 from supervisor import config as config_mod
-from tests import areal as A
 from tests.sshd import OpenSsh
 
 pytestmark = [pytest.mark.system, pytest.mark.openssh]
@@ -206,7 +205,7 @@ class Stack:
 
 @pytest.fixture(params=["reference", "real"])
 def stack(request: pytest.FixtureRequest) -> Stack:
-    """``real`` skips where areal-fs is absent."""
+    """``real`` skips, named, where areal-fs is absent (the ``areal_fs`` fixture)."""
     if request.param == "reference":
         return Stack(
             "reference",
@@ -216,9 +215,7 @@ def stack(request: pytest.FixtureRequest) -> Stack:
                 *("--env", f"PYTHONPATH={REPO}"),
             ),
         )
-    areal = A.areal_dir()
-    if areal is None:
-        pytest.skip(A.areal_missing_reason())
+    areal: Path = request.getfixturevalue("areal_fs")
     # The default worker module and reward fn: both are areal-fs's.
     return Stack("real", ("--env", f"PYTHONPATH={areal}"))
 

@@ -76,9 +76,9 @@ async def test_an_unwritable_pointer_is_reported_and_retried_not_fatal(
     row = failing["daemon"]["pointer"]
     assert row["written"] is False and row["path"] == str(pointer)
     assert row["error"]
-    from supervisor import view
+    from supervisor import render
 
-    assert f"pointer file {pointer} not written" in view.render_table(failing)
+    assert f"pointer file {pointer} not written" in render.render_table(failing)
     line = events(daemon, "pointer.not_written")[0]
     assert line["path"] == str(pointer) and line["level"] == "error"
 

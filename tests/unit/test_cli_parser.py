@@ -120,7 +120,7 @@ def test_check_config_takes_c_the_environment_or_the_positional(
     both = parser.parse_args(["check-config", "-c", "a.toml", "b.toml"])
     with pytest.raises(cli.CliError) as refused:
         cli._check_config_path(both)
-    assert refused.value.code == cli.EXIT_USAGE
+    assert refused.value.code == cli.Failure.USAGE and refused.value.exit_status == cli.EXIT_USAGE
     monkeypatch.delenv(cli.CONFIG_ENV)
     with pytest.raises(cli.CliError):
         cli._check_config_path(parser.parse_args(["check-config"]))

@@ -1,5 +1,6 @@
-"""The cores stay pure: health.py and leadership.py import only a few stdlib modules; the fleet
-core and its sub-cores (and their vocabulary) nothing of ours but each other and health.py."""
+"""The cores stay pure: health.py and leadership.py import only a few stdlib modules and, of
+ours, the leaf modules of plain values (policies.py, refusals.py: stdlib only themselves);
+the fleet core and its sub-cores (and their vocabulary) those, health.py and each other."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import pytest
 import supervisor.fleet
 import supervisor.health
 import supervisor.leadership
+import supervisor.policies
+import supervisor.refusals
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
+#: Plain values the cores share with the config and the CLI, defined apart so that reading a
+#: config or a refusal imports no core.
+LEAVES = {"supervisor.policies", "supervisor.refusals"}
+CORE_ALLOWED = ALLOWED | LEAVES
 #: The fleet's sub-cores and their vocabulary: the fleet core is a coordinator of these.
 SUB_CORES = (
     "vocabulary",
@@ -26,7 +33,7 @@ SUB_CORES = (
 #: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
 #: the per-host core it drives and its sub-cores.
 FLEET_ALLOWED = (
-    ALLOWED
+    CORE_ALLOWED
     | {"heapq", "re", "supervisor", "supervisor.health"}
     | {f"supervisor.{name}" for name in SUB_CORES}
 )
@@ -48,7 +55,7 @@ def _imports(path: Path) -> set[str]:
 def test_health_imports_only_allowed_stdlib_modules() -> None:
     """No asyncio, time, os, logging, structlog or supervisor.* import sneaks into the core."""
     path = Path(supervisor.health.__file__)
-    assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
+    assert _imports(path) <= CORE_ALLOWED, _imports(path) - CORE_ALLOWED
 
 
 @pytest.mark.parametrize("module", ["fleet", *SUB_CORES])
@@ -56,7 +63,7 @@ def test_the_fleet_and_its_sub_cores_import_only_each_other_and_the_host_core(
     module: str,
 ) -> None:
     """No I/O, clock or asyncio in the fleet core or a sub-core either; of ours, only
-    health.py and each other."""
+    health.py, the leaf modules and each other."""
     path = PACKAGE / f"{module}.py"
     assert _imports(path) <= FLEET_ALLOWED, _imports(path) - FLEET_ALLOWED
 
@@ -65,7 +72,15 @@ def test_leadership_imports_only_allowed_stdlib_modules() -> None:
     """The leadership core has no clock, no I/O and nothing of ours: the shell takes the lock,
     reads the epoch and sleeps until its deadline."""
     path = Path(supervisor.leadership.__file__)
-    assert _imports(path) <= ALLOWED, _imports(path) - ALLOWED
+    assert _imports(path) <= CORE_ALLOWED, _imports(path) - CORE_ALLOWED
+
+
+def test_the_leaf_modules_the_cores_import_are_stdlib_only() -> None:
+    """policies.py and refusals.py, which the cores import, import nothing of ours and no
+    stdlib module a core may not: the cores stay pure through them."""
+    for module in (supervisor.policies, supervisor.refusals):
+        path = Path(module.__file__ or "")
+        assert _imports(path) <= ALLOWED, (path.name, _imports(path) - ALLOWED)
 
 
 def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:

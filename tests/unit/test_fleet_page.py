@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from supervisor import health, page, view
+from supervisor import health, page, render, view
 from supervisor.config import HostConfig
 from supervisor.health import Cause, HostState
 from tests.examples import examples
@@ -320,7 +320,7 @@ def test_a_host_page_shows_what_status_host_shows() -> None:
     detail = {"host": "w-3", "daemon": {"pid": 7}, **view.host_detail(h, cfg("w-3"), 100.0, POLICY)}
     log = {"path": "/run/ctl/w-3.log", "lines": ["line one", "line two"], "error": None}
     read = parse_page(page.host_page(detail, log))
-    terminal = view.render_host({**detail, "log": log})
+    terminal = render.render_host({**detail, "log": log})
     for shown in (
         "killed by signal 9",
         "4242",

@@ -83,9 +83,9 @@ POLICY_TABLES = frozenset(
 #: (a reload's ``Reconfigured``).
 POLICIES = frozenset(
     {
-        "supervisor.health.Policy",
-        "supervisor.vocabulary.FleetPolicy",
-        "supervisor.leadership.Policy",
+        "supervisor.policies.HealthPolicy",
+        "supervisor.policies.FleetPolicy",
+        "supervisor.policies.HaPolicy",
         "supervisor.health.History",
     }
 )

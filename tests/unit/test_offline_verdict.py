@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor import view
+from supervisor import render, view
 from supervisor.statusfiles import StatusProblem, StatusRecord
 
 FRESH = StatusRecord(pid=7, ready=True, heartbeat_at=1.0, seq=None)
@@ -59,7 +59,7 @@ def test_offline_table_shows_the_verdict_pids_and_the_stop_sentinel() -> None:
             },
         },
     }
-    lines = view.render_table(status).splitlines()
+    lines = render.render_table(status).splitlines()
     assert lines[0] == "daemon not running: files only"
     assert lines[1].split() == ["HOST", "SHARD", "VERDICT", "PID", "STATUS", "PID", "BEAT", "NOTE"]
     assert lines[2].split()[:6] == ["worker-0", "0", "ok", "41", "41", "0.5s"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import health, view
+from supervisor import health, render, view
 from supervisor.config import HostConfig
 from supervisor.health import Cause, HostState
 from supervisor.metrics import Metrics
@@ -90,7 +90,7 @@ def test_status_table_names_the_signature_escaped_with_what_releases_it() -> Non
              "held": ["b", "c"], "since_s": 75.0}
         ],
     }  # fmt: skip
-    table = view.render_table({"daemon": daemon, "hosts": {}})
+    table = render.render_table({"daemon": daemon, "hosts": {}})
     line = next(x for x in table.splitlines() if x.startswith("CRASH SIGNATURE"))
     assert "3 hosts crashed the same way (exit 2: boom\\x1b[2J)" in line
     assert "restarts held on 2, canary a" in line
@@ -114,7 +114,7 @@ def test_a_held_restart_shows_no_time_but_held() -> None:
     assert (r["restart_held"], r["next_restart_in_s"]) == (True, None)
     free = view.host_row(replace(host, held=None), cfg, 1.0, health.Policy())
     assert (free["restart_held"], free["next_restart_in_s"]) == (False, 4.0)
-    table = view.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
+    table = render.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
     assert table.splitlines()[-1].split()[7] == "held"
 
 
@@ -136,7 +136,7 @@ def test_status_line_leads_with_the_crash_signature_escaped() -> None:
         f" canary {signature.canary}; "
     )
     assert "\x1b" not in line
-    assert line.endswith(view.summary(h.state.value for h in s.core.hosts.values()))
+    assert line.endswith(render.summary(h.state.value for h in s.core.hosts.values()))
 
 
 def test_a_scrape_without_a_snapshot_has_no_up_gauge_for_the_absent_alert() -> None:
@@ -234,9 +234,9 @@ def test_the_worker_s_own_figures_reach_the_row_the_table_and_status_host() -> N
         "completed": 120, "errors": 3, "semantic_zero": 40, "queue_depth": 9, "qps": 2.5,
         "concurrency": 48, "rss_gib": 0.5, "verify_ms_p95": 812.0,
     }  # fmt: skip
-    table = view.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
+    table = render.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
     assert "123 (3 err) q9" in table
-    text = view.render_host({"daemon": {}, "host": "w", **view.host_detail(host, cfg, 10.0,
+    text = render.render_host({"daemon": {}, "host": "w", **view.host_detail(host, cfg, 10.0,
                             health.Policy())})  # fmt: skip
     assert "120 ok, 3 errors, 4 in flight of 48, queue 9, 40 scored 0" in text
     assert "verify p95 812 ms" in text
@@ -275,12 +275,18 @@ def test_the_table_says_which_machine_serves_a_moved_host_and_what_the_spares_do
         {"name": "s\x1b[2J", "role": "free", "connected": True, "serves": None},
     ]
     daemon = {"running": True, "spares": spares, "free_spares": 1}
-    table = view.render_table({"daemon": daemon, "hosts": {"w-0": row}})
+    table = render.render_table({"daemon": daemon, "hosts": {"w-0": row}})
     assert table.splitlines()[-2].startswith("w-0 on spare-0 ")
     assert table.splitlines()[-1] == (
         "spares (1 free): spare-0 serving w-0, w-0 fenced, s\\x1b[2J free"
     )
     plain = {**row, "machine": "w-0"}
-    table = view.render_table({"daemon": {"running": True}, "hosts": {"w-0": plain}})
+    table = render.render_table({"daemon": {"running": True}, "hosts": {"w-0": plain}})
     assert table.splitlines()[-1].startswith("w-0 ")
     assert "spares" not in table
+
+
+def test_the_terminal_knows_the_states_in_the_cores_order() -> None:
+    """``render.STATE_ORDER`` (kept apart so that rendering imports no core) is the host
+    core's states in its order, so a summary lists a new state where the core puts it."""
+    assert tuple(s.value for s in HostState) == render.STATE_ORDER

@@ -102,3 +102,17 @@ def test_the_first_fleet_s_commands_are_ones_the_cli_takes() -> None:
     parser = cli.build_parser()
     for argv in commands:
         parser.parse_args(argv)
+
+
+def test_the_code_table_lists_every_code_with_its_exit_status() -> None:
+    """Each failure code (the daemon's and the client's ``Refusal``, the command line's
+    ``Failure``) has a row in docs/CLI.md's code table, with the exit status the CLI gives
+    it, and no row names a code the CLI does not have."""
+    from supervisor import cli
+    from supervisor.refusals import Refusal
+
+    rows = re.findall(r"^\| `([a-z_]+)` \| (\d) \|", CLI_DOC.read_text(), flags=re.MULTILINE)
+    documented = {code: int(status) for code, status in rows}
+    codes = {str(c) for c in Refusal} | {str(c) for c in cli.Failure}
+    assert set(documented) == codes
+    assert documented == {code: cli.exit_status(code) for code in codes}

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from supervisor import logs
 from supervisor.cli import _event_line
+from supervisor.render import render_table
 from supervisor.terminal import terminal_text
-from supervisor.view import render_table
 
 HOSTILE = "boom\x1b[2J\x1b]0;owned\x07\r\n\t\x7f\x9b\u202e\u2028\ud800 done"
 
