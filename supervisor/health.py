@@ -105,11 +105,6 @@ UNHEALTHY_STATES: Final = frozenset({S.STALE, S.COOLING_DOWN, S.FAILED})
 STOP_STATES: Final = frozenset({S.STOPPING, S.STOPPED})
 
 
-def is_unhealthy(state: HostState) -> bool:
-    """A host in ``state`` needs attention (its change is logged as a warning)."""
-    return state in UNHEALTHY_STATES
-
-
 Op = Literal["launch", "terminate", "probe", "quarantine"]
 
 
@@ -1725,9 +1720,8 @@ def restart_refusal(host: Host) -> str | None:
 def _restart(host: Host, event: Event, now: float, policy: Policy) -> Host:
     if restart_refusal(host) is not None:
         return host
-    reason, planned = "restart", Planned.OPERATOR
-    if isinstance(event, RestartRequested):
-        reason, planned = event.reason, event.planned
+    asked = cast(RestartRequested, event)  # the table routes only RestartRequested here
+    reason, planned = asked.reason, asked.planned
     host = replace(
         host, failures=0, stop_cause=None, restart_is_automatic=False, held=None, planned=planned
     )

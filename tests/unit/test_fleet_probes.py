@@ -153,3 +153,16 @@ def test_a_reload_that_changes_only_the_probe_keeps_a_crash_signature() -> None:
     assert (
         list(s.core.signature_state.active.values()) == [signature] and s.core.signature_state.held
     )
+
+
+def test_each_answer_is_reported_once_before_what_it_leads_to_and_an_unasked_one_never() -> None:
+    """The core's judgement of an answer goes out first, then the changes it causes; an
+    answer nobody asked for (no probe in flight) is not reported at all."""
+    s = probed_fleet(1)
+    out = s.on("w0", h.RewardProbeAnswered(pid=100, status="error", error=MISSING))
+    kinds = [type(a) for a in out]
+    assert kinds[0] is v.ProbeReported and v.HostStateChanged in kinds
+    [report] = [a for a in out if isinstance(a, v.ProbeReported)]
+    assert report.host == "w0" and report.report.cause is h.Cause.PROBE_FAILED
+    again = s.on("w0", h.RewardProbeAnswered(pid=100, status="ok", score=1.0))
+    assert not [a for a in again if isinstance(a, v.ProbeReported)]
