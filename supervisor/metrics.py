@@ -616,7 +616,8 @@ class _SnapshotCollector(Collector):
         )
         yield _gauge(
             "reward_supervisor_status_parse_errors",
-            "Status files read that were not a valid heartbeat (total).",
+            "Status files read that exist but are not a valid heartbeat (total; a missing"
+            " file is not counted).",
             daemon.get("status_parse_errors", 0),
         )
         spares = daemon.get("spares") or ()

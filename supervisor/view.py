@@ -18,7 +18,7 @@ from supervisor import fleet, health, runfiles
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.render import summary
-from supervisor.statusfiles import StatusProblem, StatusRecord, read_exit, read_status
+from supervisor.statusfiles import MISSING, StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
 
 
@@ -332,7 +332,7 @@ def seed_verdict(record: StatusRecord | StatusProblem, age_s: float | None, stal
     ``status_bad``, ``heartbeat_stale`` (older than ``stale_s``), ``not_ready`` or ``ok``,
     checked in that order as the seed did."""
     if isinstance(record, StatusProblem):
-        return "status_missing" if record.reason == "missing" else "status_bad"
+        return "status_missing" if record.missing else "status_bad"
     if age_s is None:
         return "status_missing"  # gone between the read and the stat
     if age_s > stale_s:
@@ -365,7 +365,7 @@ def _run_dirs(layout: RunLayout) -> Iterator[_Dirs]:
 
 def _status_at(layout: RunLayout, dirs: _Dirs, host: str) -> StatusRecord | StatusProblem:
     if dirs[0] is None:
-        return StatusProblem("missing")
+        return StatusProblem(MISSING)
     return read_status(layout.status(host), dir_fd=dirs[0])
 
 
