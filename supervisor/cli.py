@@ -1197,6 +1197,8 @@ def cmd_import_seed(args: argparse.Namespace) -> int:
         )
     except seedimport.ImportProblem as exc:
         raise CliError(str(exc), Failure.USAGE) from None
+    for note in imported.notes:
+        print(f"reward-supervisor: {note}", file=sys.stderr)
     for warning in imported.warnings:
         print(f"reward-supervisor: warning: {warning}", file=sys.stderr)
     if args.output:
