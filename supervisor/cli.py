@@ -682,7 +682,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _watch_status(cfg, args)
     status = _status_or_offline(cfg)
     _print_status(status, as_json=args.json)
-    return EXIT_OK
+    return _status_exit(status)
+
+
+def _status_exit(status: Mapping[str, Any]) -> int:
+    """0 when a daemon answered; without one, ``view.offline_exit_status``: 3 not running (it
+    stopped cleanly, or none led the run yet), 1 dead (the last one did not stop cleanly),
+    0 when a daemon elsewhere holds the run lock."""
+    daemon = status.get("daemon") or {}
+    if daemon.get("running", True):
+        return EXIT_OK
+    from supervisor import view
+
+    return view.offline_exit_status(daemon)
 
 
 def _host_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
@@ -710,7 +722,7 @@ def _host_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
         print(json.dumps(detail, indent=2, sort_keys=True))
     else:
         print(render.render_host(detail))
-    return EXIT_OK
+    return _status_exit(detail)
 
 
 #: Lines of the log a ``status HOST`` may ask for.

@@ -341,6 +341,9 @@ class Daemon:
         await self.links.aclose()
         if self._fleet.history_is_ours:  # else the leader's: a standby leaves it alone
             await self.rundir.save_history()
+            # Reached only when the stop ran to its end (an error skips it): offline
+            # ``status`` tells a clean stop from a crash by this record.
+            await self.rundir.record_stop(self._fleet.hosts)
 
     async def _interpret(self) -> None:
         """Feed what is queued to the core, a batch at a time, and route what it says."""

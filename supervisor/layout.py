@@ -65,6 +65,12 @@ class RunLayout:
         """Restart history and backoff, kept across daemon restarts."""
         return self.ctl / "supervisor-state.json"
 
+    @property
+    def stop_record(self) -> Path:
+        """Written by a leader whose stop ran to its end: when, under which epoch, and each
+        host's last state (``runfiles.StopRecord``)."""
+        return self.ctl / "supervisor-stopped.json"
+
     def shard_inbox(self, shard: int) -> Path:
         return self.inbox / str(shard)
 

@@ -164,7 +164,8 @@ def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
         raw = (
             name,
             str(row.get("shard", "")),
-            str(row.get("verdict", "?")),
+            # What the files prove beats the seed's verdict (a stopped worker's is "stale").
+            "stopped" if row.get("state") == "stopped" else str(row.get("verdict", "?")),
             _dash(row.get("pid")),
             _dash(row.get("status_pid")),
             _age(row.get("heartbeat_age_s")),
@@ -201,7 +202,11 @@ def render_host(detail: Mapping[str, Any]) -> str:
     name = detail.get("host")
     if not daemon.get("running", True):
         say(daemon.get("note", "daemon not running"))
-        say(f"{name}: verdict {detail.get('verdict', '?')} ({detail.get('last_reason') or '-'})")
+        if detail.get("state") == "stopped":
+            say(f"{name}: {detail.get('last_reason') or 'stopped'}")
+        else:
+            verdict = detail.get("verdict", "?")
+            say(f"{name}: verdict {verdict} ({detail.get('last_reason') or '-'})")
     else:
         since = _duration(detail.get("since_s"))
         say(f"{name}: {detail.get('state')} for {since}: {detail.get('last_reason') or '-'}")

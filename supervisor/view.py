@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -298,29 +298,99 @@ def status_line(core: fleet.Fleet) -> str:
     return text
 
 
-def offline_status(config: Config, *, now_wall: float | None = None) -> dict[str, Any]:
+def offline_status(
+    config: Config, *, now_wall: float | None = None, look_at_lock: bool = True
+) -> dict[str, Any]:
     """Status from the run directory alone, for when no daemon answers.
 
     Heartbeat age here is the status file's modification time against this machine's
     clock: it cannot be skew-immune without a daemon watching the file change. Each row
     carries the seed's verdict too (``verdict``, ``ok``, ``status_pid``, ``ready``).
+    ``look_at_lock`` False in a daemon's own process (a standby's view): closing any
+    descriptor of the lock file releases the locks its process holds.
     """
     layout = layout_of(config)
     now_wall = time.time() if now_wall is None else now_wall
     stale_s = config.health.heartbeat_stale_s
+    daemon, stop = last_daemon(layout, look_at_lock=look_at_lock)
     hosts: dict[str, Any] = {}
     with _run_dirs(layout) as dirs:
         for cfg in config.hosts:
-            hosts[cfg.name] = _offline_row(layout, dirs, cfg, now_wall, stale_s)
+            hosts[cfg.name] = _offline_row(layout, dirs, cfg, now_wall, stale_s, stop)
     return {
-        "daemon": {
-            "running": False,
-            "note": "daemon not running: state read from the run directory only",
-            "root": str(config.run.root),
-            "heartbeat_stale_s": stale_s,
-        },
+        "daemon": {**daemon, "root": str(config.run.root), "heartbeat_stale_s": stale_s},
         "hosts": hosts,
     }
+
+
+#: ``status``'s exit status when no daemon answered (LSB init scripts' ``status`` codes, as
+#: ``systemctl status`` gives them): a daemon elsewhere holds the run lock (running), the
+#: last one stopped cleanly or none ever led the run (not running), or the last one to lead
+#: did not stop cleanly (dead: killed, crashed, its node lost; its workers may run on).
+OFFLINE_RUNNING: Final = 0
+OFFLINE_DEAD: Final = 1
+OFFLINE_NOT_RUNNING: Final = 3
+
+
+def offline_exit_status(daemon: Mapping[str, Any]) -> int:
+    """The exit status of ``status`` for an offline ``daemon`` row (``last_daemon``)."""
+    if daemon.get("lock_holder"):
+        return OFFLINE_RUNNING
+    if daemon.get("stopped_cleanly_at") is not None or not daemon.get("last_epoch"):
+        return OFFLINE_NOT_RUNNING
+    return OFFLINE_DEAD
+
+
+def wall_text(at: float) -> str:
+    """A wall-clock instant for people, in UTC as the logs are."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def last_daemon(
+    layout: RunLayout, *, look_at_lock: bool = True
+) -> tuple[dict[str, Any], runfiles.StopRecord | None]:
+    """What the run directory says of the daemon that last led the run, when none answers:
+    the ``daemon`` row of an offline status (``running``, ``note``, ``lock_holder``,
+    ``last_epoch``, ``stopped_cleanly_at``, ``stopped_by``), and its stop record when that
+    record is of the last leadership (its epoch is the one on disk) and nobody is seen to
+    lead now (the lock is looked at only with ``look_at_lock``)."""
+    epoch = runfiles.read_epoch(layout.epoch_file, root=layout.root)
+    holder = runfiles.current_holder(layout.lock_file, root=layout.root) if look_at_lock else ""
+    row: dict[str, Any] = {
+        "running": False,
+        "lock_holder": holder or None,
+        "last_epoch": epoch or None,
+        "stopped_cleanly_at": None,
+        "stopped_by": None,
+    }
+    record = runfiles.read_stop_record(layout.stop_record, root=layout.root)
+    if holder:
+        row["note"] = (
+            f"no daemon answered here, but {holder} holds the run lock: a daemon leads this"
+            " run (another node's, or one with another control socket); state read from the"
+            " run directory only"
+        )
+        return row, None
+    if record is not None and epoch is not None and record.epoch == epoch:
+        row["stopped_cleanly_at"] = record.stopped_at
+        row["stopped_by"] = record.by
+        row["note"] = (
+            f"daemon not running: it stopped cleanly at {wall_text(record.stopped_at)}"
+            f" ({record.by}); state read from the run directory only"
+        )
+        return row, record
+    if epoch:
+        row["note"] = (
+            f"daemon not running, and the last one to lead this run (epoch {epoch}) did not"
+            " stop cleanly (killed, crashed, or its node lost): its workers may run"
+            " unsupervised; start it again (it adopts them). State read from the run"
+            " directory only"
+        )
+    else:
+        row["note"] = (
+            "daemon not running (none has led this run yet): state read from the run directory only"
+        )
+    return row, None
 
 
 #: The seed's verdicts (``reward_workers_ctl.py status``: its ``reason``), worst first.
@@ -380,7 +450,12 @@ def _lstat_at(fd: int | None, name: str) -> os.stat_result | None:
 
 
 def _offline_row(
-    layout: RunLayout, dirs: _Dirs, cfg: HostConfig, now_wall: float, stale_s: float
+    layout: RunLayout,
+    dirs: _Dirs,
+    cfg: HostConfig,
+    now_wall: float,
+    stale_s: float,
+    stop: runfiles.StopRecord | None,
 ) -> dict[str, Any]:
     record = _status_at(layout, dirs, cfg.name)
     st = _lstat_at(dirs[0], layout.status(cfg.name).name)
@@ -389,22 +464,35 @@ def _offline_row(
     pid = _read_pid(layout, cfg.name)
     ok = isinstance(record, StatusRecord)
     verdict = seed_verdict(record, age, stale_s)
+    status_pid = record.pid if isinstance(record, StatusRecord) else None
+    reason = (
+        ("ready" if record.ready else "not ready") + f" (status pid {record.pid})"
+        if isinstance(record, StatusRecord)
+        else record.reason
+    )
+    stopped = sentinel
+    at_stop = None if stop is None else stop.hosts.get(cfg.name)
+    if stop is not None and at_stop is not None:
+        when = wall_text(stop.stopped_at)
+        state, stopped_pid = at_stop
+        # The daemon confirmed this worker dead; a status file of another pid is news since.
+        if state == "stopped" and status_pid in (None, stopped_pid):
+            stopped = True
+            reason = f"stopped (daemon stopped cleanly at {when})"
+        else:
+            reason += f"; {state} when the daemon stopped cleanly at {when}"
     return {
-        "state": "stopped" if sentinel else "unknown",
+        "state": "stopped" if stopped else "unknown",
         "verdict": verdict,
         "ok": verdict == "ok",
         "shard": cfg.shard,
         "pid": pid,
-        "status_pid": record.pid if isinstance(record, StatusRecord) else None,
+        "status_pid": status_pid,
         "ready": record.ready if isinstance(record, StatusRecord) else None,
         "ssh": "unknown",
         "heartbeat_age_s": None if age is None else round(age, 3),
         "restarts": None,
-        "last_reason": (
-            ("ready" if record.ready else "not ready") + f" (status pid {record.pid})"
-            if isinstance(record, StatusRecord)
-            else record.reason
-        ),
+        "last_reason": reason,
         "status_ok": ok,
         "stop_sentinel": sentinel,
         "address": f"{cfg.address}:{cfg.port}",
@@ -425,8 +513,9 @@ def offline_host_detail(
     cfg = config.host(host)
     if cfg is None:
         raise KeyError(host)
+    daemon, stop = last_daemon(layout)
     with _run_dirs(layout) as dirs:
-        row = _offline_row(layout, dirs, cfg, now_wall, config.health.heartbeat_stale_s)
+        row = _offline_row(layout, dirs, cfg, now_wall, config.health.heartbeat_stale_s, stop)
         record = _status_at(layout, dirs, host)
         exit_record = (
             None if dirs[1] is None else read_exit(layout.exit_record(host), dir_fd=dirs[1])
@@ -463,11 +552,7 @@ def offline_host_detail(
             "log_tail": exit_record.log_tail,
         }
     return {
-        "daemon": {
-            "running": False,
-            "note": "daemon not running: state read from the run directory only",
-            "root": str(config.run.root),
-        },
+        "daemon": {**daemon, "root": str(config.run.root)},
         "host": host,
         **row,
         "progress": progress,
