@@ -663,10 +663,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(name, None)
 
-    async def serve() -> int:
-        return await Daemon(cfg, notifier=notifier).run()
+    daemons: list[Daemon] = []  # made in the loop; read once it has ended
 
-    return run_process(serve)
+    async def serve() -> int:
+        daemons.append(Daemon(cfg, notifier=notifier))
+        return await daemons[0].run()
+
+    run_process(serve, stopped=lambda: {"role": daemons[0].shown_role} if daemons else {})
 
 
 def cmd_status(args: argparse.Namespace) -> int:

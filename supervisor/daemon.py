@@ -312,12 +312,13 @@ class Daemon:
             self._lead(leadership.LockReleased())
             await self._lead_over.wait()  # after a handover, the hold-off; else at once
             self._end_leadership()
-            log.info(
-                "daemon.stopped",
-                exit_code=self._leadership.exit_code,
-                role=self._leadership.shown_role,
-            )
+        # daemon.stopped is logged by the process as it ends (process.run_process).
         return self._leadership.exit_code
+
+    @property
+    def shown_role(self) -> str:
+        """The role ``status`` and the logs show (``leader``, ``standby``, ...)."""
+        return self._leadership.shown_role
 
     async def _serve(self) -> None:
         async with asyncio.TaskGroup() as tg:
