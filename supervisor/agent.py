@@ -1106,7 +1106,7 @@ class ExitWatch:
             exit_code=code,
             signal=sig,
             exited_at=exited_at,
-            log_tail=exit_log_tail(entry.spec),
+            log_tail=exit_log_tail(entry.spec, entry.pid),
             reaped=reaped,
         )
         with contextlib.suppress(Exception):  # a channel gone is the daemon's loss, not ours
@@ -1972,7 +1972,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     try:
-        lock_fd, log_fd, worker = _start(spec, via)
+        lock_fd, log_fd, worker, log_from = _start(spec, via)
     except OpError as exc:
         _report({"ok": False, "kind": exc.kind, "error": str(exc), "holder_pid": exc.holder_pid})
         return 1
@@ -2007,7 +2007,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         "exited_at": exited_at,
         "host": spec["host"],
         "shard": spec["shard"],
-        "log_tail": _log_tail(log_fd),
+        "log_tail": _log_tail(log_fd, log_from),
         "reaped": None if swept is None else len(swept[0]),
     }
     if swept and swept[1]:
@@ -2046,36 +2046,52 @@ def _await_exit(worker: subprocess.Popen[bytes]) -> tuple[int | None, int | None
 LOG_TAIL_BYTES = 4096
 
 
-def _log_tail(log_fd: int) -> str | None:
+def _log_tail(log_fd: int, since: int = 0) -> str | None:
     """The end of what the worker wrote to its log, from the descriptor it wrote to (None if
-    unreadable or empty): at most LOG_TAIL_BYTES, a line cut by that limit dropped, the
-    shepherds' own lines left out (they can land after the worker's last words, and say
-    nothing about why it ended), undecodable bytes replaced."""
+    unreadable, or if it wrote nothing): only what follows offset ``since`` (where its
+    output began: the log is appended to by every worker of the host, and an earlier one's
+    last words are not this one's), at most LOG_TAIL_BYTES, a line cut by that limit
+    dropped, the shepherds' own lines left out (they can land after the worker's last
+    words, and say nothing about why it ended), undecodable bytes replaced."""
     try:
         size = os.fstat(log_fd).st_size
-        start = max(0, size - LOG_TAIL_BYTES)
-        data = os.pread(log_fd, LOG_TAIL_BYTES, start)
+        start = max(since, size - LOG_TAIL_BYTES)
+        data = os.pread(log_fd, min(LOG_TAIL_BYTES, max(0, size - start)), start)
     except OSError:
         return None
-    if start > 0:
+    if start > since:
         data = data.partition(b"\n")[2]
     lines = data.splitlines(keepends=True)
     kept = b"".join(line for line in lines if not line.startswith(_SHEPHERD_LINE))
     return kept.decode("utf-8", "replace") or None
 
 
-def exit_log_tail(spec: dict[str, Any]) -> str | None:
-    """The log's end as ``_log_tail`` gives it to the exit record, read by path (the agent
-    holds no descriptor of the log); None when there is none or it cannot be read."""
+def exit_log_tail(spec: dict[str, Any], pid: int) -> str | None:
+    """The log's end as ``_log_tail`` gives it to the exit record of worker ``pid``, read by
+    path (the agent holds no descriptor of the log), from where its output began as its
+    launch record says; None when there is none or it cannot be read, or when the log is no
+    longer the file it wrote to. A launch record without that offset (a shepherd of an
+    earlier version) gives the log's end, as that shepherd's exit record does."""
     path = spec.get("log")
     if not isinstance(path, str):
         return None
+    launch = spec.get("launch_record")
+    record = read_json(launch, spec.get("root")) if isinstance(launch, str) else None
+    since, inode = 0, None
+    if record is not None and record.get("pid") == pid:
+        offset, ino = record.get("log_offset"), record.get("log_inode")
+        if type(offset) is int and type(ino) is int and offset >= 0:
+            since, inode = offset, ino
     try:
         fd = safefiles.open_file(path, os.O_RDONLY, spec.get("root"))
     except OSError:
         return None
     try:
-        return _log_tail(fd)
+        if inode is not None and os.fstat(fd).st_ino != inode:
+            return None  # rotated since: what it wrote is in a backup, under another name
+        return _log_tail(fd, since)
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
@@ -2111,8 +2127,10 @@ def _log(fd: int, text: str) -> None:
 _SHEPHERD_LINE = b"[shepherd "
 
 
-def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes]]:
-    """Lock the shard, check the pidfile, rotate the log, start the worker and record it."""
+def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes], int]:
+    """Lock the shard, check the pidfile, rotate the log, start the worker and record it;
+    the shard lock's and the log's descriptors, the worker, and the log's offset where its
+    output begins."""
     root = spec["root"]
     # fcntl/lockf locks are per process and released by *any* close of the file in this
     # process, so the lock file is opened once, here, and never elsewhere in the shepherd.
@@ -2149,6 +2167,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     env = dict(os.environ)
     env.update(spec["env"])
     _log(log_fd, f"starting worker (via {via}): {json.dumps(spec['argv'])}")
+    # Everything after this in the log is this worker's (or a shepherd line, left out of
+    # its tail): nobody else writes to it until its shepherd releases the shard.
+    log_stat = os.fstat(log_fd)
     try:
         worker = subprocess.Popen(
             spec["argv"],
@@ -2175,6 +2196,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         "shard": spec["shard"],
         "shepherd_pid": os.getpid(),
         "launched_at": time.time(),
+        # Where its output begins in the log (the agent's pushed exit reads its tail).
+        "log_offset": log_stat.st_size,
+        "log_inode": log_stat.st_ino,
     }
     try:
         safefiles.write_atomic(spec["pidfile"], f"{worker.pid}\n".encode(), root)
@@ -2201,7 +2225,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         os.pwrite(lock_fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
     with contextlib.suppress(OSError):
         _log(log_fd, f"worker pid {worker.pid} started")
-    return lock_fd, log_fd, worker
+    return lock_fd, log_fd, worker, log_stat.st_size
 
 
 def _json_line(record: dict[str, Any]) -> bytes:

@@ -707,6 +707,18 @@ def heartbeat_age_s(host: Host, now: float) -> float | None:
     return None if host.alive_at is None else max(0.0, now - host.alive_at)
 
 
+def stuck_at(host: Host, policy: Policy) -> float | None:
+    """When this ready host's worker will be found stuck unless a task finishes first: the
+    deadline ``step`` keeps. None while no such count is under way: not ready, frozen,
+    nothing in flight, progress not reported, the rule off, or its last heartbeat came with
+    a finished task (a busy, healthy worker)."""
+    if host.state is not HostState.READY or host.frozen:
+        return None
+    if host.alive_at is None or host.progress_at is None or host.progress_at >= host.alive_at:
+        return None
+    return _stuck_at(host, policy)
+
+
 def tasks_per_minute(host: Host) -> float | None:
     """The current worker's finished tasks per minute over its last minute or more of
     reports, on our clock (None until there is such a span)."""
@@ -826,7 +838,6 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if event.pid != host.pid:
                 # An older worker's record; that pid was settled already.
                 return _more_reaped(host, event.pid, event.reaped), False
-            tail = event.log_tail if event.log_tail is not None else host.last_log_tail
             return replace(
                 host,
                 pid=None,
@@ -836,7 +847,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 last_exit_code=event.exit_code,
                 last_exit_signal=event.signal,
                 last_exit_reaped=event.reaped,
-                last_log_tail=tail,
+                # This exit's own: an earlier one's would be shown as this one's.
+                last_log_tail=event.log_tail,
             ), True
         # The shell answers each remote action with exactly one result, so a result for an
         # operation that is not in flight cannot happen; it is ignored rather than trusted.

@@ -540,10 +540,13 @@ def _last_exit(last_exit: object) -> str:
         return "<h3>last exit</h3><p>none seen</p>"
     age = last_exit.get("age_s")
     when = f", {_age(age)} ago" if age is not None else ""
-    what = f"pid {_dash(last_exit.get('pid'))} {last_exit.get('what')}{when}"
+    pid = _dash(last_exit.get("pid"))
+    what = f"pid {pid} {last_exit.get('what')}{when}"
     out = f"<h3>last exit</h3><p>{text(what)}</p>"
     if last_exit.get("log_tail"):
-        out += f"<p>its log's last lines:</p><pre>{_block(last_exit['log_tail'])}</pre>"
+        # The log is every worker's of the host, appended: these lines are this pid's own.
+        label = f"the last lines pid {pid} wrote to the log:"
+        out += f"<p>{text(label)}</p><pre>{_block(last_exit['log_tail'])}</pre>"
     return out
 
 

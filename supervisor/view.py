@@ -175,9 +175,8 @@ def progress_detail(host: health.Host, now: float, policy: health.Policy) -> dic
     heartbeat alone."""
     if not _reports_progress(host):
         return {"reported": False, "judged_by": "heartbeat only"}
-    stuck_after = None
-    if policy.progress_stale_s > 0 and host.in_flight and host.progress_at is not None:
-        stuck_after = max(0.0, host.progress_at + policy.progress_stale_s - now)
+    stuck_at = health.stuck_at(host, policy)
+    stuck_after = None if stuck_at is None else max(0.0, stuck_at - now)
     return {
         "reported": True,
         "judged_by": "heartbeat and progress",

@@ -597,6 +597,32 @@ def test_a_worker_s_exit_is_pushed_with_its_code_after_the_launch_reply(
     )
 
 
+def test_an_exit_carries_its_own_workers_last_words_and_no_earlier_ones(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """Every worker of a host appends to one log: a worker that wrote nothing has no log
+    tail, in its pushed exit and its exit record alike, rather than the last words of the
+    one before it; the next one's tail holds its own lines only."""
+    spec = make_spec(tmp_path, ["sh", "-c", "sleep 0.2; echo 'first: ImportError'; exit 3"])
+    agent = cleanup.agent()
+    tails = []
+    for argv in (
+        spec["argv"],
+        ["sh", "-c", "sleep 0.2; exit 4"],
+        ["sh", "-c", "sleep 0.2; echo third; exit 5"],
+    ):
+        launched = cleanup.launch(agent, {**spec, "argv": argv})
+        pushed = agent.read_message()["exit"]
+        assert pushed["pid"] == launched.pid
+        record = exit_record_of(spec, launched.pid)
+        assert record["log_tail"] == pushed["log_tail"]
+        tails.append(record["log_tail"])
+        wait_until(lambda: not is_alive(launched.shepherd), "the shepherd to let go")  # noqa: B023
+    assert tails == ["first: ImportError\n", None, "third\n"]
+    # Still in the log, where the second worker's whole tail would have shown it.
+    assert "first: ImportError\n" in Path(spec["log"]).read_text().splitlines(keepends=True)
+
+
 def test_launcher_exits_when_the_agent_does_and_the_worker_carries_on(
     tmp_path: Path, cleanup: Cleanup
 ) -> None:
