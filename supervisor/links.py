@@ -18,7 +18,7 @@ import structlog
 
 from supervisor import config as config_mod
 from supervisor import fleet, health, layout, leadership
-from supervisor.agent import WorkerExit
+from supervisor.agent import WorkerExit, WorkerUsage
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import Fenced, RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
@@ -74,6 +74,7 @@ RemoteFactory = Callable[
         asyncio.Semaphore,
         Callable[[bool, str], None],
         Callable[[WorkerExit], None],
+        Callable[[WorkerUsage], None],
     ],
     RemoteLike,
 ]
@@ -91,6 +92,7 @@ def default_remote_factory(
     handshakes: asyncio.Semaphore,
     on_connection: Callable[[bool, str], None],
     on_exit: Callable[[WorkerExit], None],
+    on_usage: Callable[[WorkerUsage], None],
 ) -> RemoteLike:
     """A real ``RemoteHost`` over asyncssh."""
     from supervisor.remote import RemoteHost
@@ -102,7 +104,17 @@ def default_remote_factory(
         handshakes=handshakes,
         on_connection=on_connection,
         on_exit=on_exit,
+        on_usage=on_usage,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a host's agent last measured of its worker's session (``WorkerUsage``), and
+    when (our monotonic clock)."""
+
+    usage: WorkerUsage
+    at: float
 
 
 @dataclass
@@ -175,8 +187,15 @@ class Links:
         # Every host of every config loaded: a host joins (Connect) with the settings of
         # the config the core admitted it under, even while a newer one is being applied.
         self._host_configs: dict[str, HostConfig] = {h.name: h for h in shell.config.hosts}
+        #: Each member's worker's session as its agent last measured it (shown beside the
+        #: worker's own figures, never judged).
+        self._measured: dict[str, Measured] = {}
 
     # --- queries -----------------------------------------------------------------------
+
+    def measured(self, name: str) -> Measured | None:
+        """What the agent last measured of ``name``'s worker (of whichever pid it was)."""
+        return self._measured.get(name)
 
     def cfg(self, name: str) -> HostConfig:
         """The settings ``name`` runs under: its link's, else the newest config's."""
@@ -238,6 +257,7 @@ class Links:
         """A host left: close its connection."""
         name = action.host
         link = self._links.pop(name)
+        self._measured.pop(name, None)
         link.cancel_tasks()
         self._shell.spawn(_aclose_quietly(link.remote, name), f"close:{name}")
         log.info("host.removed", host=name)
@@ -245,6 +265,7 @@ class Links:
     def release(self, action: fleet.Release) -> None:
         """A host served by a spare left: the spare's connection stays, serving none."""
         link = self._links.pop(action.host)
+        self._measured.pop(action.host, None)
         for task in link.ops:
             task.cancel()
         machine = action.machine
@@ -417,6 +438,13 @@ class Links:
         )
         self._shell.emit(fleet.HostObserved(name, event))
 
+    def _on_usage_pushed(self, machine: str, news: WorkerUsage) -> None:
+        """The host's agent measured its worker's session: kept for ``status`` and metrics,
+        under the member the machine serves (a spare's own is nobody's)."""
+        name = self._label_of.get(machine, machine)
+        if name is not None:
+            self._measured[name] = Measured(news, asyncio.get_running_loop().time())
+
     # --- the work --------------------------------------------------------------------------
 
     def _spawn_op(self, name: str, coro: Any, what: str) -> None:
@@ -435,6 +463,7 @@ class Links:
             self._handshakes,
             lambda up, reason: self._on_connection(name, up, reason),
             lambda news: self._on_exit_pushed(name, news),
+            lambda news: self._on_usage_pushed(name, news),
         )
 
     def _fleet_ssh(self) -> SshConfig:

@@ -724,7 +724,9 @@ def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
     )
     rss = GaugeMetricFamily(
         "reward_worker_rss_bytes",
-        "The worker's resident memory, as it reports it.",
+        "The memory the worker's session holds: its agent's measure (the sum of the"
+        " proportional set sizes of the worker and every process it started), else the"
+        " worker's own figure (status's work.rss_source says which).",
         labels=["host"],
     )
     for name, row in sorted(hosts.items()):
@@ -741,8 +743,8 @@ def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
             shard = str(row.get("shard"))
             queue.add_metric([name, shard], float(work["queue_depth"]))
             backlog.add_metric([shard], float(work["queue_depth"]))
-        if work.get("rss_gib") is not None:
-            rss.add_metric([name], float(work["rss_gib"]) * 2**30)
+        if work.get("rss_bytes") is not None:
+            rss.add_metric([name], float(work["rss_bytes"]))
     yield from (finished, errors, in_flight, queue, backlog, rss)
 
 

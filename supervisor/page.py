@@ -19,7 +19,7 @@ from typing import Any, Final, TypeGuard
 from urllib.parse import quote
 
 from supervisor import fleet, health
-from supervisor.render import work_text
+from supervisor.render import memory_text, work_text
 from supervisor.terminal import terminal_text
 
 #: The script fetches the page again this often and swaps the live part in place: the
@@ -528,11 +528,11 @@ def _work(work: Mapping[str, Any], progress: object) -> str:
         ("semantic_zero", "{} scored 0"),
         ("qps", "{:g} tasks/s"),
         ("verify_ms_p95", "verify p95 {:g} ms"),
-        ("rss_gib", "rss {:g} GiB"),
     ):
         if _number(work.get(key)):
             out += ", " + fmt.format(work[key])
-    return out
+    memory = memory_text(work)
+    return out if memory is None else f"{out}; {memory}" if out else memory
 
 
 def _last_exit(last_exit: object) -> str:

@@ -400,9 +400,12 @@ class Presenter:
         now = asyncio.get_running_loop().time()
         core = self._core
         policy = core.health_policy
+        links = self._links
         hosts = {
             name: {
-                **view.shown_row(shown, self._links.cfg(name), now, policy),
+                **view.shown_row(
+                    shown, links.cfg(name), now, policy, measured=links.measured(name)
+                ),
                 "machine": core.machine_of(name),
             }
             for name, shown in core.shown(now).items()
@@ -420,7 +423,13 @@ class Presenter:
             raise ControlError(f"unknown host {name!r}", code=Refusal.UNKNOWN_HOST)
         cfg = self._links.cfg(name)
         detail = view.shown_row(
-            shown, cfg, now, core.health_policy, detail=True, wall_now=time.time()
+            shown,
+            cfg,
+            now,
+            core.health_policy,
+            detail=True,
+            wall_now=time.time(),
+            measured=self._links.measured(name),
         )
         return {
             "daemon": self._daemon_row(now),
@@ -433,7 +442,13 @@ class Presenter:
         """One host's row, as a command's answer."""
         now = asyncio.get_running_loop().time()
         core = self._core
-        row = view.host_row(core.hosts[host], self._links.cfg(host), now, core.health_policy)
+        row = view.host_row(
+            core.hosts[host],
+            self._links.cfg(host),
+            now,
+            core.health_policy,
+            self._links.measured(host),
+        )
         return {"host": host, **row}
 
     def standby_status(self, view_at: float | None) -> dict[str, Any]:

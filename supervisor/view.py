@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from supervisor import fleet, health, runfiles
 from supervisor.config import Config, HostConfig
@@ -21,11 +21,19 @@ from supervisor.render import summary
 from supervisor.statusfiles import MISSING, StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
 
+if TYPE_CHECKING:
+    from supervisor.links import Measured
+
 
 def host_row(
-    host: health.Host, cfg: HostConfig, now: float, policy: health.Policy
+    host: health.Host,
+    cfg: HostConfig,
+    now: float,
+    policy: health.Policy,
+    measured: Measured | None = None,
 ) -> dict[str, Any]:
-    """The status of one host as plain JSON (DESIGN §7 fields, plus more)."""
+    """The status of one host as plain JSON (DESIGN §7 fields, plus more); ``measured``:
+    what its agent last measured of a worker's session (``links.Links.measured``)."""
     age = health.heartbeat_age_s(host, now)
     # A held restart has no time: it waits for the hold's release (its backoff is kept for then).
     held = host.held is not None
@@ -62,7 +70,7 @@ def host_row(
         "in_flight": host.in_flight,
         "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
         "evidence_age_s": _age_of(host.evidence_at, now),
-        "work": work_row(host.stats),
+        "work": work_row(host.stats, _of_worker(measured, host.pid, now), now),
         #: The last reward probe answered (``[probe]``), or None.
         "last_probe": _last_probe(host, now),
     }
@@ -82,20 +90,54 @@ def _last_probe(host: health.Host, now: float) -> dict[str, Any] | None:
     }
 
 
-def work_row(stats: health.WorkerStats | None) -> dict[str, Any] | None:
-    """What the worker says of its work (its own figures, not judged), or None."""
-    if stats is None:
+def work_row(
+    stats: health.WorkerStats | None, measured: Measured | None = None, now: float = 0.0
+) -> dict[str, Any] | None:
+    """What the worker says of its work (its own figures, not judged) and the memory its
+    session holds, or None when there is neither.
+
+    ``rss_bytes`` is the agent's measure of the current worker's whole session (``measured``,
+    when it is that worker's and recent), else the worker's own ``rss_gib`` in bytes (taken
+    whole: rounded first, the AReaL worker's figure, itself 1024 times too small, was 0);
+    ``rss_source`` says which ("agent" or "worker"). ``rss_gib`` is the worker's own figure
+    as it wrote it.
+    """
+    if stats is None and measured is None:
         return None
-    return {
+    stats = stats or health.WorkerStats()
+    row: dict[str, Any] = {
         "completed": stats.completed,
         "errors": stats.errors,
         "semantic_zero": stats.semantic_zero,
         "queue_depth": stats.queue_depth,
         "qps": _rounded(stats.qps, 3),
         "concurrency": stats.concurrency,
-        "rss_gib": _rounded(stats.rss_gib, 3),
+        "rss_gib": stats.rss_gib,
         "verify_ms_p95": _rounded(stats.verify_ms_p95, 1),
+        "rss_bytes": None if stats.rss_gib is None else round(stats.rss_gib * GIB),
+        "rss_source": None if stats.rss_gib is None else "worker",
     }
+    if measured is not None:
+        row["rss_bytes"] = measured.usage.rss_bytes
+        row["rss_source"] = "agent"
+        row["rss_processes"] = measured.usage.processes
+        row["rss_via"] = measured.usage.via
+        row["rss_age_s"] = _age_of(measured.at, now)
+    return row
+
+
+#: Bytes in a GiB, the unit of the worker's ``rss_gib``.
+GIB: Final = 2**30
+#: The agent measures every ``USAGE_S`` (10 s): a measure older than three of those is of a
+#: connection gone quiet, and the worker's own figure (if any) is shown instead.
+MEASURE_FRESH_S: Final = 30.0
+
+
+def _of_worker(measured: Measured | None, pid: int | None, now: float) -> Measured | None:
+    """``measured`` if it is of worker ``pid`` (not of the one before it) and recent."""
+    if measured is None or pid is None or measured.usage.pid != pid:
+        return None
+    return measured if now - measured.at <= MEASURE_FRESH_S else None
 
 
 def host_detail(
@@ -105,11 +147,12 @@ def host_detail(
     policy: health.Policy,
     *,
     wall_now: float | None = None,
+    measured: Measured | None = None,
 ) -> dict[str, Any]:
     """Everything ``status HOST`` shows of one host, as plain JSON: its row, then progress,
     restarts, the last exit and the last evidence in full. With ``wall_now`` (Unix time at
     ``now``), each instant is also given as Unix time (``*_at``)."""
-    row = host_row(host, cfg, now, policy)
+    row = host_row(host, cfg, now, policy, measured)
     next_in = row["next_restart_in_s"]
     detail = {
         **row,
@@ -154,13 +197,14 @@ def shown_row(
     *,
     detail: bool = False,
     wall_now: float | None = None,
+    measured: Measured | None = None,
 ) -> dict[str, Any]:
     """A host as ``Fleet.shown`` gives it: its row (``detail``: in full), or a waiting one's."""
     if isinstance(shown, fleet.Member):
         return waiting_row(shown)
     if detail:
-        return host_detail(shown, cfg, now, policy, wall_now=wall_now)
-    return host_row(shown, cfg, now, policy)
+        return host_detail(shown, cfg, now, policy, wall_now=wall_now, measured=measured)
+    return host_row(shown, cfg, now, policy, measured)
 
 
 def _wall(wall_now: float, seconds: float | None, *, ahead: bool) -> float | None:

@@ -855,7 +855,7 @@ class Pushes:
     def send(self, line: str) -> None:
         """The ``send`` handed to the watch (called from its thread)."""
         news = agent_module.read_push(json.loads(line))
-        assert news is not None
+        assert isinstance(news, agent_module.WorkerExit)
         with self._lock:
             self.exits.append(news)
 
@@ -974,8 +974,8 @@ def test_the_watch_pushes_each_of_many_exits_once_on_every_host_python(python: s
     spawned = first["spawned"]
     assert first["watched"] == sorted(spawned)
     exits = [agent_module.read_push(message) for message in pushed]
-    assert None not in exits
-    assert [(e.pid, e.signal) for e in exits if e is not None] == [
+    assert all(isinstance(e, agent_module.WorkerExit) for e in exits)
+    assert [(e.pid, e.signal) for e in exits if isinstance(e, agent_module.WorkerExit)] == [
         (pid, signal.SIGKILL) for pid in reversed(spawned)
     ]
     assert last == {"left": []}
