@@ -12,6 +12,8 @@ as the ``-c`` argument of the worker host's python. So both are stdlib-only and 
     "error"|"refused", "error": TEXT, "holder_pid": PID|null}``. The first line it writes is
     ``{"hello": {...}}``. It exits at EOF. Ops: ``ping``, ``probe``, ``launch``, ``terminate``,
     ``disarm_seed``, ``evidence`` (a worker's stacks and log tail, before a terminate).
+    Unasked, it pushes ``{"exit": {...}}`` when a worker it watches ends, and ``{"usage":
+    {...}}``, the memory its session holds, every ``USAGE_S``.
     At start it starts its launcher (or, in-process callers, the first launch does).
 
 ``python -X utf8 -c SRC launcher``
@@ -149,6 +151,8 @@ def fence(spec: dict[str, Any]) -> None:
 
 #: The largest pid Linux can hand out (PID_MAX_LIMIT on 64-bit).
 PID_MAX = 4 * 1024 * 1024
+#: Memory a session may be said to hold, at most (2**50 bytes: a petabyte, past any host).
+RSS_MAX = 1 << 50
 #: /proc/PID/stat's start time is an unsigned 64-bit count of clock ticks.
 START_TIME_MAX = 2**64 - 1
 #: A reply's text fields (errors, outcomes) are cut here.
@@ -331,6 +335,22 @@ class WorkerExit:
 
 
 @dataclass(frozen=True)
+class WorkerUsage:
+    """Pushed unasked every ``USAGE_S``, one line ``{"usage": {...}}``: the memory a watched
+    worker's session (the worker and every process it started) holds now, as this host
+    measures it: ``rss_bytes`` over ``processes`` processes, ``via`` "pss" (the sum of their
+    proportional set sizes: a page shared by n of them counts 1/n to each, so the sum is
+    what the session holds) or "rss" (a process whose smaps_rollup could not be read counted
+    by its resident set, shared pages in full)."""
+
+    pid: int
+    start_time: int | None = None
+    rss_bytes: int = 0
+    processes: int = 0
+    via: str = ""
+
+
+@dataclass(frozen=True)
 class EvidenceReply:
     """What was captured: the stacks and how (``via``), the log's tail, and ``notes`` on what
     could not be had."""
@@ -428,21 +448,28 @@ def read_hello(obj: object) -> Hello | None:
     return hello
 
 
-def push_line(news: WorkerExit) -> str:
-    """The wire form of a pushed exit."""
-    return _line({"exit": asdict(news)})
+def push_line(news: WorkerExit | WorkerUsage) -> str:
+    """The wire form of a pushed exit or usage."""
+    return _line({_PUSH_KEY[type(news)]: asdict(news)})
 
 
-def read_push(obj: object) -> WorkerExit | None:
-    """The pushed exit in a decoded line; None if the line is no push, ProtocolError if it
-    is a malformed one."""
-    if not isinstance(obj, dict) or "exit" not in obj or "id" in obj:
+#: The key of each kind of push on the wire.
+_PUSH_KEY = {WorkerExit: "exit", WorkerUsage: "usage"}
+
+
+def read_push(obj: object) -> WorkerExit | WorkerUsage | None:
+    """The pushed exit or usage in a decoded line; None if the line is no push,
+    ProtocolError if it is a malformed one."""
+    if not isinstance(obj, dict) or "id" in obj:
         return None
-    body = obj["exit"]
-    if not isinstance(body, dict):
-        raise ProtocolError("a pushed exit that is not an object")
-    news: WorkerExit = _build(WorkerExit, body)
-    return news
+    for cls, key in _PUSH_KEY.items():
+        if key in obj:
+            body = obj[key]
+            if not isinstance(body, dict):
+                raise ProtocolError(f"a pushed {key} that is not an object")
+            news: WorkerExit | WorkerUsage = _build(cls, body)
+            return news
+    return None
 
 
 def _line(message: dict[str, Any]) -> str:
@@ -460,6 +487,8 @@ _CHECKS: dict[str, tuple[Any, ...]] = {
     "signal": (int, 1, 127),
     "exited_at": (float, 0.0, 1e12),
     "reaped": (int, 0, PID_MAX),
+    "rss_bytes": (int, 0, RSS_MAX),
+    "processes": (int, 0, PID_MAX),
     "watching": (bool,),
     "protocol": (int, 0, 1 << 31),
     "grace_s": (float, 0.0, 1e9),
@@ -1106,7 +1135,7 @@ class ExitWatch:
             exit_code=code,
             signal=sig,
             exited_at=exited_at,
-            log_tail=exit_log_tail(entry.spec),
+            log_tail=exit_log_tail(entry.spec, entry.pid),
             reaped=reaped,
         )
         with contextlib.suppress(Exception):  # a channel gone is the daemon's loss, not ours
@@ -1146,6 +1175,115 @@ def watch_target(
         start_time = message.get("start_time")
         return spec, message["pid"], start_time if type(start_time) is int else None
     return None
+
+
+# --- memory, pushed ----------------------------------------------------------------------
+# A worker's own figure for its memory may be wrong (the AReaL worker's ``rss_gib`` is its
+# peak ru_maxrss, in KiB, divided by 1024**3: 1024 times too small) and covers one process
+# of the many it runs (its pool): the agent measures the worker's whole session itself and
+# pushes what it found, on the channel it answers on.
+
+#: Each watched worker's session is measured this often: memory grows over minutes (a leak,
+#: a large batch), and a look costs a /proc listing and about 0.1 ms per process it finds.
+USAGE_S = 10.0
+#: /proc/PID/smaps_rollup and /proc/PID/status are 1-2 KiB; more is not one of them.
+PROC_READ_MAX = 16 * 1024
+
+
+def _proc_text(pid: int, name: str) -> bytes | None:
+    """``/proc/PID/NAME``, bounded; None if it cannot be read (gone, another user's)."""
+    try:
+        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, PROC_READ_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _kib_field(text: bytes | None, name: bytes) -> int | None:
+    """The value of a ``Name:   N kB`` line, in bytes; None if there is none."""
+    for line in (text or b"").splitlines():
+        if line.startswith(name + b":"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) * 1024
+    return None
+
+
+def process_memory(pid: int) -> tuple[int, str] | None:
+    """What ``pid`` holds in memory, in bytes, and how it was counted: its Pss (its share
+    of every page it maps) from smaps_rollup, else its VmRSS; None if neither can be read."""
+    pss = _kib_field(_proc_text(pid, "smaps_rollup"), b"Pss")
+    if pss is not None:
+        return pss, "pss"
+    rss = _kib_field(_proc_text(pid, "status"), b"VmRSS")
+    return None if rss is None else (rss, "rss")
+
+
+def session_usage(pid: int, start_time: int | None) -> WorkerUsage | None:
+    """The memory worker ``pid`` (of ``start_time``, when known) and its session hold now;
+    None when it is dead or is another process now."""
+    ids = proc_ids(pid)
+    if is_dead(ids) or ids is None or (start_time is not None and ids[3] != start_time):
+        return None
+    total, ways, count = 0, set(), 0
+    for member in [pid, *session_members(pid)]:
+        found = process_memory(member)
+        if found is not None:
+            total += found[0]
+            ways.add(found[1])
+            count += 1
+    via = "pss" if ways == {"pss"} else "rss"
+    return WorkerUsage(pid=pid, start_time=ids[3], rss_bytes=total, processes=count, via=via)
+
+
+class UsageWatch:
+    """Measures each watched worker's session every ``interval_s`` and pushes it
+    (``WorkerUsage``) through the ``send`` it was registered with; one thread, started by
+    the first watch. A worker found dead (or its pid another process's) is forgotten."""
+
+    def __init__(self, interval_s: float = USAGE_S, limit: int = WATCH_MAX) -> None:
+        self._interval_s = interval_s
+        self._limit = limit
+        self._lock = threading.Lock()
+        #: pid -> (its start time, when known; whom to tell)
+        self._watched: dict[int, tuple[int | None, Callable[[str], None]]] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pid: int, start_time: int | None, send: Callable[[str], None]) -> None:
+        """Measure ``pid``'s session from the next round on, and push each measure."""
+        with self._lock:
+            self._watched.pop(pid, None)
+            self._watched[pid] = (start_time, send)
+            while len(self._watched) > self._limit:
+                del self._watched[next(iter(self._watched))]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
+                self._thread.start()
+
+    def watched(self) -> list[int]:
+        """The pids measured now."""
+        with self._lock:
+            return list(self._watched)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._interval_s)
+            with self._lock:
+                round_ = list(self._watched.items())
+            for pid, (start_time, send) in round_:
+                usage = session_usage(pid, start_time)
+                if usage is None:
+                    with self._lock:
+                        if self._watched.get(pid, (None, None))[1] is send:
+                            del self._watched[pid]
+                    continue
+                with contextlib.suppress(Exception):  # a channel gone is the daemon's loss
+                    send(push_line(usage))
 
 
 # --- evidence ---------------------------------------------------------------------------
@@ -1930,8 +2068,10 @@ def serve() -> int:
         target = watch_target(message, reply)
         if target is not None:
             exits.watch(*target, send)
+            usage.watch(target[1], target[2], send)
 
     exits = ExitWatch()
+    usage = UsageWatch()
 
     if sys.executable:
         # Now, so that it boots while the daemon is still busy with the hello.
@@ -1972,7 +2112,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     try:
-        lock_fd, log_fd, worker = _start(spec, via)
+        lock_fd, log_fd, worker, log_from = _start(spec, via)
     except OpError as exc:
         _report({"ok": False, "kind": exc.kind, "error": str(exc), "holder_pid": exc.holder_pid})
         return 1
@@ -2007,7 +2147,7 @@ def _shepherd(spec: dict[str, Any], via: str) -> int:
         "exited_at": exited_at,
         "host": spec["host"],
         "shard": spec["shard"],
-        "log_tail": _log_tail(log_fd),
+        "log_tail": _log_tail(log_fd, log_from),
         "reaped": None if swept is None else len(swept[0]),
     }
     if swept and swept[1]:
@@ -2046,36 +2186,52 @@ def _await_exit(worker: subprocess.Popen[bytes]) -> tuple[int | None, int | None
 LOG_TAIL_BYTES = 4096
 
 
-def _log_tail(log_fd: int) -> str | None:
+def _log_tail(log_fd: int, since: int = 0) -> str | None:
     """The end of what the worker wrote to its log, from the descriptor it wrote to (None if
-    unreadable or empty): at most LOG_TAIL_BYTES, a line cut by that limit dropped, the
-    shepherds' own lines left out (they can land after the worker's last words, and say
-    nothing about why it ended), undecodable bytes replaced."""
+    unreadable, or if it wrote nothing): only what follows offset ``since`` (where its
+    output began: the log is appended to by every worker of the host, and an earlier one's
+    last words are not this one's), at most LOG_TAIL_BYTES, a line cut by that limit
+    dropped, the shepherds' own lines left out (they can land after the worker's last
+    words, and say nothing about why it ended), undecodable bytes replaced."""
     try:
         size = os.fstat(log_fd).st_size
-        start = max(0, size - LOG_TAIL_BYTES)
-        data = os.pread(log_fd, LOG_TAIL_BYTES, start)
+        start = max(since, size - LOG_TAIL_BYTES)
+        data = os.pread(log_fd, min(LOG_TAIL_BYTES, max(0, size - start)), start)
     except OSError:
         return None
-    if start > 0:
+    if start > since:
         data = data.partition(b"\n")[2]
     lines = data.splitlines(keepends=True)
     kept = b"".join(line for line in lines if not line.startswith(_SHEPHERD_LINE))
     return kept.decode("utf-8", "replace") or None
 
 
-def exit_log_tail(spec: dict[str, Any]) -> str | None:
-    """The log's end as ``_log_tail`` gives it to the exit record, read by path (the agent
-    holds no descriptor of the log); None when there is none or it cannot be read."""
+def exit_log_tail(spec: dict[str, Any], pid: int) -> str | None:
+    """The log's end as ``_log_tail`` gives it to the exit record of worker ``pid``, read by
+    path (the agent holds no descriptor of the log), from where its output began as its
+    launch record says; None when there is none or it cannot be read, or when the log is no
+    longer the file it wrote to. A launch record without that offset (a shepherd of an
+    earlier version) gives the log's end, as that shepherd's exit record does."""
     path = spec.get("log")
     if not isinstance(path, str):
         return None
+    launch = spec.get("launch_record")
+    record = read_json(launch, spec.get("root")) if isinstance(launch, str) else None
+    since, inode = 0, None
+    if record is not None and record.get("pid") == pid:
+        offset, ino = record.get("log_offset"), record.get("log_inode")
+        if type(offset) is int and type(ino) is int and offset >= 0:
+            since, inode = offset, ino
     try:
         fd = safefiles.open_file(path, os.O_RDONLY, spec.get("root"))
     except OSError:
         return None
     try:
-        return _log_tail(fd)
+        if inode is not None and os.fstat(fd).st_ino != inode:
+            return None  # rotated since: what it wrote is in a backup, under another name
+        return _log_tail(fd, since)
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
@@ -2111,8 +2267,10 @@ def _log(fd: int, text: str) -> None:
 _SHEPHERD_LINE = b"[shepherd "
 
 
-def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes]]:
-    """Lock the shard, check the pidfile, rotate the log, start the worker and record it."""
+def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[bytes], int]:
+    """Lock the shard, check the pidfile, rotate the log, start the worker and record it;
+    the shard lock's and the log's descriptors, the worker, and the log's offset where its
+    output begins."""
     root = spec["root"]
     # fcntl/lockf locks are per process and released by *any* close of the file in this
     # process, so the lock file is opened once, here, and never elsewhere in the shepherd.
@@ -2149,6 +2307,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
     env = dict(os.environ)
     env.update(spec["env"])
     _log(log_fd, f"starting worker (via {via}): {json.dumps(spec['argv'])}")
+    # Everything after this in the log is this worker's (or a shepherd line, left out of
+    # its tail): nobody else writes to it until its shepherd releases the shard.
+    log_stat = os.fstat(log_fd)
     try:
         worker = subprocess.Popen(
             spec["argv"],
@@ -2175,6 +2336,9 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         "shard": spec["shard"],
         "shepherd_pid": os.getpid(),
         "launched_at": time.time(),
+        # Where its output begins in the log (the agent's pushed exit reads its tail).
+        "log_offset": log_stat.st_size,
+        "log_inode": log_stat.st_ino,
     }
     try:
         safefiles.write_atomic(spec["pidfile"], f"{worker.pid}\n".encode(), root)
@@ -2201,7 +2365,7 @@ def _start(spec: dict[str, Any], via: str) -> tuple[int, int, subprocess.Popen[b
         os.pwrite(lock_fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
     with contextlib.suppress(OSError):
         _log(log_fd, f"worker pid {worker.pid} started")
-    return lock_fd, log_fd, worker
+    return lock_fd, log_fd, worker, log_stat.st_size
 
 
 def _json_line(record: dict[str, Any]) -> bytes:

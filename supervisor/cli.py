@@ -663,10 +663,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(name, None)
 
-    async def serve() -> int:
-        return await Daemon(cfg, notifier=notifier).run()
+    daemons: list[Daemon] = []  # made in the loop; read once it has ended
 
-    return run_process(serve)
+    async def serve() -> int:
+        daemons.append(Daemon(cfg, notifier=notifier))
+        return await daemons[0].run()
+
+    run_process(serve, stopped=lambda: {"role": daemons[0].shown_role} if daemons else {})
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -682,7 +685,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _watch_status(cfg, args)
     status = _status_or_offline(cfg)
     _print_status(status, as_json=args.json)
-    return EXIT_OK
+    return _status_exit(status)
+
+
+def _status_exit(status: Mapping[str, Any]) -> int:
+    """0 when a daemon answered; without one, ``view.offline_exit_status``: 3 not running (it
+    stopped cleanly, or none led the run yet), 1 dead (the last one did not stop cleanly),
+    0 when a daemon elsewhere holds the run lock."""
+    daemon = status.get("daemon") or {}
+    if daemon.get("running", True):
+        return EXIT_OK
+    from supervisor import view
+
+    return view.offline_exit_status(daemon)
 
 
 def _host_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
@@ -710,7 +725,7 @@ def _host_status(cfg: config_mod.Config, args: argparse.Namespace) -> int:
         print(json.dumps(detail, indent=2, sort_keys=True))
     else:
         print(render.render_host(detail))
-    return EXIT_OK
+    return _status_exit(detail)
 
 
 #: Lines of the log a ``status HOST`` may ask for.
@@ -1197,6 +1212,8 @@ def cmd_import_seed(args: argparse.Namespace) -> int:
         )
     except seedimport.ImportProblem as exc:
         raise CliError(str(exc), Failure.USAGE) from None
+    for note in imported.notes:
+        print(f"reward-supervisor: {note}", file=sys.stderr)
     for warning in imported.warnings:
         print(f"reward-supervisor: warning: {warning}", file=sys.stderr)
     if args.output:

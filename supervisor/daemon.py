@@ -321,12 +321,13 @@ class Daemon:
             self._lead(leadership.LockReleased())
             await self._lead_over.wait()  # after a handover, the hold-off; else at once
             self._end_leadership()
-            log.info(
-                "daemon.stopped",
-                exit_code=self._leadership.exit_code,
-                role=self._leadership.shown_role,
-            )
+        # daemon.stopped is logged by the process as it ends (process.run_process).
         return self._leadership.exit_code
+
+    @property
+    def shown_role(self) -> str:
+        """The role ``status`` and the logs show (``leader``, ``standby``, ...)."""
+        return self._leadership.shown_role
 
     async def _serve(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -350,6 +351,9 @@ class Daemon:
         await self.links.aclose()
         if self._fleet.history_is_ours:  # else the leader's: a standby leaves it alone
             await self.rundir.save_history()
+            # Reached only when the stop ran to its end (an error skips it): offline
+            # ``status`` tells a clean stop from a crash by this record.
+            await self.rundir.record_stop(self._fleet.last_states())
 
     async def _interpret(self) -> None:
         """Feed what is queued to the core, a batch at a time, and route what it says."""

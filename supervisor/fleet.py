@@ -344,6 +344,14 @@ class Fleet:
         same one until its history changes."""
         return {**self._histories, **self._joined_histories}
 
+    def last_states(self) -> dict[str, tuple[str, int | None]]:
+        """Every joined host's state and its worker (or the last one it had): what the
+        record of a clean stop keeps for offline ``status``."""
+        return {
+            name: (h.state.value, h.pid if h.pid is not None else h.last_pid)
+            for name, h in self._hosts.items()
+        }
+
     def saved_seats(self) -> SavedSeats | None:
         """What the state file keeps of the seats (None without spares: nothing to keep)."""
         return failover.saved(self._seating)
@@ -481,7 +489,7 @@ class Fleet:
             self._tell(said, now, out)
             return
         label = failover.label_at(self._seating, event.machine)
-        if isinstance(news, health.AgentStarted):
+        if isinstance(news, health.AgentStarted | health.UsageMeasured):
             if label is not None:
                 self._to_host(label, news, now, out)
             return

@@ -410,6 +410,17 @@ class RewardProbeAnswered:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UsageMeasured:
+    """The host's agent measured worker ``pid``'s session (it and every process it started):
+    ``rss_bytes`` over ``processes``, counted ``via`` "pss" or "rss"; shown, not judged."""
+
+    pid: int
+    rss_bytes: int
+    processes: int
+    via: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentStarted:
     """A new agent started on the host's connection (each connection's first, or one that
     replaced an agent that died): it watches no worker until told."""
@@ -464,6 +475,7 @@ Event = (
     | Quarantined
     | Relocated
     | AgentStarted
+    | UsageMeasured
 )
 EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 
@@ -640,6 +652,9 @@ class Host:
     rate_base: tuple[float, int] | None = None
     #: The rest of what the current worker reports of its work, as its last heartbeat said.
     stats: WorkerStats | None = None
+    #: Its session's memory as the host's agent last measured it, and when (any pid's).
+    usage: UsageMeasured | None = None
+    usage_at: float | None = None
     #: Since when its heartbeats say tasks wait in its inbox (slots free or not), and since
     #: when, without a break, they have said so with a slot free.
     backlog_since_at: float | None = None
@@ -785,6 +800,18 @@ def heartbeat_age_s(host: Host, now: float) -> float | None:
     return None if host.alive_at is None else max(0.0, now - host.alive_at)
 
 
+def stuck_at(host: Host, policy: Policy) -> float | None:
+    """When this ready host's worker will be found stuck unless a task finishes first: the
+    deadline ``step`` keeps. None while no such count is under way: not ready, frozen,
+    nothing in flight, progress not reported, the rule off, or its last heartbeat came with
+    a finished task (a busy, healthy worker)."""
+    if host.state is not HostState.READY or host.frozen:
+        return None
+    if host.alive_at is None or host.progress_at is None or host.progress_at >= host.alive_at:
+        return None
+    return _stuck_at(host, policy)
+
+
 def tasks_per_minute(host: Host) -> float | None:
     """The current worker's finished tasks per minute over its last minute or more of
     reports, on our clock (None until there is such a span)."""
@@ -917,7 +944,6 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             if event.pid != host.pid:
                 # An older worker's record; that pid was settled already.
                 return _more_reaped(host, event.pid, event.reaped), False
-            tail = event.log_tail if event.log_tail is not None else host.last_log_tail
             return replace(
                 host,
                 pid=None,
@@ -927,7 +953,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
                 last_exit_code=event.exit_code,
                 last_exit_signal=event.signal,
                 last_exit_reaped=event.reaped,
-                last_log_tail=tail,
+                # This exit's own: an earlier one's would be shown as this one's.
+                last_log_tail=event.log_tail,
             ), True
         # The shell answers each remote action with exactly one result, so a result for an
         # operation that is not in flight cannot happen; it is ignored rather than trusted.
@@ -1009,6 +1036,8 @@ def _observe(host: Host, event: Event, now: float, policy: Policy) -> tuple[Host
             elif isinstance(event.beat, StatusMissing):
                 host = replace(host, status_problem=event.beat.reason, status_seen=True)
             return host, True
+        case UsageMeasured():
+            return replace(host, usage=event, usage_at=now), event.pid == host.pid
         case Quarantined():
             if host.op != "quarantine":
                 return host, False

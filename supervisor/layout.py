@@ -7,6 +7,7 @@ atomically and through ``runfiles`` (which owns every open of a file under the r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,12 @@ class RunLayout:
     def state_file(self) -> Path:
         """Restart history and backoff, kept across daemon restarts."""
         return self.ctl / "supervisor-state.json"
+
+    @property
+    def stop_record(self) -> Path:
+        """Written by a leader whose stop ran to its end: when, under which epoch, and each
+        host's last state (``runfiles.StopRecord``)."""
+        return self.ctl / "supervisor-stopped.json"
 
     def shard_inbox(self, shard: int) -> Path:
         return self.inbox / str(shard)
@@ -193,17 +200,29 @@ def manifest(config: Config) -> dict[str, Any]:
     }
 
 
+#: ``launch_meta.json``'s ``supervisor`` field in a run this program wrote (the seed's has none).
+META_WRITER = "reward-supervisor"
+
+
 def launch_meta(config: Config) -> dict[str, Any]:
-    """``ctl/launch_meta.json`` with the seed's fields (``respawn`` is always false now)."""
+    """``ctl/launch_meta.json`` with the seed's fields, saying what this daemon does.
+
+    ``respawn`` means to the seed's readers what it meant to the seed: a worker that ends is
+    started again. Here the daemon does that, unless ``health.auto_restart`` is false.
+    ``auto_restart`` says the same in our own words; its presence tells ``import-seed`` that
+    ``respawn`` can be believed (earlier versions wrote ``"respawn": false`` whatever they
+    did). ``config`` is absolute: the file is read from other directories and machines.
+    """
     return {
         "root": str(config.run.root),
         "run_id": config.run.run_id,
         "workers": workers_list(config),
         "shard_count": config.run.shard_count,
         "reward_fn": config.run.reward_fn,
-        "respawn": False,
-        "supervisor": "reward-supervisor",
-        "config": str(config.source),
+        "respawn": config.health.auto_restart,
+        "auto_restart": config.health.auto_restart,
+        "supervisor": META_WRITER,
+        "config": os.path.abspath(config.source),
     }
 
 

@@ -17,7 +17,7 @@ import structlog
 
 from supervisor import config as config_mod
 from supervisor import health, layout, leadership, vocabulary
-from supervisor.agent import WorkerExit
+from supervisor.agent import WorkerExit, WorkerUsage
 from supervisor.config import HostConfig, SshConfig
 from supervisor.errors import Fenced, RemoteError, ShardHeld
 from supervisor.layout import LaunchSpec
@@ -76,6 +76,7 @@ RemoteFactory = Callable[
         Callable[[bool, str], None],
         Callable[[WorkerExit], None],
         Callable[[], None],
+        Callable[[WorkerUsage], None],
     ],
     RemoteLike,
 ]
@@ -91,6 +92,7 @@ def default_remote_factory(
     on_connection: Callable[[bool, str], None],
     on_exit: Callable[[WorkerExit], None],
     on_agent: Callable[[], None],
+    on_usage: Callable[[WorkerUsage], None],
 ) -> RemoteLike:
     """A real ``RemoteHost`` over asyncssh."""
     from supervisor.remote import RemoteHost
@@ -103,6 +105,7 @@ def default_remote_factory(
         on_connection=on_connection,
         on_exit=on_exit,
         on_agent=on_agent,
+        on_usage=on_usage,
     )
 
 
@@ -338,6 +341,15 @@ class Links:
         if self._machines.get(machine) is link:
             self._shell.emit(vocabulary.MachineObserved(machine, health.AgentStarted()))
 
+    def _on_usage(self, machine: str, link: Link, news: WorkerUsage) -> None:
+        """The machine's agent measured its worker's session: told to the core, which keeps
+        it for ``status`` and metrics under the member the machine serves."""
+        if self._machines.get(machine) is link:
+            usage = health.UsageMeasured(
+                pid=news.pid, rss_bytes=news.rss_bytes, processes=news.processes, via=news.via
+            )
+            self._shell.emit(vocabulary.MachineObserved(machine, usage))
+
     # --- the work --------------------------------------------------------------------------
 
     def _keep(self, machine: str, cfg: HostConfig) -> Link:
@@ -355,6 +367,7 @@ class Links:
                 lambda up, reason: self._on_connection(machine, made[0], up, reason),
                 lambda news: self._on_exit_pushed(machine, made[0], news),
                 lambda: self._on_agent(machine, made[0]),
+                lambda news: self._on_usage(machine, made[0], news),
             )
             link = Link(cfg=cfg, remote=remote)
             made.append(link)

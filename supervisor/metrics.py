@@ -623,7 +623,8 @@ class _SnapshotCollector(Collector):
         )
         yield _gauge(
             "reward_supervisor_status_parse_errors",
-            "Status files read that were not a valid heartbeat (total).",
+            "Status files read that exist but are not a valid heartbeat (total; a missing"
+            " file is not counted).",
             daemon.get("status_parse_errors", 0),
         )
         spares = daemon.get("spares") or ()
@@ -730,7 +731,9 @@ def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
     )
     rss = GaugeMetricFamily(
         "reward_worker_rss_bytes",
-        "The worker's resident memory, as it reports it.",
+        "The memory the worker's session holds: its agent's measure (the sum of the"
+        " proportional set sizes of the worker and every process it started), else the"
+        " worker's own figure (status's work.rss_source says which).",
         labels=["host"],
     )
     for name, row in sorted(hosts.items()):
@@ -747,8 +750,8 @@ def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
             shard = str(row.get("shard"))
             queue.add_metric([name, shard], float(work["queue_depth"]))
             backlog.add_metric([shard], float(work["queue_depth"]))
-        if work.get("rss_gib") is not None:
-            rss.add_metric([name], float(work["rss_gib"]) * 2**30)
+        if work.get("rss_bytes") is not None:
+            rss.add_metric([name], float(work["rss_bytes"]))
     yield from (finished, errors, in_flight, queue, backlog, rss)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Final, TypeGuard
 from urllib.parse import quote
 
 from supervisor import health, vocabulary
-from supervisor.render import work_text
+from supervisor.render import memory_text, work_text
 from supervisor.terminal import terminal_text
 
 #: The script fetches the page again this often and swaps the live part in place: the
@@ -532,11 +532,11 @@ def _work(work: Mapping[str, Any], progress: object) -> str:
         ("semantic_zero", "{} scored 0"),
         ("qps", "{:g} tasks/s"),
         ("verify_ms_p95", "verify p95 {:g} ms"),
-        ("rss_gib", "rss {:g} GiB"),
     ):
         if _number(work.get(key)):
             out += ", " + fmt.format(work[key])
-    return out
+    memory = memory_text(work)
+    return out if memory is None else f"{out}; {memory}" if out else memory
 
 
 def _last_exit(last_exit: object) -> str:
@@ -544,10 +544,13 @@ def _last_exit(last_exit: object) -> str:
         return "<h3>last exit</h3><p>none seen</p>"
     age = last_exit.get("age_s")
     when = f", {_age(age)} ago" if age is not None else ""
-    what = f"pid {_dash(last_exit.get('pid'))} {last_exit.get('what')}{when}"
+    pid = _dash(last_exit.get("pid"))
+    what = f"pid {pid} {last_exit.get('what')}{when}"
     out = f"<h3>last exit</h3><p>{text(what)}</p>"
     if last_exit.get("log_tail"):
-        out += f"<p>its log's last lines:</p><pre>{_block(last_exit['log_tail'])}</pre>"
+        # The log is every worker's of the host, appended: these lines are this pid's own.
+        label = f"the last lines pid {pid} wrote to the log:"
+        out += f"<p>{text(label)}</p><pre>{_block(last_exit['log_tail'])}</pre>"
     return out
 
 

@@ -107,6 +107,11 @@ CHECK_TIMEOUT_S: Final = 5.0
 #: whose extra pushes are dropped (and counted as noise): the exit records still tell.
 PUSH_BURST: Final = 20
 PUSH_EVERY_S: Final = 0.1
+#: Pushed usages a host may send: its agent measures the worker it watches every
+#: ``protocol.USAGE_S`` (two, for a moment, while a new worker replaces an old one); more
+#: is a hostile or broken agent, whose extra pushes are dropped (and counted as noise).
+USAGE_BURST: Final = 4
+USAGE_EVERY_S: Final = protocol.USAGE_S / 4
 #: What of a line from the host is kept for logs and error messages.
 MAX_NOISE_CHARS: Final = 500
 #: ``run()`` keeps at most this much of a command's stdout (and of its stderr): the commands
@@ -257,10 +262,10 @@ def parse_reply(line: str) -> tuple[int, dict[str, Any]] | None:
     return rid, reply
 
 
-def parse_push(line: str) -> protocol.WorkerExit | str | None:
-    """The exit ``line`` pushes; why it is a malformed push (a string); None when it is no
-    push at all. Never raises: every byte from a host is hostile input."""
-    if len(line) > MAX_REPLY_CHARS or '"exit"' not in line:
+def parse_push(line: str) -> protocol.WorkerExit | protocol.WorkerUsage | str | None:
+    """The exit or usage ``line`` pushes; why it is a malformed push (a string); None when it
+    is no push at all. Never raises: every byte from a host is hostile input."""
+    if len(line) > MAX_REPLY_CHARS or ('"exit"' not in line and '"usage"' not in line):
         return None
     try:
         news = protocol.read_push(json.loads(line))
@@ -269,9 +274,16 @@ def parse_push(line: str) -> protocol.WorkerExit | str | None:
         return (
             f"malformed push: {str(exc)[:200]}" if isinstance(exc, protocol.ProtocolError) else None
         )
+    if isinstance(news, protocol.WorkerUsage):
+        return news if news.via in USAGE_VIAS else dataclasses.replace(news, via="unknown")
     if news is None or news.log_tail is None:
         return news
     return dataclasses.replace(news, log_tail=host_text(news.log_tail, protocol.LOG_TAIL_MAX))
+
+
+#: How a usage push may say it counted (``protocol.WorkerUsage``); any other word a host
+#: sends becomes "unknown", so that no text of its own reaches a status or a page.
+USAGE_VIAS: Final = frozenset({"pss", "rss"})
 
 
 _SURROGATES: Final = re.compile("[\ud800-\udfff]")
@@ -413,6 +425,7 @@ class RemoteHost:
         on_connection: Callable[[bool, str], None],
         on_exit: Callable[[protocol.WorkerExit], None] | None = None,
         on_agent: Callable[[], None] | None = None,
+        on_usage: Callable[[protocol.WorkerUsage], None] | None = None,
     ) -> None:
         self.name = host.name
         self._host = host
@@ -422,6 +435,8 @@ class RemoteHost:
         self._on_connection = on_connection
         self._on_exit = on_exit
         self._on_agent = on_agent
+        self._on_usage = on_usage
+        self._usages = TokenBucket(USAGE_BURST, USAGE_EVERY_S)
         self._pushes = TokenBucket(PUSH_BURST, PUSH_EVERY_S)
         self._channels = asyncio.Semaphore(ssh.max_channels_per_host)
         self._noise = NoiseLog(host.name)
@@ -517,6 +532,7 @@ class RemoteHost:
             async with asyncio.TaskGroup() as tasks:
                 link = _Link(self.name, conn, ended, tasks, self._noise)
                 link.on_push = self._pushed
+                link.on_usage = self._usage_pushed
                 link.on_agent = self._agent_started
                 self._link = link
                 if self._on_exit is not None:
@@ -625,6 +641,16 @@ class RemoteHost:
         # awaiting that reply (on the future itself: _Agent.call) was woken first; so the
         # daemon hears Launched, and launch() records the worker, then the exit.
         asyncio.get_running_loop().call_soon(self._deliver_exit, news)
+
+    def _usage_pushed(self, news: protocol.WorkerUsage) -> None:
+        """What the worker's session holds, as the agent measured it: to the daemon, within
+        a budget (a host that floods them loses the extra ones)."""
+        if self._on_usage is None:
+            return
+        if not self._usages.take(time.monotonic()):
+            self._noise.line("agent.push_dropped", f"usage of pid {news.pid}")
+            return
+        self._on_usage(news)
 
     def _deliver_exit(self, news: protocol.WorkerExit) -> None:
         if self._on_exit is not None:
@@ -875,6 +901,8 @@ class _Link:
         self._agent_lock = asyncio.Lock()
         #: Called with each exit an agent of this connection pushes.
         self.on_push: Callable[[protocol.WorkerExit], None] | None = None
+        #: Called with each usage an agent of this connection pushes.
+        self.on_usage: Callable[[protocol.WorkerUsage], None] | None = None
         #: Called with each agent started on this connection.
         self.on_agent: Callable[[_Link, _Agent], None] | None = None
 
@@ -1183,6 +1211,9 @@ class _Agent:
             if isinstance(news, protocol.WorkerExit):
                 if self._link.on_push is not None:
                     self._link.on_push(news)
+            elif isinstance(news, protocol.WorkerUsage):
+                if self._link.on_usage is not None:
+                    self._link.on_usage(news)
             elif news is not None:
                 self._link.noise.line("agent.bad_push", f"{news}: {line[:MAX_NOISE_CHARS]}")
             else:

@@ -164,7 +164,8 @@ def _offline_table(hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
         raw = (
             name,
             str(row.get("shard", "")),
-            str(row.get("verdict", "?")),
+            # What the files prove beats the seed's verdict (a stopped worker's is "stale").
+            "stopped" if row.get("state") == "stopped" else str(row.get("verdict", "?")),
             _dash(row.get("pid")),
             _dash(row.get("status_pid")),
             _age(row.get("heartbeat_age_s")),
@@ -201,7 +202,11 @@ def render_host(detail: Mapping[str, Any]) -> str:
     name = detail.get("host")
     if not daemon.get("running", True):
         say(daemon.get("note", "daemon not running"))
-        say(f"{name}: verdict {detail.get('verdict', '?')} ({detail.get('last_reason') or '-'})")
+        if detail.get("state") == "stopped":
+            say(f"{name}: {detail.get('last_reason') or 'stopped'}")
+        else:
+            verdict = detail.get("verdict", "?")
+            say(f"{name}: verdict {verdict} ({detail.get('last_reason') or '-'})")
     else:
         since = _duration(detail.get("since_s"))
         say(f"{name}: {detail.get('state')} for {since}: {detail.get('last_reason') or '-'}")
@@ -235,9 +240,10 @@ def render_host(detail: Mapping[str, Any]) -> str:
             text += f", {work['qps']:g} tasks/s"
         if work.get("verify_ms_p95") is not None:
             text += f", verify p95 {work['verify_ms_p95']:g} ms"
-        if work.get("rss_gib") is not None:
-            text += f", rss {work['rss_gib']:g} GiB"
         say(text, 2)
+        memory = memory_text(work)
+        if memory is not None:
+            say(f"memory: {memory}", 2)
     restart = detail.get("restart")
     if isinstance(restart, Mapping):
         text = (
@@ -310,6 +316,33 @@ def work_text(work: Mapping[str, Any] | None, in_flight: object = None) -> str:
     if work.get("queue_depth") is not None:
         parts.append(f"queue {work['queue_depth']}")
     return ", ".join(parts)
+
+
+#: Bytes in a GiB, and the units of ``bytes_text``.
+_GIB: Final = 2**30
+_UNITS: Final = (("GiB", _GIB), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def memory_text(work: Mapping[str, Any] | None) -> str | None:
+    """The memory of a status's work row (``view.work_row``): ``rss 1.21 GiB (its session,
+    49 processes, measured)`` or ``rss 60 KiB (the worker's own figure)``; None without."""
+    if not work or not isinstance(work.get("rss_bytes"), int):
+        return None
+    size = bytes_text(work["rss_bytes"])
+    if work.get("rss_source") == "agent":
+        count = work.get("rss_processes")
+        processes = f"{count} process{'' if count == 1 else 'es'}"
+        return f"rss {size} (its session, {processes}, measured)"
+    return f"rss {size} (the worker's own figure)"
+
+
+def bytes_text(count: int) -> str:
+    """A size in bytes for people: ``812 KiB``, ``61.3 MiB``, ``1.21 GiB``."""
+    for unit, size in _UNITS:
+        if count >= size:
+            value = count / size
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{count} B"
 
 
 def _dash(value: object) -> str:

@@ -14,7 +14,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, assert_never
 
@@ -130,7 +130,7 @@ class RunDirectory:
         config = self._shell.config
         run = layout.layout_of(config)
         epoch = runfiles.read_epoch(run.epoch_file, root=run.root)
-        self.standby_view = view.offline_status(config)
+        self.standby_view = view.offline_status(config, look_at_lock=False)
         return leadership.ViewRead(epoch_on_disk=epoch)
 
     def lock_io(self, action: leadership.TryLock | leadership.CheckLock) -> None:
@@ -441,6 +441,35 @@ class RunDirectory:
                 "history.not_saved",
                 reason=f"the run root did not answer within {SHUTDOWN_IO_TIMEOUT_S:g}s",
             )
+
+    async def record_stop(self, hosts: Mapping[str, tuple[str, int | None]]) -> None:
+        """Say in ``ctl/`` that this leadership's stop ran to its end, with each host's last
+        state (what offline ``status`` tells a clean stop by): within SHUTDOWN_IO_TIMEOUT_S,
+        never raises, and not when another leadership's epoch is on disk."""
+        record = runfiles.StopRecord(
+            stopped_at=time.time(),
+            epoch=self._shell.epoch,
+            by=identity(),
+            hosts=dict(hosts),
+        )
+        try:
+            async with asyncio.timeout(SHUTDOWN_IO_TIMEOUT_S):
+                await asyncio.to_thread(self._write_stop_record, record)
+        except OSError as exc:
+            log.error("daemon.stop_not_recorded", reason=str(exc))
+        except TimeoutError:
+            log.error(
+                "daemon.stop_not_recorded",
+                reason=f"the run root did not answer within {SHUTDOWN_IO_TIMEOUT_S:g}s",
+            )
+
+    def _write_stop_record(self, record: runfiles.StopRecord) -> None:
+        run = layout.layout_of(self._shell.config)
+        why = leadership.not_ours(record.epoch, runfiles.read_epoch(run.epoch_file, root=run.root))
+        if why is not None:
+            log.error("daemon.stop_not_recorded", reason=f"{why}: another supervisor leads")
+            return
+        runfiles.write_atomic(run.stop_record, runfiles.stop_record_json(record), root=run.root)
 
     def _history_file(self) -> bytes:
         """Every host's restart history as the state file's bytes (``HistoryEncoder``)."""

@@ -20,6 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeGuard, TypeVar
 
@@ -598,6 +599,56 @@ def _show(value: object) -> str:
     except RecursionError:
         return "a value nested too deeply to show"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------------------
+# A clean stop: ctl/supervisor-stopped.json.
+
+#: Host states a stop record may name (the contract's), so that the file cannot put any
+#: other text into a status.
+_STATES: Final = frozenset(s.value for s in health.HostState)
+
+
+@dataclass(frozen=True, slots=True)
+class StopRecord:
+    """What a leading daemon wrote once its stop had run to its end: when (the wall clock of
+    the node it ran on), under which epoch, by whom, and each host's last state and pid."""
+
+    stopped_at: float
+    epoch: int
+    by: str
+    hosts: dict[str, tuple[str, int | None]]
+
+
+def stop_record_json(record: StopRecord) -> bytes:
+    """The stop record's file: ``{"stopped_at", "epoch", "by", "hosts": {NAME: {"state",
+    "pid"}}}``."""
+    hosts = {name: {"state": st, "pid": pid} for name, (st, pid) in record.hosts.items()}
+    body = {"stopped_at": record.stopped_at, "epoch": record.epoch, "by": record.by}
+    return (json.dumps({**body, "hosts": hosts}, sort_keys=True) + "\n").encode()
+
+
+def read_stop_record(path: Path, *, root: Path) -> StopRecord | None:
+    """The stop record at ``path``; None when there is none, or it is not one (hostile: a
+    bad field makes the whole record nothing). Never raises."""
+    try:
+        raw = read_json(path, root=root, max_bytes=STATE_MAX_BYTES)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("hosts"), dict):
+        return None
+    stopped_at, epoch, by = raw.get("stopped_at"), raw.get("epoch"), raw.get("by")
+    if not (_is_finite(stopped_at) and _is_int(epoch) and epoch > 0 and _name(by)):
+        return None
+    hosts: dict[str, tuple[str, int | None]] = {}
+    for name, entry in raw["hosts"].items():
+        if not _name(name) or not isinstance(entry, dict):
+            return None
+        state, pid = entry.get("state"), entry.get("pid")
+        if state not in _STATES or not (pid is None or (_is_int(pid) and pid > 0)):
+            return None
+        hosts[name] = (state, pid)
+    return StopRecord(stopped_at=float(stopped_at), epoch=epoch, by=str(by), hosts=hosts)
 
 
 # --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 from supervisor import config as config_mod
 from supervisor import runfiles
 from supervisor.errors import ConfigError
+from supervisor.layout import META_WRITER
 
 # The seed's defaults (reward_workers_ctl.py), kept so an imported run behaves the same.
 SEED_WORKER_MODULE = "areal.reward.fs_worker"
@@ -48,10 +49,13 @@ class ImportProblem(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Imported:
-    """The config's TOML text, and what import-seed had to guess or cannot do for you."""
+    """The config's TOML text, what import-seed had to guess or cannot do for you
+    (``warnings``), and what it found out that the seed's own defaults would have got wrong
+    (``notes``)."""
 
     text: str
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +66,8 @@ class Runtime:
     env: dict[str, str]
     ws: str | None
     source: str
+    #: What was found out on the way (the venv's Python version), to be said.
+    notes: tuple[str, ...] = ()
 
 
 def config_from_seed(
@@ -98,6 +104,7 @@ def config_from_seed(
     run_root = str(meta.get("root") or root or "")
     manifest = _read_manifest(Path(run_root) / "manifest.json")
     warnings: list[str] = []
+    auto_restart = _auto_restart(meta, meta_path, warnings)
     runtime = seed_runtime(
         ws=ws,
         venv=venv,
@@ -116,7 +123,7 @@ def config_from_seed(
         hint = unit_write_hint(pointer)
         if hint:
             warnings.append(hint)
-    doc = _document(meta, manifest, environ, known_hosts, client_keys, username)
+    doc = _document(meta, manifest, environ, known_hosts, client_keys, username, auto_restart)
     if pointer is not None:
         doc["run"]["pointer_file"] = pointer
     if runtime.python is not None:
@@ -124,13 +131,49 @@ def config_from_seed(
     doc["worker"]["env"] = {**doc["worker"]["env"], **runtime.env}
     text = render_toml(doc)
     head = [f"# Interpreter and environment from {runtime.source}."]
+    head += [f"# {note}" for note in runtime.notes]
     head += [f"# WARNING: {w}" for w in warnings]
     try:
         config_mod.parse(doc, Path("<import-seed>"))
     except ConfigError as exc:
         head = ["# This config does not validate yet; fix the lines marked FIXME.", *head]
         head += [f"# FIXME: {p.key}: {p.reason}" for p in exc.problems]
-    return Imported(text="\n".join(head) + "\n" + text, warnings=warnings)
+    return Imported(
+        text="\n".join(head) + "\n" + text, warnings=warnings, notes=list(runtime.notes)
+    )
+
+
+def _auto_restart(meta: dict[str, Any], meta_path: Path, warnings: list[str]) -> bool | None:
+    """``health.auto_restart`` for the run of ``meta``, or None for the default (true).
+
+    The seed's ``"respawn": false`` was its ``--no-respawn``. A run this program wrote says
+    ``auto_restart`` (and ``respawn`` alike) since that field exists; before, it wrote
+    ``"respawn": false`` whatever its daemon did, so that value means nothing: the run's own
+    config, which the meta names, is asked instead.
+    """
+    if meta.get("supervisor") != META_WRITER:
+        return False if meta.get("respawn") is False else None
+    config = meta.get("config")
+    named = f" ({config})" if isinstance(config, str) and config else ""
+    warnings.append(
+        f"{meta_path} was written by reward-supervisor, not reward_workers_ctl.py: this run"
+        f" has a config of its own{named}; `reward-supervisor run -c` that file rather than"
+        " this import if you still have it"
+    )
+    said = meta.get("auto_restart")
+    if isinstance(said, bool):
+        return None if said else False
+    if isinstance(config, str) and os.path.isabs(config):
+        try:
+            return None if config_mod.load(config).health.auto_restart else False
+        except ConfigError:
+            pass
+    warnings.append(
+        f"{meta_path} does not say whether its daemon restarted workers (this version's"
+        ' "respawn": false meant nothing) and its config cannot be read:'
+        " health.auto_restart is left at its default, true"
+    )
+    return None
 
 
 def seed_runtime(
@@ -147,13 +190,20 @@ def seed_runtime(
     ``$SAO_WS``, else nothing (``python3``, no ``PYTHONPATH``, and a warning)."""
     if ws or venv or repo:
         ws = ws or environ.get("SAO_WS") or None
-        python, env = _seed_paths(ws, venv, repo)
+        notes: list[str] = []
+        python, env = _seed_paths(ws, venv, repo, notes, warnings)
         if not (repo or ws):
             warnings.append(
                 "no --repo and no --ws/$SAO_WS: PYTHONPATH lacks the AReaL checkout the seed"
                 " put on it ($SAO_WS/repo/AReaL)"
             )
-        return Runtime(python=python, env=env, ws=ws, source="the --ws/--venv/--repo options")
+        return Runtime(
+            python=python,
+            env=env,
+            ws=ws,
+            source="the --ws/--venv/--repo options",
+            notes=tuple(notes),
+        )
     for path in wrappers:
         found = read_wrapper(path)
         if found is not None:
@@ -164,8 +214,11 @@ def seed_runtime(
                 python=python, env=env, ws=seed_ws, source=f"the seed's respawn wrapper {path}"
             )
     if environ.get("SAO_WS"):
-        python, env = _seed_paths(environ["SAO_WS"], None, None)
-        return Runtime(python=python, env=env, ws=environ["SAO_WS"], source="$SAO_WS")
+        notes = []
+        python, env = _seed_paths(environ["SAO_WS"], None, None, notes, warnings)
+        return Runtime(
+            python=python, env=env, ws=environ["SAO_WS"], source="$SAO_WS", notes=tuple(notes)
+        )
     warnings.append(
         "SAO_WS is not set, no --ws/--venv/--repo was given and the run has no respawn wrapper"
         " (ctl/<host>.wrap.sh) to read: worker.python is python3 with no PYTHONPATH, which"
@@ -178,17 +231,19 @@ def seed_runtime(
 
 
 def _seed_paths(
-    ws: str | None, venv: str | None, repo: str | None
+    ws: str | None, venv: str | None, repo: str | None, notes: list[str], warnings: list[str]
 ) -> tuple[str | None, dict[str, str]]:
-    """The seed's ``_paths`` and wrapper environment for these ``--ws/--venv/--repo``."""
+    """The seed's ``_paths`` and wrapper environment for these ``--ws/--venv/--repo``, with
+    the venv's own ``site-packages`` where the seed assumed Python 3.12's."""
     venv = venv or (_ws(ws, "runtime-venv") if ws else None)
     repo = repo or (f"{ws}/repo/AReaL" if ws else None)
     env: dict[str, str] = {}
     python = None
+    site = None
     if venv:
         python = f"{venv}/bin/python"
         env["PATH"] = f"/usr/bin:/bin:{venv}/bin:/usr/local/bin"
-    site = f"{venv}/lib/python{SEED_PYTHON_VERSION}/site-packages" if venv else None
+        site = f"{venv}/lib/python{_venv_version(venv, notes, warnings)}/site-packages"
     pythonpath = [p for p in (site, repo) if p]
     if pythonpath:
         env["PYTHONPATH"] = ":".join(pythonpath)
@@ -196,6 +251,54 @@ def _seed_paths(
         env["HOME"] = _ws(ws, "home")
         env["TMPDIR"] = _ws(ws)
     return python, env
+
+
+#: ``pyvenv.cfg`` is a few lines; reading more would only feed a file that is not one.
+PYVENV_READ_MAX = 16 * 1024
+_PYVENV_VERSION = re.compile(r"^\s*(?:version|version_info)\s*=\s*(3\.\d+)[.\s]", re.MULTILINE)
+_SITE_VERSION = re.compile(r"^python(3\.\d+)$")
+
+
+def _venv_version(venv: str, notes: list[str], warnings: list[str]) -> str:
+    """The venv's Python version ("3.11"), as its ``pyvenv.cfg`` says (``version``, or uv's
+    ``version_info``), else as its one ``lib/python3.N`` directory says; the seed's 3.12,
+    with a warning, when this machine cannot tell."""
+    cfg = os.path.join(venv, "pyvenv.cfg")
+    try:
+        text = runfiles.read_capped(cfg, PYVENV_READ_MAX)[:PYVENV_READ_MAX].decode(
+            "utf-8", "replace"
+        )
+    except OSError:
+        text = ""
+    match = _PYVENV_VERSION.search(text + "\n")
+    if match:
+        version, source = match.group(1), cfg
+    else:
+        try:
+            names = os.listdir(os.path.join(venv, "lib"))
+        except OSError:
+            names = []
+        found = sorted({m.group(1) for m in map(_SITE_VERSION.match, names) if m})
+        if len(found) != 1:
+            warnings.append(
+                f"cannot tell the Python version of {venv} from here (no readable pyvenv.cfg,"
+                f" {'no' if not found else 'more than one'} lib/python3.N): PYTHONPATH names"
+                f" lib/python{SEED_PYTHON_VERSION}/site-packages, as the seed did; check it"
+                f" against `{venv}/bin/python -V`"
+            )
+            return SEED_PYTHON_VERSION
+        version = found[0]
+        source = os.path.join(venv, "lib", f"python{version}")
+    notes.append(
+        f"PYTHONPATH names {venv}/lib/python{version}/site-packages: Python {version}, from"
+        f" {source}"
+        + (
+            ""
+            if version == SEED_PYTHON_VERSION
+            else f" (not python{SEED_PYTHON_VERSION}, which the seed assumed)"
+        )
+    )
+    return version
 
 
 def _ws(ws: str, *names: str) -> str:
@@ -273,6 +376,7 @@ def _document(
     known_hosts: str,
     client_keys: Sequence[str] | None,
     username: str | None,
+    auto_restart: bool | None,
 ) -> dict[str, Any]:
     run: dict[str, Any] = {
         "root": str(meta.get("root", "")),
@@ -296,8 +400,8 @@ def _document(
     # FSRewardClient's defaults unless the trainer passes others.
     trainer = {"heartbeat_stale_s": 15.0, "task_timeout_s": 30.0}
     health: dict[str, Any] = {}
-    if meta.get("respawn") is False:
-        health["auto_restart"] = False
+    if auto_restart is not None:
+        health["auto_restart"] = auto_restart
     ssh: dict[str, Any] = {"known_hosts": known_hosts}
     if client_keys:
         ssh["client_keys"] = list(client_keys)

@@ -41,11 +41,20 @@ class StatusRecord:
     stats: WorkerStats | None = None
 
 
+#: The reason of a status file that is not there (no worker wrote one yet, or it was removed).
+MISSING: Final = "missing"
+
+
 @dataclass(frozen=True, slots=True)
 class StatusProblem:
     """No heartbeat: the file is missing, empty, partial, not JSON, too big or malformed."""
 
     reason: str
+
+    @property
+    def missing(self) -> bool:
+        """There is no file at all: no heartbeat yet, not a file that fails to parse."""
+        return self.reason == MISSING
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +272,7 @@ def _finite(value: object) -> float | None:
 def read_status(
     path: str | os.PathLike[str], *, dir_fd: int | None = None
 ) -> StatusRecord | StatusProblem:
-    """Read and parse one status file; a missing file is ``StatusProblem("missing")``.
+    """Read and parse one status file; a missing file is ``StatusProblem(MISSING)``.
 
     With ``dir_fd`` (its directory, opened without following) the file is opened by its name
     there: nothing above it is looked up again."""
@@ -281,7 +290,7 @@ def read_exit(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> Exi
 def problem_of(exc: OSError) -> StatusProblem:
     """The status problem an error opening or reading a status file (or its directory) is."""
     if isinstance(exc, FileNotFoundError | NotADirectoryError):
-        return StatusProblem("missing")
+        return StatusProblem(MISSING)
     if isinstance(exc, UnsafeFileError):
         return StatusProblem(exc.reason)
     return StatusProblem(f"unreadable: {_errno_name(exc)}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -18,7 +19,7 @@ from supervisor import health, pointer, runfiles, vocabulary
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
 from supervisor.render import summary
-from supervisor.statusfiles import StatusProblem, StatusRecord, read_exit, read_status
+from supervisor.statusfiles import MISSING, StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def host_row(
         "in_flight": host.in_flight,
         "tasks_per_min": _rounded(health.tasks_per_minute(host), 1),
         "evidence_age_s": _age_of(host.evidence_at, now),
-        "work": work_row(host.stats),
+        "work": work_row(host.stats, _of_worker(host, now), now),
         #: The last reward probe answered (``[probe]``), or None.
         "last_probe": _last_probe(host, now),
     }
@@ -87,20 +88,65 @@ def _last_probe(host: health.Host, now: float) -> dict[str, Any] | None:
     }
 
 
-def work_row(stats: health.WorkerStats | None) -> dict[str, Any] | None:
-    """What the worker says of its work (its own figures, not judged), or None."""
-    if stats is None:
+def work_row(
+    stats: health.WorkerStats | None, measured: Measured | None = None, now: float = 0.0
+) -> dict[str, Any] | None:
+    """What the worker says of its work (its own figures, not judged) and the memory its
+    session holds, or None when there is neither.
+
+    ``rss_bytes`` is the agent's measure of the current worker's whole session (``measured``,
+    when it is that worker's and recent), else the worker's own ``rss_gib`` in bytes (taken
+    whole: rounded first, the AReaL worker's figure, itself 1024 times too small, was 0);
+    ``rss_source`` says which ("agent" or "worker"). ``rss_gib`` is the worker's own figure
+    as it wrote it.
+    """
+    if stats is None and measured is None:
         return None
-    return {
+    stats = stats or health.WorkerStats()
+    row: dict[str, Any] = {
         "completed": stats.completed,
         "errors": stats.errors,
         "semantic_zero": stats.semantic_zero,
         "queue_depth": stats.queue_depth,
         "qps": _rounded(stats.qps, 3),
         "concurrency": stats.concurrency,
-        "rss_gib": _rounded(stats.rss_gib, 3),
+        "rss_gib": stats.rss_gib,
         "verify_ms_p95": _rounded(stats.verify_ms_p95, 1),
+        "rss_bytes": None if stats.rss_gib is None else round(stats.rss_gib * GIB),
+        "rss_source": None if stats.rss_gib is None else "worker",
     }
+    if measured is not None:
+        row["rss_bytes"] = measured.usage.rss_bytes
+        row["rss_source"] = "agent"
+        row["rss_processes"] = measured.usage.processes
+        row["rss_via"] = measured.usage.via
+        row["rss_age_s"] = _age_of(measured.at, now)
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a host's agent last measured of its worker's session (``health.UsageMeasured``),
+    and when (our monotonic clock)."""
+
+    usage: health.UsageMeasured
+    at: float
+
+
+#: Bytes in a GiB, the unit of the worker's ``rss_gib``.
+GIB: Final = 2**30
+#: The agent measures every ``USAGE_S`` (10 s): a measure older than three of those is of a
+#: connection gone quiet, and the worker's own figure (if any) is shown instead.
+MEASURE_FRESH_S: Final = 30.0
+
+
+def _of_worker(host: health.Host, now: float) -> Measured | None:
+    """The host's last measure of its worker's session, if it is of the current worker (not
+    of the one before it) and recent."""
+    usage, at = host.usage, host.usage_at
+    if usage is None or at is None or host.pid is None or usage.pid != host.pid:
+        return None
+    return Measured(usage, at) if now - at <= MEASURE_FRESH_S else None
 
 
 def host_detail(
@@ -164,7 +210,7 @@ def shown_row(
     detail: bool = False,
     wall_now: float | None = None,
 ) -> dict[str, Any]:
-    """A host as ``Fleet.shown`` gives it: its row (``detail``: in full), or a waiting one's."""
+    """A host as ``Fleet.view`` gives it: its row (``detail``: in full), or a waiting one's."""
     if isinstance(shown, vocabulary.Member):
         return waiting_row(shown)
     if detail:
@@ -184,9 +230,8 @@ def progress_detail(host: health.Host, now: float, policy: health.Policy) -> dic
     heartbeat alone."""
     if not _reports_progress(host):
         return {"reported": False, "judged_by": "heartbeat only"}
-    stuck_after = None
-    if policy.progress_stale_s > 0 and host.in_flight and host.progress_at is not None:
-        stuck_after = max(0.0, host.progress_at + policy.progress_stale_s - now)
+    stuck_at = health.stuck_at(host, policy)
+    stuck_after = None if stuck_at is None else max(0.0, stuck_at - now)
     return {
         "reported": True,
         "judged_by": "heartbeat and progress",
@@ -312,29 +357,99 @@ def status_line(fleet_view: fleet.FleetView) -> str:
     return text
 
 
-def offline_status(config: Config, *, now_wall: float | None = None) -> dict[str, Any]:
+def offline_status(
+    config: Config, *, now_wall: float | None = None, look_at_lock: bool = True
+) -> dict[str, Any]:
     """Status from the run directory alone, for when no daemon answers.
 
     Heartbeat age here is the status file's modification time against this machine's
     clock: it cannot be skew-immune without a daemon watching the file change. Each row
     carries the seed's verdict too (``verdict``, ``ok``, ``status_pid``, ``ready``).
+    ``look_at_lock`` False in a daemon's own process (a standby's view): closing any
+    descriptor of the lock file releases the locks its process holds.
     """
     layout = layout_of(config)
     now_wall = time.time() if now_wall is None else now_wall
     stale_s = config.health.heartbeat_stale_s
+    daemon, stop = last_daemon(layout, look_at_lock=look_at_lock)
     hosts: dict[str, Any] = {}
     with _run_dirs(layout) as dirs:
         for cfg in config.hosts:
-            hosts[cfg.name] = _offline_row(layout, dirs, cfg, now_wall, stale_s)
+            hosts[cfg.name] = _offline_row(layout, dirs, cfg, now_wall, stale_s, stop)
     return {
-        "daemon": {
-            "running": False,
-            "note": "daemon not running: state read from the run directory only",
-            "root": str(config.run.root),
-            "heartbeat_stale_s": stale_s,
-        },
+        "daemon": {**daemon, "root": str(config.run.root), "heartbeat_stale_s": stale_s},
         "hosts": hosts,
     }
+
+
+#: ``status``'s exit status when no daemon answered (LSB init scripts' ``status`` codes, as
+#: ``systemctl status`` gives them): a daemon elsewhere holds the run lock (running), the
+#: last one stopped cleanly or none ever led the run (not running), or the last one to lead
+#: did not stop cleanly (dead: killed, crashed, its node lost; its workers may run on).
+OFFLINE_RUNNING: Final = 0
+OFFLINE_DEAD: Final = 1
+OFFLINE_NOT_RUNNING: Final = 3
+
+
+def offline_exit_status(daemon: Mapping[str, Any]) -> int:
+    """The exit status of ``status`` for an offline ``daemon`` row (``last_daemon``)."""
+    if daemon.get("lock_holder"):
+        return OFFLINE_RUNNING
+    if daemon.get("stopped_cleanly_at") is not None or not daemon.get("last_epoch"):
+        return OFFLINE_NOT_RUNNING
+    return OFFLINE_DEAD
+
+
+def wall_text(at: float) -> str:
+    """A wall-clock instant for people, in UTC as the logs are."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def last_daemon(
+    layout: RunLayout, *, look_at_lock: bool = True
+) -> tuple[dict[str, Any], runfiles.StopRecord | None]:
+    """What the run directory says of the daemon that last led the run, when none answers:
+    the ``daemon`` row of an offline status (``running``, ``note``, ``lock_holder``,
+    ``last_epoch``, ``stopped_cleanly_at``, ``stopped_by``), and its stop record when that
+    record is of the last leadership (its epoch is the one on disk) and nobody is seen to
+    lead now (the lock is looked at only with ``look_at_lock``)."""
+    epoch = runfiles.read_epoch(layout.epoch_file, root=layout.root)
+    holder = runfiles.current_holder(layout.lock_file, root=layout.root) if look_at_lock else ""
+    row: dict[str, Any] = {
+        "running": False,
+        "lock_holder": holder or None,
+        "last_epoch": epoch or None,
+        "stopped_cleanly_at": None,
+        "stopped_by": None,
+    }
+    record = runfiles.read_stop_record(layout.stop_record, root=layout.root)
+    if holder:
+        row["note"] = (
+            f"no daemon answered here, but {holder} holds the run lock: a daemon leads this"
+            " run (another node's, or one with another control socket); state read from the"
+            " run directory only"
+        )
+        return row, None
+    if record is not None and epoch is not None and record.epoch == epoch:
+        row["stopped_cleanly_at"] = record.stopped_at
+        row["stopped_by"] = record.by
+        row["note"] = (
+            f"daemon not running: it stopped cleanly at {wall_text(record.stopped_at)}"
+            f" ({record.by}); state read from the run directory only"
+        )
+        return row, record
+    if epoch:
+        row["note"] = (
+            f"daemon not running, and the last one to lead this run (epoch {epoch}) did not"
+            " stop cleanly (killed, crashed, or its node lost): its workers may run"
+            " unsupervised; start it again (it adopts them). State read from the run"
+            " directory only"
+        )
+    else:
+        row["note"] = (
+            "daemon not running (none has led this run yet): state read from the run directory only"
+        )
+    return row, None
 
 
 #: The seed's verdicts (``reward_workers_ctl.py status``: its ``reason``), worst first.
@@ -346,7 +461,7 @@ def seed_verdict(record: StatusRecord | StatusProblem, age_s: float | None, stal
     ``status_bad``, ``heartbeat_stale`` (older than ``stale_s``), ``not_ready`` or ``ok``,
     checked in that order as the seed did."""
     if isinstance(record, StatusProblem):
-        return "status_missing" if record.reason == "missing" else "status_bad"
+        return "status_missing" if record.missing else "status_bad"
     if age_s is None:
         return "status_missing"  # gone between the read and the stat
     if age_s > stale_s:
@@ -379,7 +494,7 @@ def _run_dirs(layout: RunLayout) -> Iterator[_Dirs]:
 
 def _status_at(layout: RunLayout, dirs: _Dirs, host: str) -> StatusRecord | StatusProblem:
     if dirs[0] is None:
-        return StatusProblem("missing")
+        return StatusProblem(MISSING)
     return read_status(layout.status(host), dir_fd=dirs[0])
 
 
@@ -394,7 +509,12 @@ def _lstat_at(fd: int | None, name: str) -> os.stat_result | None:
 
 
 def _offline_row(
-    layout: RunLayout, dirs: _Dirs, cfg: HostConfig, now_wall: float, stale_s: float
+    layout: RunLayout,
+    dirs: _Dirs,
+    cfg: HostConfig,
+    now_wall: float,
+    stale_s: float,
+    stop: runfiles.StopRecord | None,
 ) -> dict[str, Any]:
     record = _status_at(layout, dirs, cfg.name)
     st = _lstat_at(dirs[0], layout.status(cfg.name).name)
@@ -403,23 +523,36 @@ def _offline_row(
     pid = _read_pid(layout, cfg.name)
     ok = isinstance(record, StatusRecord)
     verdict = seed_verdict(record, age, stale_s)
+    status_pid = record.pid if isinstance(record, StatusRecord) else None
+    reason = (
+        ("ready" if record.ready else "not ready") + f" (status pid {record.pid})"
+        if isinstance(record, StatusRecord)
+        else record.reason
+    )
+    stopped = sentinel
+    at_stop = None if stop is None else stop.hosts.get(cfg.name)
+    if stop is not None and at_stop is not None:
+        when = wall_text(stop.stopped_at)
+        state, stopped_pid = at_stop
+        # The daemon confirmed this worker dead; a status file of another pid is news since.
+        if state == "stopped" and status_pid in (None, stopped_pid):
+            stopped = True
+            reason = f"stopped (daemon stopped cleanly at {when})"
+        else:
+            reason += f"; {state} when the daemon stopped cleanly at {when}"
     return {
-        "state": "stopped" if sentinel else "unknown",
+        "state": "stopped" if stopped else "unknown",
         "verdict": verdict,
         "ok": verdict == "ok",
         "shard": cfg.shard,
         "pid": pid,
-        "status_pid": record.pid if isinstance(record, StatusRecord) else None,
+        "status_pid": status_pid,
         "ready": record.ready if isinstance(record, StatusRecord) else None,
         "ssh": "unknown",
         "heartbeat_age_s": None if age is None else round(age, 3),
         "restarts": None,
         "planned_restarts": None,
-        "last_reason": (
-            ("ready" if record.ready else "not ready") + f" (status pid {record.pid})"
-            if isinstance(record, StatusRecord)
-            else record.reason
-        ),
+        "last_reason": reason,
         "status_ok": ok,
         "stop_sentinel": sentinel,
         "address": f"{cfg.address}:{cfg.port}",
@@ -440,8 +573,9 @@ def offline_host_detail(
     cfg = config.host(host)
     if cfg is None:
         raise KeyError(host)
+    daemon, stop = last_daemon(layout)
     with _run_dirs(layout) as dirs:
-        row = _offline_row(layout, dirs, cfg, now_wall, config.health.heartbeat_stale_s)
+        row = _offline_row(layout, dirs, cfg, now_wall, config.health.heartbeat_stale_s, stop)
         record = _status_at(layout, dirs, host)
         exit_record = (
             None if dirs[1] is None else read_exit(layout.exit_record(host), dir_fd=dirs[1])
@@ -478,11 +612,7 @@ def offline_host_detail(
             "log_tail": exit_record.log_tail,
         }
     return {
-        "daemon": {
-            "running": False,
-            "note": "daemon not running: state read from the run directory only",
-            "root": str(config.run.root),
-        },
+        "daemon": {**daemon, "root": str(config.run.root)},
         "host": host,
         **row,
         "progress": progress,

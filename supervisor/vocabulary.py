@@ -169,12 +169,18 @@ class FilesystemDiagnosed:
 
 @dataclass(frozen=True, slots=True)
 class MachineObserved:
-    """News of one machine's connection: SSH up or down, a new agent, or a worker's exit its
-    agent pushed. The fleet tells it to the member the machine serves, if any (links know
-    machines, never which member a machine serves)."""
+    """News of one machine's connection: SSH up or down, a new agent, or what its agent
+    pushed (a worker's exit, its session's memory). The fleet tells it to the member the
+    machine serves, if any (links know machines, never which member a machine serves)."""
 
     machine: str
-    event: health.SshLost | health.SshRestored | health.WorkerExited | health.AgentStarted
+    event: (
+        health.SshLost
+        | health.SshRestored
+        | health.WorkerExited
+        | health.AgentStarted
+        | health.UsageMeasured
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

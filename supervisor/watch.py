@@ -143,7 +143,9 @@ class Watcher:
     #: Changes seen: inotify events that passed the filter (a status or ctl file, or a
     #: watched directory), or in poll mode paths whose stat changed between two polls.
     changes_seen: int
-    #: Status reads that gave a ``StatusProblem`` (including "missing").
+    #: Status files read that exist but are no heartbeat (partial, not JSON, malformed,
+    #: unreadable). A file that is not there is no parse error: before a host's first
+    #: launch none is, and a fresh fleet must not read as a broken one.
     parse_errors: int
 
     def __init__(
@@ -578,10 +580,11 @@ class Watcher:
                 if previous[1]:
                     _log.info("status.recovered", host=host, previous=previous[0])
             return
-        self.parse_errors += 1
+        if not record.missing:
+            self.parse_errors += 1
         if previous is not None and previous[0] == record.reason:
             return
-        if record.reason == "missing":
+        if record.missing:
             if not first:
                 _log.info("status.problem", host=host, reason=record.reason)
             self._logged_problem[host] = (record.reason, not first)

@@ -12,7 +12,7 @@ import pytest
 
 from supervisor import config as config_mod
 from supervisor import health as h
-from supervisor import render, view
+from supervisor import page, render, view
 
 POLICY = h.Policy(progress_stale_s=300.0, restart_window_s=3600.0)
 
@@ -65,9 +65,10 @@ def test_a_worker_reporting_no_progress_is_said_to_be_judged_by_its_heartbeat(
 
 def test_reported_progress_shows_its_rate_and_when_it_would_be_stuck(tmp_path: Path) -> None:
     """Processed, in flight, tasks per minute over a minute of marks, time since the last
-    change and the time left before the worker would be judged stuck."""
+    change and, its heartbeats coming without a finished task, the time left before the
+    worker would be judged stuck."""
     cfg = a_config(tmp_path)
-    host = replace(ready_host(500, 4), rate_base=(10.0, 380), rate_mark=(70.0, 500))
+    host = replace(ready_host(500, 4), rate_base=(10.0, 380), rate_mark=(70.0, 500), alive_at=39.0)
     detail = view.host_detail(host, cfg.hosts[0], 40.0, POLICY)
     assert detail["progress"] == {
         "reported": True,
@@ -82,6 +83,17 @@ def test_reported_progress_shows_its_rate_and_when_it_would_be_stuck(tmp_path: P
     text = render.render_host({"host": "worker-0", "daemon": {}, **detail})
     assert "progress: 500 processed, 4 in flight, 120 tasks/min" in text
     assert "(stuck in 4m30s without one)" in text
+
+
+def test_a_busy_worker_finishing_tasks_shows_no_stuck_countdown(tmp_path: Path) -> None:
+    """Its last heartbeat came with a finished task: nothing is counting towards "stuck", so
+    nothing says it will be (the countdown read "stuck in 9.7s" for a healthy worker)."""
+    cfg = a_config(tmp_path)
+    host = replace(ready_host(500, 4), alive_at=30.0, progress_at=30.0)
+    detail = view.host_detail(host, cfg.hosts[0], 30.3, POLICY)
+    assert detail["progress"]["stuck_in_s"] is None
+    assert "stuck in" not in render.render_host({"host": "worker-0", "daemon": {}, **detail})
+    assert "stuck in" not in page.host_page({"host": "worker-0", **detail}, None)
 
 
 def test_the_last_exit_and_evidence_are_shown_in_full_and_escaped(tmp_path: Path) -> None:

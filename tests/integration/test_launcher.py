@@ -597,6 +597,32 @@ def test_a_worker_s_exit_is_pushed_with_its_code_after_the_launch_reply(
     )
 
 
+def test_an_exit_carries_its_own_workers_last_words_and_no_earlier_ones(
+    tmp_path: Path, cleanup: Cleanup
+) -> None:
+    """Every worker of a host appends to one log: a worker that wrote nothing has no log
+    tail, in its pushed exit and its exit record alike, rather than the last words of the
+    one before it; the next one's tail holds its own lines only."""
+    spec = make_spec(tmp_path, ["sh", "-c", "sleep 0.2; echo 'first: ImportError'; exit 3"])
+    agent = cleanup.agent()
+    tails = []
+    for argv in (
+        spec["argv"],
+        ["sh", "-c", "sleep 0.2; exit 4"],
+        ["sh", "-c", "sleep 0.2; echo third; exit 5"],
+    ):
+        launched = cleanup.launch(agent, {**spec, "argv": argv})
+        pushed = agent.read_message()["exit"]
+        assert pushed["pid"] == launched.pid
+        record = exit_record_of(spec, launched.pid)
+        assert record["log_tail"] == pushed["log_tail"]
+        tails.append(record["log_tail"])
+        wait_until(lambda: not is_alive(launched.shepherd), "the shepherd to let go")  # noqa: B023
+    assert tails == ["first: ImportError\n", None, "third\n"]
+    # Still in the log, where the second worker's whole tail would have shown it.
+    assert "first: ImportError\n" in Path(spec["log"]).read_text().splitlines(keepends=True)
+
+
 def test_launcher_exits_when_the_agent_does_and_the_worker_carries_on(
     tmp_path: Path, cleanup: Cleanup
 ) -> None:
@@ -829,7 +855,7 @@ class Pushes:
     def send(self, line: str) -> None:
         """The ``send`` handed to the watch (called from its thread)."""
         news = agent_module.read_push(json.loads(line))
-        assert news is not None
+        assert isinstance(news, agent_module.WorkerExit)
         with self._lock:
             self.exits.append(news)
 
@@ -948,8 +974,8 @@ def test_the_watch_pushes_each_of_many_exits_once_on_every_host_python(python: s
     spawned = first["spawned"]
     assert first["watched"] == sorted(spawned)
     exits = [agent_module.read_push(message) for message in pushed]
-    assert None not in exits
-    assert [(e.pid, e.signal) for e in exits if e is not None] == [
+    assert all(isinstance(e, agent_module.WorkerExit) for e in exits)
+    assert [(e.pid, e.signal) for e in exits if isinstance(e, agent_module.WorkerExit)] == [
         (pid, signal.SIGKILL) for pid in reversed(spawned)
     ]
     assert last == {"left": []}

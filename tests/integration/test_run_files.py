@@ -54,7 +54,9 @@ def test_run_files_carry_the_seed_fields_and_the_pointer_mirrors_launch_meta(
 
     meta = json.loads((root / "ctl" / "launch_meta.json").read_text())
     assert set(meta) >= SEED_META_KEYS
-    assert (meta["root"], meta["workers"], meta["respawn"]) == (str(root), workers, False)
+    # respawn as the seed meant it: a worker that ends is started again (auto_restart).
+    assert (meta["root"], meta["workers"], meta["respawn"]) == (str(root), workers, True)
+    assert meta["config"] == str(tmp_path / "rs.toml")
     assert not pointer.exists()
     write_pointer(pointer, launch_meta(cfg))
     assert json.loads(pointer.read_text()) == meta

@@ -248,6 +248,34 @@ async def test_broken_status_files_are_problems_and_watching_goes_on(
         assert watcher.parse_errors - errors_before >= 4
 
 
+async def test_a_missing_status_file_is_no_parse_error_but_one_that_exists_and_is_none_is(
+    root: Path, mode: Mode
+) -> None:
+    """A host with no status file yet (no worker launched), or whose file was removed, adds
+    nothing to parse_errors however often it is read; a file there that is no heartbeat
+    adds one per read."""
+    watcher = Watcher(
+        root,
+        ["h1", "h2"],
+        mode=mode,
+        poll_interval_s=POLL_INTERVAL_S,
+        debounce_ms=20,
+        rescan_interval_s=3600,
+    )
+    async with watching(root, [], mode, watcher=watcher, initial=False):
+        await watcher.scan_all()  # a fresh fleet: neither host has written a heartbeat
+        await watcher.scan(["h1", "h2"])
+        assert watcher.parse_errors == 0
+        beat(root, "h1", 1)
+        write_bytes_atomic(root / "status" / "h2.json", b"{")
+        await watcher.scan(["h1", "h2"])
+        assert watcher.parse_errors == 1
+        (root / "status" / "h1.json").unlink()
+        (root / "status" / "h2.json").unlink()
+        await watcher.scan(["h1", "h2"])
+        assert watcher.parse_errors == 1
+
+
 async def test_deleted_status_file_is_reported_missing(root: Path, mode: Mode) -> None:
     """Removing a heartbeat file reports StatusProblem("missing")."""
     beat(root, "h1", 1)
@@ -517,9 +545,11 @@ async def test_run_after_scan_all_reports_only_changes(root: Path, mode: Mode) -
         debounce_ms=20,
         rescan_interval_s=0.2,  # rescans re-read everything; unchanged files stay quiet
     )
+    write_bytes_atomic(root / "status" / "h2.json", b"{")
     assert len(await watcher.scan_all()) == 6
     async with watching(root, [], mode, watcher=watcher, initial=False) as (_, seen):
-        # h2 has no status file: each rescan counts one more problem. Let two go by.
+        # h2's status file is no heartbeat: each rescan counts one more parse error. Let
+        # two go by.
         await until(at_least(lambda: watcher.parse_errors, 3))
         record = beat(root, "h2", 1)
         await seen.wait_for(StatusObserved("h2", record))

@@ -259,12 +259,12 @@ async def test_wait_ready_returns_once_the_fleet_is_ready(
 
 
 def test_commands_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -> None:
-    """No daemon: status works from files and says so; commands that need one exit 3;
-    an unknown host is a usage error (2)."""
+    """No daemon: status works from files and says so, exiting 3 (not running: none has led
+    this run); commands that need one exit 3; an unknown host is a usage error (2)."""
     config = fleet_config(openssh, tmp_path)
     status = cli("status", "-c", str(config))
-    assert status.returncode == 0
-    assert "daemon not running" in status.stdout
+    assert status.returncode == 3
+    assert "daemon not running (none has led this run yet)" in status.stdout
     as_json = json.loads(cli("status", "-c", str(config), "--json").stdout)
     assert as_json["daemon"]["running"] is False
     assert set(as_json["hosts"]) == {"worker-0", "worker-1"}
@@ -292,7 +292,7 @@ def test_status_of_one_host_without_a_daemon(openssh: OpenSsh, tmp_path: Path) -
         "".join(f"line {i}\n" for i in range(30)) + "\x1b[2J\n"
     )
     text = cli("status", "-c", str(config), "worker-1", "--lines", "3")
-    assert text.returncode == 0, text.stderr
+    assert text.returncode == 3, text.stderr
     assert "daemon not running" in text.stdout and "judged by heartbeat only" in text.stdout
     assert "(last 3 lines):" in text.stdout and "    line 29" in text.stdout
     assert "\\x1b[2J" in text.stdout and "\x1b" not in text.stdout

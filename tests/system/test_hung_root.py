@@ -35,7 +35,8 @@ async def test_sigterm_ends_the_daemon_while_its_run_root_hangs(
 ) -> None:
     """The run root's FUSE server stopped under a running fleet: SIGTERM still ends the
     daemon well inside the unit's TimeoutStopSec (120 s), its stuck file operations
-    abandoned and said so, instead of the process living as long as the mount hangs."""
+    abandoned and said so, instead of the process living as long as the mount hangs;
+    ``daemon.stopped`` is still its last line."""
     with bindfs_mount(tmp_path) as (mount, server):
         raw = fast_config(openssh, mount / "run", 1, tmp_path, watch={"mode": "poll"})
         daemon = await daemons.start(write_config(tmp_path / "rs.toml", raw))
@@ -61,8 +62,10 @@ async def test_sigterm_ends_the_daemon_while_its_run_root_hangs(
             kill_quietly(worker)
             await poll_until(lambda: not pid_alive(worker), 30, "the worker gone")
     events = [line.get("event") for line in daemon.lines]
-    assert "daemon.stopped" in events
     forced = [line for line in daemon.lines if line.get("event") == "daemon.exit_forced"]
     assert forced, daemon.tail()
     assert forced[0]["stuck_threads"] >= 1
     assert code == forced[0]["exit_code"]
+    # Said when it is so: after the threads were given up, as the process's last line.
+    assert events[-1] == "daemon.stopped", daemon.tail()
+    assert events.index("daemon.exit_forced") < len(events) - 1

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from supervisor.config import load, trainer_warnings
+from supervisor.layout import write_run_files
+from supervisor.seedimport import render_toml
 
 # What reward_workers_ctl.py writes into ctl/<host>.wrap.sh (its _start_one_host), trimmed
 # to the lines import-seed reads plus the loop it runs.
@@ -99,16 +103,22 @@ def test_the_imported_config_names_the_trainer_client_and_beats_it(tmp_path: Pat
 def test_ws_venv_and_repo_options_set_the_interpreter_environment_and_pointer(
     tmp_path: Path,
 ) -> None:
-    """--ws/--venv/--repo mean what they meant to the seed; a pointer outside the unit's
-    writable paths comes with the ReadWritePaths= line to add."""
+    """--ws/--venv/--repo mean what they meant to the seed, but with the venv's own Python
+    version (a 3.11 venv's site-packages, not the seed's python3.12), said on stderr and in
+    the file; a pointer outside the unit's writable paths comes with the ReadWritePaths=
+    line to add."""
     root = seed_run(tmp_path)
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.9\n")
     out = tmp_path / "run.toml"
-    result = import_seed(
-        root, out, "--ws", "/data/ws", "--venv", "/opt/venv", "--repo", "/src/AReaL"
-    )
+    result = import_seed(root, out, "--ws", "/data/ws", "--venv", str(venv), "--repo", "/src/AReaL")
     cfg = load(out)
-    assert cfg.worker.python == "/opt/venv/bin/python"
-    assert cfg.worker.env["PYTHONPATH"] == "/opt/venv/lib/python3.12/site-packages:/src/AReaL"
+    assert cfg.worker.python == f"{venv}/bin/python"
+    assert cfg.worker.env["PYTHONPATH"] == f"{venv}/lib/python3.11/site-packages:/src/AReaL"
+    said = f"Python 3.11, from {venv}/pyvenv.cfg (not python3.12, which the seed assumed)"
+    assert said in result.stderr
+    assert said in out.read_text()
     assert cfg.worker.env["HOME"] == "/data/ws/tmp/home"
     assert cfg.run.pointer_file == Path("/data/ws/tmp/sao-reward-current.json")
     assert "ReadWritePaths=/data/ws/tmp" in result.stderr
@@ -151,3 +161,78 @@ def test_a_wrapper_that_is_a_symlink_is_not_read(tmp_path: Path) -> None:
     cfg = load(out)
     assert cfg.worker.python == "/ws/tmp/runtime-venv/bin/python"
     assert "ReadWritePaths=/ws/tmp" in result.stderr
+
+
+def write_our_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, health: dict[str, object]
+) -> tuple[Path, Path]:
+    """A run directory as ``reward-supervisor run`` writes it (``write_run_files``), from a
+    config file loaded by a relative path; the run root and the config's absolute path."""
+    root = tmp_path / "reward" / "run-9"
+    config = tmp_path / "rs.toml"
+    raw = {
+        "run": {"root": str(root), "run_id": "run-9"},
+        "health": health,
+        "ssh": {"known_hosts": str(tmp_path / "known_hosts")},
+        "hosts": [{"name": "worker-0", "shard": 0}],
+    }
+    config.write_text(render_toml(raw))
+    with monkeypatch.context() as patched:
+        patched.chdir(tmp_path)
+        write_run_files(load("rs.toml"))
+    return root, config
+
+
+@pytest.mark.parametrize("auto_restart", [True, False])
+def test_a_run_this_program_wrote_is_read_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, auto_restart: bool
+) -> None:
+    """Our own launch_meta says what our daemon does (``respawn`` and ``auto_restart``: it
+    restarts workers unless told not to) and names its config by an absolute path;
+    import-seed of that run keeps auto_restart as it was and says the run has a config."""
+    root, config = write_our_run(tmp_path, monkeypatch, {"auto_restart": auto_restart})
+    meta = json.loads((root / "ctl" / "launch_meta.json").read_text())
+    assert (meta["respawn"], meta["auto_restart"]) == (auto_restart, auto_restart)
+    assert meta["config"] == str(config)
+    out = tmp_path / "imported.toml"
+    result = import_seed(root, out, SAO_WS="/ws")
+    assert load(out).health.auto_restart is auto_restart
+    assert "written by reward-supervisor, not reward_workers_ctl.py" in result.stderr
+    assert "`reward-supervisor run -c` that file" in result.stderr
+    assert str(config) in result.stderr
+
+
+def test_an_earlier_versions_respawn_false_is_not_believed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Earlier versions wrote ``"respawn": false`` whatever their daemon did: without
+    ``auto_restart`` in the meta, the run's config decides, and where it cannot be read the
+    default (restart) stays, with a warning that says why."""
+    root, config = write_our_run(tmp_path, monkeypatch, {})
+    meta_path = root / "ctl" / "launch_meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["auto_restart"]
+    meta["respawn"] = False
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "imported.toml"
+    result = import_seed(root, out, SAO_WS="/ws")
+    assert load(out).health.auto_restart is True
+    assert "does not say whether" not in result.stderr
+    config.unlink()
+    result = import_seed(root, out, SAO_WS="/ws")
+    assert load(out).health.auto_restart is True
+    assert "health.auto_restart is left at its default, true" in result.stderr
+
+
+def test_the_seeds_no_respawn_still_means_no_automatic_restart(tmp_path: Path) -> None:
+    """A run the seed started with ``--no-respawn`` (``"respawn": false``, no ``supervisor``
+    field) is imported with ``health.auto_restart = false``, and no word of a config."""
+    root = seed_run(tmp_path)
+    meta_path = root / "ctl" / "launch_meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["respawn"] = False
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "imported.toml"
+    result = import_seed(root, out, SAO_WS="/ws")
+    assert load(out).health.auto_restart is False
+    assert "reward-supervisor, not" not in result.stderr

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,19 +20,24 @@ from tests.system.daemonproc import (
     all_ready,
     fast_config,
     host_pids,
+    kill_quietly,
     pid_alive,
     write_config,
 )
 
 pytestmark = [pytest.mark.system, pytest.mark.openssh]
 
+#: Once it has logged ``daemon.stopped`` the daemon has nothing left to do but exit: a
+#: generous bound on a shared machine, not a measure (bench/bench_exit.py measures it).
+EXIT_AFTER_STOPPED_S = 10.0
+
 
 async def test_ready_watchdog_reload_and_stop(
     openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
     """READY only once every host has a worker; the start-up heap frozen; WATCHDOG pings;
-    RELOADING/READY around SIGHUP; STOPPING then exit 0 on SIGTERM with no worker left; every
-    line is JSON."""
+    RELOADING/READY around SIGHUP; STOPPING then exit 0 on SIGTERM with no worker left, the
+    process gone soon after its last line, ``daemon.stopped``; every line is JSON."""
     config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
     daemon = await daemons.start(config, watchdog_usec=400_000)
     ready_at = await daemon.wait_notify("READY=1")
@@ -59,7 +68,10 @@ async def test_ready_watchdog_reload_and_stop(
 
     daemon.send_signal(signal.SIGTERM)
     await daemon.wait_notify("STOPPING=1", after=reloading)
-    assert await daemon.wait_exit(60) == 0
+    stopped = await daemon.wait_log("daemon.stopped")
+    assert await daemon.wait_exit(EXIT_AFTER_STOPPED_S) == 0
+    assert daemon.lines[-1] == stopped  # nothing is done, so nothing logged, after it
+    assert stopped["exit_code"] == 0 and stopped["role"] == "leader"
     assert not [pid for pid in pids.values() if pid and pid_alive(pid)]
     assert daemon.bad_lines == []
     for line in daemon.lines:
@@ -164,6 +176,61 @@ async def test_sigkilled_daemon_is_replaced_by_one_that_adopts_every_worker(
     assert {line["reason"] for line in adopted if line["to"] == "ready"} == {
         "adopted running worker"
     }
+
+
+async def offline_status(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``reward-supervisor status -c CONFIG ARGS`` in a process of its own (no daemon runs)."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "supervisor.cli", "status", "-c", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_offline_status_tells_a_clean_stop_from_a_killed_daemon(
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
+) -> None:
+    """After SIGTERM's clean stop, ``status`` without a daemon says every host is stopped and
+    when the daemon stopped, and exits 3 (not running); after a SIGKILL it says the daemon
+    did not stop cleanly and its workers may run on, and exits 1 (dead)."""
+    config = write_config(tmp_path / "rs.toml", fast_config(openssh, tmp_path / "run", 2, tmp_path))
+    first = await daemons.start(config)
+    await first.wait_status(lambda s: all_ready(s, 2), 60, "2 ready")
+    first.send_signal(signal.SIGTERM)
+    assert await first.wait_exit() == 0
+
+    text = await offline_status(config)
+    assert text.returncode == 3, text.stdout + text.stderr
+    head, _header, *rows = text.stdout.splitlines()
+    assert "daemon not running: it stopped cleanly at" in head
+    assert [row.split()[2] for row in rows] == ["stopped", "stopped"]
+    assert all("stopped (daemon stopped cleanly at" in row for row in rows)
+    as_json = json.loads((await offline_status(config, "--json")).stdout)
+    assert as_json["daemon"]["stopped_cleanly_at"] is not None
+    for row in as_json["hosts"].values():
+        assert row["state"] == "stopped"
+        assert row["last_reason"].startswith("stopped (daemon stopped cleanly at")
+    one = await offline_status(config, "worker-0")
+    assert one.returncode == 3
+    assert "worker-0: stopped (daemon stopped cleanly at" in one.stdout
+
+    second = await daemons.start(config)
+    status = await second.wait_status(lambda s: all_ready(s, 2), 60, "2 ready again")
+    second.send_signal(signal.SIGKILL)
+    assert await second.wait_exit() == -signal.SIGKILL
+    try:
+        text = await offline_status(config)
+        assert text.returncode == 1, text.stdout + text.stderr
+        assert "did not stop cleanly" in text.stdout
+        assert "stopped cleanly at" not in text.stdout
+        as_json = json.loads((await offline_status(config, "--json")).stdout)
+        assert {row["state"] for row in as_json["hosts"].values()} == {"unknown"}
+    finally:
+        for pid in host_pids(status).values():
+            kill_quietly(pid)
 
 
 @pytest.fixture

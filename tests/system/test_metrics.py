@@ -9,10 +9,12 @@ import signal
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from supervisor import cli, control
+from supervisor import cli, control, render
+from tests import areal as A
 from tests import ports, promql
 from tests.sshd import OpenSsh
 from tests.system.daemonproc import (
@@ -265,3 +267,35 @@ async def test_the_dashboard_reads_only_what_the_live_daemon_serves(
         for name, labels in reads.selector_labels.items():
             if name in samples:
                 assert labels <= samples[name] | promql.SCRAPE_LABELS, (query.where, labels)
+
+
+async def test_the_real_workers_memory_is_measured_by_its_agent_not_read_as_zero(
+    openssh: OpenSsh, tmp_path: Path, daemons: Daemons
+) -> None:
+    """The AReaL worker reports its memory 1024 times too small (ru_maxrss, KiB, over
+    1024**3), which was rounded to 0 before conversion: ``rss 0 GiB``, a metric of 0.0.
+    Its agent measures the worker's session instead: status and the metric give that
+    figure, said to be the agent's, tens of MiB for an interpreter with its imports."""
+    areal = A.areal_dir()
+    if areal is None:
+        pytest.skip(A.areal_missing_reason())
+    port = free_port()
+    raw = A.shipped_config(openssh, tmp_path / "run", ["w0"], areal=areal, socket=tmp_path / "c")
+    raw["metrics"] = {"listen": f"127.0.0.1:{port}"}
+    proc = await daemons.start(write_config(tmp_path / "rs.toml", raw))
+
+    def measured(status: dict[str, Any]) -> bool:
+        """The ready worker's memory is the agent's measure."""
+        work = status["hosts"]["w0"].get("work") or {}
+        return all_ready(status, 1) and work.get("rss_source") == "agent"
+
+    status = await proc.wait_status(measured, 90, "the agent's measure of w0's worker")
+    work = status["hosts"]["w0"]["work"]
+    assert work["rss_bytes"] >= 10 * 2**20, work
+    assert work["rss_processes"] >= 1 and work["rss_via"] in ("pss", "rss")
+    assert work["rss_gib"] * 2**30 < 2**20  # the worker's own figure: still its bug
+    metrics = await asyncio.to_thread(scrape, port)
+    assert metrics['reward_worker_rss_bytes{host="w0"}'] >= 10 * 2**20
+    detail = await control.request(proc.socket, "status", host="w0")
+    text = render.render_host({**detail, "host": "w0"})
+    assert "memory: rss " in text and "measured)" in text and "rss 0 GiB" not in text

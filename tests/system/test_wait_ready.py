@@ -38,8 +38,9 @@ def phases(stdout: str) -> list[dict[str, Any]]:
 async def test_json_prints_the_seeds_manifest_and_ready_lines(
     openssh: OpenSsh, tmp_path: Path, daemons: Daemons
 ) -> None:
-    """--json: the seed's manifest line (the launch meta) once the daemon answers, then
-    {"ok": true, "phase": "ready", "root": ROOT}; exit 0."""
+    """--json: the seed's manifest line (the launch meta) once the daemon answers, saying
+    truly that workers are restarted (``respawn``), then {"ok": true, "phase": "ready",
+    "root": ROOT}; exit 0."""
     root = tmp_path / "runs" / "run-1"
     config = write_config(tmp_path / "rs.toml", fast_config(openssh, root, 2, tmp_path))
     await daemons.start(config)
@@ -49,6 +50,7 @@ async def test_json_prints_the_seeds_manifest_and_ready_lines(
     assert manifest["ok"] is True and manifest["phase"] == "manifest"
     meta = json.loads((root / "ctl" / "launch_meta.json").read_text())
     assert {k: manifest[k] for k in meta} == meta
+    assert manifest["respawn"] is True and manifest["auto_restart"] is True
     assert ready == {"ok": True, "phase": "ready", "root": str(root)}
 
 

@@ -232,6 +232,25 @@ def test_a_pushed_exit_reads_back_as_written() -> None:
         assert parse_push(protocol.push_line(news)) == news
 
 
+def test_a_pushed_usage_reads_back_as_written_and_says_only_how_it_counted() -> None:
+    """A usage push reads back as the same measure; a ``via`` other than "pss" or "rss" is
+    "unknown" (no text of the host's reaches a status); out-of-range figures are malformed."""
+    usage = protocol.WorkerUsage(pid=7, start_time=99, rss_bytes=3 << 30, processes=49, via="pss")
+    assert parse_push(protocol.push_line(usage)) == usage
+    odd = parse_push(json.dumps({"usage": {"pid": 7, "rss_bytes": 5, "via": "\x1b[2Jpss"}}))
+    assert isinstance(odd, protocol.WorkerUsage) and odd.via == "unknown"
+    for body in (
+        {"pid": 7, "rss_bytes": -1},
+        {"pid": 7, "rss_bytes": protocol.RSS_MAX + 1},
+        {"pid": 7, "rss_bytes": 1.5},
+        {"pid": 7, "processes": -1},
+        {"pid": 0},
+        [7],
+    ):
+        assert isinstance(parse_push(json.dumps({"usage": body})), str), body
+    assert parse_push('{"id": 3, "usage": {"pid": 7}}') is None  # a reply, not a push
+
+
 def test_a_pushed_log_tail_is_bounded_and_safe_to_encode() -> None:
     """A host's log tail is cut to LOG_TAIL_MAX and a lone surrogate becomes U+FFFD, so the
     status reply that carries it later can be encoded; anything but a string is malformed."""
@@ -296,9 +315,9 @@ def test_a_malformed_push_is_named_never_raised(body: object) -> None:
     )
 )
 def test_any_line_is_an_exit_a_malformed_push_or_no_push(line: str) -> None:
-    """Whatever a host writes, parse_push returns an exit, a reason or None."""
+    """Whatever a host writes, parse_push returns an exit, a usage, a reason or None."""
     result = parse_push(line)
-    assert result is None or isinstance(result, str | protocol.WorkerExit)
+    assert result is None or isinstance(result, str | protocol.WorkerExit | protocol.WorkerUsage)
 
 
 @pytest.mark.parametrize(

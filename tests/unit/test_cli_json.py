@@ -76,10 +76,11 @@ def test_with_no_daemon_every_command_prints_one_failure_object_and_exits_3(
     argv: list[str], nobody: Path, capsys: Capsys
 ) -> None:
     """No daemon: ``{"ok": false, "code": "no_daemon", "error": ...}`` and exit 3 (``status
-    HOST`` shows the files instead, and says why by the same code)."""
+    HOST`` shows the files instead, says why by the same code, and exits 3 too: not
+    running, as an init script's status says it)."""
     status, answer = run([*argv, "-c", str(nobody), "--json"], capsys)
     if argv[0] == "status":
-        assert status == cli.EXIT_OK and answer["daemon"]["why_code"] == Refusal.NO_DAEMON
+        assert status == cli.EXIT_NO_DAEMON and answer["daemon"]["why_code"] == Refusal.NO_DAEMON
         return
     assert status == cli.EXIT_NO_DAEMON
     assert answer["ok"] is False and answer["code"] == Refusal.NO_DAEMON

@@ -1150,3 +1150,16 @@ def test_a_host_removed_again_while_still_stopping_is_retired_once() -> None:
     assert not s.of(out, v.Terminate) and s.state("b") is S.STOPPING
     out = s.on("b", h.TerminateConfirmed(pid=200))
     assert "b" not in s.core.hosts and not s.of(out, v.ScanFiles)
+
+
+def test_the_last_states_name_each_host_s_state_and_its_last_worker() -> None:
+    """What a clean stop records: each joined host's state and its worker, or the one it
+    had last once that one is gone."""
+    s = shell(("a", 0), ("b", 1))
+    s.boot()
+    s.run_worker("a", 100)
+    s.on("b", h.SshRestored())
+    assert s.core.last_states() == {"a": ("ready", 100), "b": ("starting", None)}
+    s.feed(v.ShutdownRequested(detach=False))
+    s.on("a", h.TerminateConfirmed(pid=100))
+    assert s.core.last_states()["a"] == ("stopped", 100)

@@ -340,7 +340,8 @@ def test_a_host_page_shows_what_status_host_shows() -> None:
     ):
         assert shown in read.text, shown
         assert shown.split("\n")[0] in terminal, shown
-    assert "Traceback: boom" in read.text  # the last exit's log tail: --json has it too
+    # The last exit's log tail, said to be that pid's own lines: --json has it too.
+    assert "the last lines pid 4241 wrote to the log:Traceback: boom" in read.text
     assert read.title == "w-3: cooling_down · reward-supervisor"
 
 

@@ -520,3 +520,50 @@ def test_a_backlog_is_timed_anew_after_a_thaw() -> None:
         host, _ = h.step(host, areal_beat(1000.0 + t, t, 1, 3), float(t), POLICY)
     else:
         raise AssertionError("never judged")
+
+
+def test_stuck_at_counts_down_only_while_nothing_finishes_and_is_the_cores_own_deadline() -> None:
+    """A busy worker whose last heartbeat came with a finished task is counting towards
+    nothing; one whose heartbeat came without one is, to the very instant ``step`` calls it
+    stuck (a DeadlinePassed there makes it stale)."""
+    host, _ = run(ready(processed=5, in_flight=4), (beat(7, 2.0, 6, 4), 2.0))
+    assert h.stuck_at(host, POLICY) is None  # a task finished at its last beat: healthy
+    host, _ = run(host, (beat(7, 3.0, 6, 4), 3.0))
+    deadline = h.stuck_at(host, POLICY)
+    assert deadline == 2.0 + POLICY.progress_stale_s
+    host, _ = beats(host, 4.0, deadline - 1.0, lambda t: (6, 4))
+    assert host.state is S.READY and h.stuck_at(host, POLICY) == deadline
+    stuck, _ = run(host, (h.DeadlinePassed(), deadline))
+    assert stuck.state is S.STALE and stuck.cause_code is h.Cause.STUCK
+    assert h.stuck_at(stuck, POLICY) is None  # not ready: no count is under way
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"frozen": True},
+        {"in_flight": 0},
+        {"progress_at": None},
+        {"alive_at": None},
+    ],
+    ids=["frozen", "nothing in flight", "no progress reported", "no heartbeat"],
+)
+def test_no_stuck_count_without_work_owed_or_while_frozen(change: dict[str, object]) -> None:
+    """A ready worker with nothing in flight, no progress reported, no heartbeat seen, or a
+    frozen fleet (whose silence is the filesystem's) has no stuck deadline; nor has any with
+    the rule off."""
+    host, _ = run(ready(processed=5, in_flight=4), (beat(7, 2.0, 5, 4), 2.0))
+    assert h.stuck_at(host, POLICY) is not None
+    assert h.stuck_at(replace(host, **change), POLICY) is None  # type: ignore[arg-type]
+    assert h.stuck_at(host, replace(POLICY, progress_stale_s=0)) is None
+
+
+def test_an_exit_without_log_lines_shows_none_not_the_last_exits() -> None:
+    """The last exit's log tail is that exit's own: a worker that wrote nothing after one
+    that crashed with a traceback leaves no tail, not its predecessor's."""
+    tail = "Traceback (most recent call last):\nKeyError: 'x'\n"
+    host, _ = run(ready(), (h.WorkerExited(pid=7, exit_code=1, log_tail=tail), 5.0))
+    assert host.last_log_tail == tail
+    host, _ = run(host, (h.Launched(pid=8), 6.0), (beat(8, 7.0, 0, 0), 7.0))
+    host, _ = run(host, (h.WorkerExited(pid=8, signal=9), 8.0))
+    assert (host.last_exit_pid, host.last_log_tail) == (8, None)

@@ -146,6 +146,9 @@ EVENTS: dict[type[h.Event], Callable[[h.Host], h.Event]] = {
     # No quarantine was asked in any scenario: an answer to none is ignored.
     h.Quarantined: lambda host: h.Quarantined(count=1),
     h.AgentStarted: lambda host: h.AgentStarted(),
+    h.UsageMeasured: lambda host: h.UsageMeasured(
+        pid=_pid(host), rss_bytes=2**30, processes=5, via="pss"
+    ),
     # The fleet moved the shard to a connected spare.
     h.Relocated: lambda host: h.Relocated(reason="moving to s0: w-0 host lost", ssh_up=True),
 }
@@ -182,6 +185,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),  # the spare runs nothing of ours: no probe
         E.Quarantined: (S.STARTING, ()),
         E.AgentStarted: (S.STARTING, ()),
+        E.UsageMeasured: (S.STARTING, ()),  # shown, never judged
     },
     "starting:launching": {
         E.HeartbeatSeen: (S.STARTING, ()),
@@ -212,6 +216,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),
         E.Quarantined: (S.STARTING, ()),
         E.AgentStarted: (S.STARTING, ()),
+        E.UsageMeasured: (S.STARTING, ()),  # shown, never judged
     },
     "starting:launched": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -242,6 +247,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),  # the old launch is the old machine's
         E.Quarantined: (S.STARTING, ()),
         E.AgentStarted: (S.STARTING, ("Watch",)),
+        E.UsageMeasured: (S.STARTING, ()),  # shown, never judged
     },
     "ready": {
         E.HeartbeatSeen: (S.READY, ()),
@@ -272,6 +278,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),
         E.Quarantined: (S.READY, ()),
         E.AgentStarted: (S.READY, ("Watch",)),
+        E.UsageMeasured: (S.READY, ()),  # shown, never judged
     },
     "ready:rechecking": {
         E.HeartbeatSeen: (S.READY, ()),  # a fresh beat ends the silence before the verdict
@@ -302,6 +309,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),
         E.Quarantined: (S.READY, ()),
         E.AgentStarted: (S.READY, ("Watch",)),
+        E.UsageMeasured: (S.READY, ()),  # shown, never judged
     },
     "stale:terminating": {
         E.HeartbeatSeen: (S.STALE, ()),  # the terminate is already under way
@@ -332,6 +340,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),  # its old worker is fenced, not waited for
         E.Quarantined: (S.STALE, ()),
         E.AgentStarted: (S.STALE, ()),
+        E.UsageMeasured: (S.STALE, ()),  # shown, never judged
     },
     "stale:ssh-down": {
         E.HeartbeatSeen: (S.READY, ()),  # untouched and beating again: it was slow, not dead
@@ -362,6 +371,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),
         E.Quarantined: (S.STALE, ()),
         E.AgentStarted: (S.STALE, ("Watch",)),
+        E.UsageMeasured: (S.STALE, ()),  # shown, never judged
     },
     "cooling_down": {
         E.HeartbeatSeen: (S.COOLING_DOWN, ()),  # the dead pid's file cannot revive it
@@ -392,6 +402,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STARTING, ("Launch",)),
         E.Quarantined: (S.COOLING_DOWN, ()),
         E.AgentStarted: (S.COOLING_DOWN, ()),
+        E.UsageMeasured: (S.COOLING_DOWN, ()),  # shown, never judged
     },
     "failed": {
         E.HeartbeatSeen: (S.FAILED, ()),
@@ -422,6 +433,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.FAILED, ()),  # given up on stays given up on, wherever it is
         E.Quarantined: (S.FAILED, ()),
         E.AgentStarted: (S.FAILED, ()),
+        E.UsageMeasured: (S.FAILED, ()),  # shown, never judged
     },
     "stopping": {
         E.HeartbeatSeen: (S.STOPPING, ()),
@@ -452,6 +464,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STOPPED, ()),  # stopped on purpose stays so; the old worker is fenced
         E.Quarantined: (S.STOPPING, ()),
         E.AgentStarted: (S.STOPPING, ()),
+        E.UsageMeasured: (S.STOPPING, ()),  # shown, never judged
     },
     "stopped": {
         E.HeartbeatSeen: (S.STOPPED, ()),
@@ -482,6 +495,7 @@ EXPECTED: dict[str, dict[type[h.Event], tuple[S, tuple[str, ...]]]] = {
         E.Relocated: (S.STOPPED, ()),
         E.Quarantined: (S.STOPPED, ()),
         E.AgentStarted: (S.STOPPED, ()),
+        E.UsageMeasured: (S.STOPPED, ()),  # shown, never judged
     },
 }
 

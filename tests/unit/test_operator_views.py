@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from supervisor import health, render, view
+from supervisor import health, page, render, view
 from supervisor.config import HostConfig
 from supervisor.health import Cause, HostState
 from supervisor.metrics import Metrics
 from supervisor.statusfiles import StatusRecord, parse_status
+from tests.pageparse import parse_page
 
 S = HostState
 
@@ -233,6 +234,7 @@ def test_the_worker_s_own_figures_reach_the_row_the_table_and_status_host() -> N
     assert r["work"] == {
         "completed": 120, "errors": 3, "semantic_zero": 40, "queue_depth": 9, "qps": 2.5,
         "concurrency": 48, "rss_gib": 0.5, "verify_ms_p95": 812.0,
+        "rss_bytes": 2**29, "rss_source": "worker",
     }  # fmt: skip
     table = render.render_table({"daemon": {"running": True}, "hosts": {"w": r}})
     assert "123 (3 err) q9" in table
@@ -240,6 +242,7 @@ def test_the_worker_s_own_figures_reach_the_row_the_table_and_status_host() -> N
                             health.Policy())})  # fmt: skip
     assert "120 ok, 3 errors, 4 in flight of 48, queue 9, 40 scored 0" in text
     assert "verify p95 812 ms" in text
+    assert "memory: rss 512 MiB (the worker's own figure)" in text
 
 
 def test_work_metrics_are_counters_of_finished_tasks_and_errors_and_gauges_of_levels() -> None:
@@ -290,3 +293,71 @@ def test_the_terminal_knows_the_states_in_the_cores_order() -> None:
     """``render.STATE_ORDER`` (kept apart so that rendering imports no core) is the host
     core's states in its order, so a summary lists a new state where the core puts it."""
     assert tuple(s.value for s in HostState) == render.STATE_ORDER
+
+
+def _with_rss(host: health.Host, rss_gib: float) -> health.Host:
+    """``host`` whose worker reports ``rss_gib``."""
+    assert host.stats is not None
+    return replace(host, stats=replace(host.stats, rss_gib=rss_gib))
+
+
+def test_the_real_workers_tiny_figure_is_converted_whole_not_rounded_to_zero() -> None:
+    """The AReaL worker reports ru_maxrss (KiB) / 1024**3: 60 MiB reads 5.7e-05 "GiB".
+    Rounded to three places before conversion it was 0 bytes everywhere; converted whole it
+    is the 61440 bytes the worker said (and the page says whose figure that is)."""
+    cfg = HostConfig(name="w", shard=3, address="127.0.0.1")
+    said = 60 * 1024 / 2**30
+    r = view.host_row(_with_rss(_areal_host(), said), cfg, 10.0, health.Policy())
+    assert (r["work"]["rss_bytes"], r["work"]["rss_source"]) == (61440, "worker")
+    assert r["work"]["rss_gib"] == said
+    metrics = scrape({"hosts": {"w": r}, "daemon": {}})
+    assert metrics['reward_worker_rss_bytes{host="w"}'] == 61440
+    assert render.memory_text(r["work"]) == "rss 60 KiB (the worker's own figure)"
+
+
+def test_the_agents_measure_of_the_current_worker_wins_and_says_so() -> None:
+    """A recent measure of the current worker's session by its agent is the figure shown and
+    exported, with its processes and how it was counted; one of an earlier pid, or one too
+    old, is not, and the worker's own figure stands."""
+    cfg = HostConfig(name="w", shard=3, address="127.0.0.1")
+    host = _with_rss(_areal_host(), 60 * 1024 / 2**30)
+    usage = health.UsageMeasured(pid=41, rss_bytes=3 * 2**30, processes=49, via="pss")
+    measured = replace(host, usage=usage, usage_at=8.0)
+    r = view.host_row(measured, cfg, 10.0, health.Policy())
+    assert {k: v for k, v in r["work"].items() if k.startswith("rss")} == {
+        "rss_gib": 60 * 1024 / 2**30,
+        "rss_bytes": 3 * 2**30,
+        "rss_source": "agent",
+        "rss_processes": 49,
+        "rss_via": "pss",
+        "rss_age_s": 2.0,
+    }
+    assert scrape({"hosts": {"w": r}, "daemon": {}})['reward_worker_rss_bytes{host="w"}'] == (
+        3 * 2**30
+    )
+    detail = view.host_detail(measured, cfg, 10.0, health.Policy())
+    text = page.host_page({"host": "w", **detail}, None)
+    assert "rss 3 GiB (its session, 49 processes, measured)" in parse_page(text).text
+    earlier = replace(measured, usage=replace(usage, pid=40))
+    old = replace(measured, usage_at=10.0 - view.MEASURE_FRESH_S - 1)
+    for other in (earlier, old):
+        row = view.host_row(other, cfg, 10.0, health.Policy())
+        assert (row["work"]["rss_bytes"], row["work"]["rss_source"]) == (61440, "worker")
+
+
+def test_a_worker_that_reports_nothing_still_has_its_measured_memory() -> None:
+    """No figures of its own (the status has none): the row's work is the agent's measure
+    alone; with neither, there is no work row at all."""
+    cfg = HostConfig(name="x", shard=0, address="127.0.0.1")
+    host = health.Host(name="x", state=S.READY, reason="r", since_at=0.0, pid=7)
+    usage = health.UsageMeasured(pid=7, rss_bytes=5 * 2**20, processes=1, via="rss")
+    row = view.host_row(replace(host, usage=usage, usage_at=9.0), cfg, 10.0, health.Policy())
+    assert row["work"]["rss_bytes"] == 5 * 2**20 and row["work"]["completed"] is None
+    assert render.memory_text(row["work"]) == "rss 5 MiB (its session, 1 process, measured)"
+    assert view.host_row(host, cfg, 10.0, health.Policy())["work"] is None
+    assert [render.bytes_text(n) for n in (512, 2048, 150 * 2**20, 2**40)] == [
+        "512 B",
+        "2 KiB",
+        "150 MiB",
+        "1024 GiB",
+    ]
