@@ -8,16 +8,17 @@ budget lets begin.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Final
 
+from supervisor.records import record
 from supervisor.vocabulary import FleetPolicy
 
 #: The budget counts launches over this sliding window (the per-minute limit).
 BUDGET_WINDOW_S: Final = 60.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Budget:
     """Launches waiting for a slot, launches in flight, and recent launch starts."""
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Final
 
 from supervisor import health
 from supervisor.health import Host, HostState
+from supervisor.records import record
 from supervisor.vocabulary import (
     Failover,
     FleetPolicy,
@@ -51,7 +52,7 @@ from supervisor.vocabulary import (
 LEFTOVERS_RETRY_S: Final = 5.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Seats:
     """Which machine serves each label, and the machines serving none."""
 
@@ -69,7 +70,7 @@ class Seats:
     held: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Sighting:
     """What the daemon knows of one machine's reachability and its worker's heartbeat."""
 
@@ -82,7 +83,7 @@ class Sighting:
     reason: str = "not connected yet"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Seating:
     """Everything failover knows: the seats, each machine's connection, and the work a
     machine that lost its label still owes."""

@@ -54,13 +54,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Final, assert_never
 
 from supervisor import budget as budgets
 from supervisor import failover, freeze, health, lifecycle, signatures
 from supervisor import pointer as pointers
 from supervisor.health import WANT_RUNNING_STATES, Host, HostState
+from supervisor.records import record
 from supervisor.vocabulary import (
     Action,
     Booted,
@@ -132,7 +133,7 @@ _SHUTDOWN_STOP: Final = health.StopRequested(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FleetView:
     """What ``status``, the fleet page and the metrics show of the fleet at one instant:
     one query (``Fleet.view``), so the shell never reads the core's parts."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from supervisor.health import WANT_RUNNING_STATES, Host, HostState
+from supervisor.records import record
 from supervisor.vocabulary import FleetPolicy
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Freeze:
     """The freeze state of the fleet."""
 
@@ -29,7 +30,7 @@ class Freeze:
     ignore_before_at: float = -math.inf
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class FreezeChange:
     """The fleet froze (``frozen=True``) or thawed."""
 
@@ -42,7 +43,7 @@ def threshold(expected: int, policy: FleetPolicy) -> int:
     return max(2, math.ceil(policy.freeze_fraction * expected))
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class Survey:
     """What one look at every host tells the freeze (``survey``)."""
 
@@ -182,7 +183,7 @@ def _largest_group(silent: list[Host], window_s: float) -> list[Host]:
     return best
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Watch:
     """The freeze and when to look at the fleet for it next: ``Fleet``'s freeze state."""
 

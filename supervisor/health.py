@@ -74,6 +74,7 @@ from enum import StrEnum
 from typing import Any, Final, Literal, assert_never, cast
 
 from supervisor.policies import HealthPolicy
+from supervisor.records import record
 
 
 class HostState(StrEnum):
@@ -170,7 +171,7 @@ Policy = HealthPolicy
 # Events: past-tense facts the shell observed.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Evidence:
     """What a live but unhealthy worker was doing just before it was terminated: bounded text
     the shell collected from its host. The core keeps it and hands it on; it never reads it."""
@@ -187,7 +188,7 @@ class Evidence:
     elapsed_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkerStats:
     """What else a worker's heartbeat says of its work (the AReaL worker's fields): carried
     to status and metrics, never judged here. None: not reported."""
@@ -206,7 +207,7 @@ class WorkerStats:
     semantic_zero: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HeartbeatSeen:
     """The status file parsed; its fields as the worker wrote them."""
 
@@ -220,14 +221,14 @@ class HeartbeatSeen:
     stats: WorkerStats | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StatusMissing:
     """The status file is missing, empty, partial, not JSON or lacks fields: no heartbeat."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkerExited:
     """``pid`` ended with ``exit_code`` or was killed by ``signal`` (neither: not known).
 
@@ -244,7 +245,7 @@ class WorkerExited:
     reaped: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Launched:
     """The launch we asked for started a worker with this pid."""
 
@@ -254,7 +255,7 @@ class Launched:
     start_time: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LaunchFailed:
     """The launch did not start a worker; ``uncertain`` when it may have (connection lost)."""
 
@@ -262,7 +263,7 @@ class LaunchFailed:
     uncertain: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LaunchRefused:
     """The remote side refused: a live worker (``holder_pid`` if known) holds the shard."""
 
@@ -270,7 +271,7 @@ class LaunchRefused:
     reason: str = "shard held by a live worker"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TerminateConfirmed:
     """``pid`` is confirmed gone (or was never alive)."""
 
@@ -281,7 +282,7 @@ class TerminateConfirmed:
     reaped: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TerminateFailed:
     """``pid`` could not be confirmed dead (survived the grace period, or remote error)."""
 
@@ -290,38 +291,38 @@ class TerminateFailed:
     evidence: Evidence | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ProbeResult:
     """What runs for this shard on the host: a live worker pid of ours, or None."""
 
     pid: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ProbeFailed:
     """The probe could not be answered; what runs on the host is still unknown."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SshLost:
     """The SSH connection to the host went away."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SshRestored:
     """The SSH connection to the host is up (first connect or reconnect)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DeadlinePassed:
     """The shell's timer for ``deadline_at`` fired (maybe early, late or twice)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StatusRechecked:
     """The answer to ``RecheckStatus``: the status file as a fresh read found it (None:
     it could not be read in time)."""
@@ -332,14 +333,14 @@ class StatusRechecked:
     old_tasks: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StartRequested:
     """An operator asked for the host to run (clears ``failed``)."""
 
     reason: str = "operator start"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopRequested:
     """Someone asked for the host's worker to stop."""
 
@@ -347,7 +348,7 @@ class StopRequested:
     cause: StopCause = StopCause.OPERATOR
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RestartRequested:
     """An operator (or a reload that changed launch parameters) asked for a fresh worker."""
 
@@ -355,46 +356,46 @@ class RestartRequested:
     planned: Planned = Planned.OPERATOR
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopSentinelAppeared:
     """``ctl/<host>.stop`` exists: keep this host stopped."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopSentinelRemoved:
     """``ctl/<host>.stop`` is gone."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FleetFrozen:
     """Most of the fleet fell silent at once: hold restarts that silence alone would cause."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FleetThawed:
     """The fleet-wide freeze is over (heartbeats returned, or an operator said so)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LaunchBegan:
     """The fleet's launch budget let our queued launch start: readiness is timed from now."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RestartHeld:
     """The fleet holds this host's automatic restarts (``reason`` says why)."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RestartReleased:
     """The fleet no longer holds this host's restarts."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RewardProbeAnswered:
     """The answer to ``SendRewardProbe``: the result the worker wrote for the probe, as it
     wrote it (``status`` "ok", "error" or "timeout"), or ``status`` None when none came within
@@ -409,7 +410,7 @@ class RewardProbeAnswered:
     round_trip_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class UsageMeasured:
     """The host's agent measured worker ``pid``'s session (it and every process it started):
     ``rss_bytes`` over ``processes``, counted ``via`` "pss" or "rss"; shown, not judged."""
@@ -420,13 +421,13 @@ class UsageMeasured:
     via: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class AgentStarted:
     """A new agent started on the host's connection (each connection's first, or one that
     replaced an agent that died): it watches no worker until told."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Quarantined:
     """The answer to ``Quarantine``: ``count`` tasks were taken out of the shard's inbox
     (0: none could be, or the run root did not answer)."""
@@ -434,7 +435,7 @@ class Quarantined:
     count: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Relocated:
     """The fleet moved this host's shard to another machine (a failover or a drain). What
     ran on the old machine is fenced there (the shard lock, the epoch, its leftovers
@@ -483,7 +484,7 @@ EVENT_TYPES: Final[tuple[type[Event], ...]] = Event.__args__
 # Actions: what the shell must do. Each remote action is answered by one result event.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Launch:
     """Start a worker; answer with Launched, LaunchFailed or LaunchRefused."""
 
@@ -495,7 +496,7 @@ class Launch:
     planned: Planned | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Terminate:
     """Stop ``pid`` (TERM, wait ``grace_s``, KILL if ``kill``); answer TerminateConfirmed/Failed."""
 
@@ -507,14 +508,14 @@ class Terminate:
     collect_evidence: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Probe:
     """Find the live worker of this shard on the host; answer ProbeResult or ProbeFailed."""
 
     pid: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StateChanged:
     """The host moved from one state to another; logged as ``event="host.state"``."""
 
@@ -527,7 +528,7 @@ class StateChanged:
     fault: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RecheckStatus:
     """Read the status file again now, by content; answer with StatusRechecked."""
 
@@ -536,7 +537,7 @@ class RecheckStatus:
     tasks_older_than_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SendRewardProbe:
     """Write the probe task into the shard's inbox, wait ``timeout_s`` for its result, take
     both files away; answer RewardProbeAnswered exactly once."""
@@ -546,7 +547,7 @@ class SendRewardProbe:
     timeout_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Quarantine:
     """Take the ``count`` oldest tasks out of the shard's inbox, each answered with an error
     result the trainer reads at once: the tasks a stuck worker hung on, before its successor
@@ -555,7 +556,7 @@ class Quarantine:
     count: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Watch:
     """Have the host's agent watch ``pid`` (a new agent watches nothing yet), so its exit is
     pushed at once; best effort, unanswered: the exit record is the fallback."""
@@ -564,7 +565,7 @@ class Watch:
     start_time: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ProbeReport:
     """What a reward probe found, as the core judged it (``probe_report``): for people."""
 
@@ -710,7 +711,7 @@ class Host:
     deadline_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class History:
     """Restart history that outlives the daemon (the shell stores it, converting instants)."""
 

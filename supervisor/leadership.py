@@ -41,11 +41,12 @@ sleeps, logs or does I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any, Final, Literal, assert_never
 
 from supervisor.policies import HaPolicy
+from supervisor.records import record
 from supervisor.refusals import Refusal as Refusal
 
 #: The exit code of a daemon that was deposed or handed over: non-zero, so that systemd
@@ -99,7 +100,7 @@ Op = Literal["try", "check", "view", "look"]
 Policy = HaPolicy
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Leadership:
     """One daemon's leadership; change it only through ``step``."""
 
@@ -202,7 +203,7 @@ def refusal(
 # Events: past-tense facts, and the answers to the I/O actions.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LockTaken:
     """Answer to ``TryLock``: the lock is ours, and ``epoch`` was written under it."""
 
@@ -213,7 +214,7 @@ class LockTaken:
     locked_at: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LockBusy:
     """Answer to ``TryLock``: another daemon holds the lock (``holder``: "" unknown)."""
 
@@ -222,14 +223,14 @@ class LockBusy:
     lock_file: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LockFailed:
     """Answer to ``TryLock``: the try failed (the run root's I/O error)."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LockChecked:
     """Answer to ``CheckLock``: whether we still hold the lock (``reason`` why not) and the
     epoch on disk (None: unreadable)."""
@@ -239,7 +240,7 @@ class LockChecked:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ViewRead:
     """Answer to ``ReadView``: the run directory was read for the standby's status, and the
     epoch there (None: unreadable)."""
@@ -247,14 +248,14 @@ class ViewRead:
     epoch_on_disk: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LockLooked:
     """Answer to ``LookAtLock``: who holds the lock now ("" nobody, or nobody can tell)."""
 
     holder: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Fenced:
     """A host's agent refused a launch or terminate of ``host``: the run directory's epoch
     is higher than ours."""
@@ -263,50 +264,50 @@ class Fenced:
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CheckAsked:
     """The shell saw a sign that we may no longer lead (an I/O error on the run root,
     another epoch on disk): check now."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Serving:
     """The shell is ready to act for us: control socket bound, tasks running."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ServingEnded:
     """The fleet is over and the shell saves what it must: no more checks."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LockReleased:
     """The shell let go of the run lock (if it held it): the daemon is about to exit."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StatusAsked:
     """An operator asked for this daemon's status."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HandoverAsked:
     """An operator asked the leader to hand over; answer ``Reply(token)``."""
 
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopAsked:
     """A stop was asked (a signal, the ``stop`` command, a handover)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FleetSettled:
     """The fleet's start-up is over: every host adopted or found unreachable."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WatchdogDue:
     """Time to ping the service manager's watchdog, if we are healthy; ``watcher_healthy``
     is the file watcher's own health."""
@@ -314,7 +315,7 @@ class WatchdogDue:
     watcher_healthy: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DeadlinePassed:
     """The shell's timer for ``deadline_at`` fired (maybe early, late or twice)."""
 
@@ -343,28 +344,28 @@ Event = (
 # Actions: what the shell must do. I/O actions are answered by one event each.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TryLock:
     """Take the run lock if it is free, then write the next epoch and the run files under
     it; answer ``LockTaken``, ``LockBusy`` or ``LockFailed``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CheckLock:
     """Check that the lock is still ours and read the epoch; answer ``LockChecked``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ReadView:
     """Read the run directory for the standby's status (and the epoch); answer ``ViewRead``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LookAtLock:
     """Look who holds the run lock, taking nothing; answer ``LockLooked``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StandBy:
     """Wait as a standby: keep every host's connection warm (its agent started), show
     ``summary`` and say READY (logged as ``ha.standby``)."""
@@ -374,14 +375,14 @@ class StandBy:
     summary: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LeaderChanged:
     """Another daemon holds the lock now (logged as ``ha.leader_changed``)."""
 
     leader: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TakeoverFailed:
     """A try of the lock failed; the next comes in ``retry_in_s`` (``ha.takeover_failed``)."""
 
@@ -389,7 +390,7 @@ class TakeoverFailed:
     retry_in_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Leading:
     """We took the lock under ``epoch`` (logged as ``ha.leading``; after ``took_over``, with
     the standby's warm connections)."""
@@ -399,21 +400,21 @@ class Leading:
     took_over: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Lead:
     """Boot the fleet under ``epoch``: load the restart history, adopt every host."""
 
     epoch: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Announce:
     """Show ``text`` as the service's status line (``STATUS=``)."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class InCharge:
     """A takeover is complete: every host adopted (logged as ``ha.in_charge``)."""
 
@@ -422,12 +423,12 @@ class InCharge:
     since_lock_free_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StandDown:
     """A standby stops: nothing to lead; say STOPPING and end the fleet unbooted."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Deposed:
     """Another daemon leads now (or we cannot tell): stop acting at once (touch no worker,
     write no file), tell the fleet, and exit EXIT_DEPOSED (logged as ``ha.deposed``)."""
@@ -437,7 +438,7 @@ class Deposed:
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HandOver:
     """Stop with the workers left running (detach); the lock goes once the files are saved
     (logged as ``ha.handover``)."""
@@ -446,21 +447,21 @@ class HandOver:
     hold_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HandedOver:
     """Another daemon took the lock after our handover (logged as ``ha.handed_over``)."""
 
     leader: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HandoverUnclaimed:
     """Nobody took the lock within the hold-off (logged as ``ha.handover_unclaimed``)."""
 
     waited_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Reply:
     """Answer the command ``token``: done (with ``result``), or refused."""
 
@@ -470,26 +471,26 @@ class Reply:
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CannotStart:
     """Exit EXIT_CANNOT_START without serving (logged as ``daemon.cannot_start``)."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PingWatchdog:
     """Ping the service manager's watchdog (WATCHDOG=1)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WithholdWatchdog:
     """Do not ping the watchdog: we are not healthy (logged as ``daemon.watchdog_withheld``)."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RoleChanged:
     """This daemon's role changed (logged as ``ha.role``)."""
 

@@ -7,12 +7,13 @@ and when time alone ends one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from supervisor.records import record
 from supervisor.vocabulary import Refusal
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Phase:
     """Where the fleet is in its life."""
 

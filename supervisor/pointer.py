@@ -6,9 +6,10 @@ delay whatever the fleet does meanwhile (fleet rule 7). A frozen value and pure 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from supervisor.health import Host, HostState
+from supervisor.records import record
 
 #: A failed pointer write is retried after this long, doubling up to POINTER_RETRY_MAX_S: a
 #: missing directory or a read-only mount is fixed by a person, in minutes, not milliseconds.
@@ -18,7 +19,7 @@ POINTER_RETRY_MIN_S = 1.0
 POINTER_RETRY_MAX_S = 60.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Pointer:
     """The pointer file's progress: written once, when the fleet is first all ready.
 

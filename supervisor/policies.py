@@ -8,10 +8,11 @@ The cores use them under their own names (``health.Policy``, ``fleet.FleetPolicy
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+
+from supervisor.records import record
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HealthPolicy:
     """``[health]``: one host's timing and budget rules (``health.Policy``). The defaults are
     what a config without ``[health]`` gives with the default ``[trainer]`` and ``[watch]``
@@ -63,7 +64,7 @@ class HealthPolicy:
     probe_expect: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FleetPolicy:
     """``[fleet]`` settings and the fleet's own deadlines (``fleet.FleetPolicy``)."""
 
@@ -89,7 +90,7 @@ class FleetPolicy:
     failover_after_s: float = 11.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Member:
     """A configured host as the fleet sees it: its name, shard and what shapes its worker
     (``fleet.Member``)."""
@@ -101,7 +102,7 @@ class Member:
     launch_key: Hashable = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HaPolicy:
     """``[ha]``: a standby that takes over when the leader goes (``leadership.Policy``)."""
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Final
 
 from supervisor import health
 from supervisor.health import Host, HostState
+from supervisor.records import record
 from supervisor.vocabulary import (
     CrashSignature,
     CrashSignatureCleared,
@@ -28,7 +29,7 @@ from supervisor.vocabulary import (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Signatures:
     """Recent failures by signature, the signatures that hold restarts, the hosts held."""
 

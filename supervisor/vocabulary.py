@@ -11,13 +11,14 @@ remote operation or a file write answers with an event.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final
 
 from supervisor import health
 from supervisor.health import HostState
 from supervisor.policies import FleetPolicy as FleetPolicy
 from supervisor.policies import Member as Member
+from supervisor.records import record
 from supervisor.refusals import Refusal as Refusal
 
 #: The state ``status`` shows for a configured host that waits for its shard or its name to
@@ -32,7 +33,7 @@ WAITING_REASON: Final = "shard busy"
 # Events: past-tense facts the shell observed or results of actions it performed.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Booted:
     """The daemon holds the run: its members may join, with the restart history a previous
     daemon left (so a daemon that keeps crashing cannot reset every host's backoff)."""
@@ -42,7 +43,7 @@ class Booted:
     seats: SavedSeats | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SavedSeats:
     """The seats as the state file keeps them across daemon restarts and takeovers: where a
     shard was moved, which machines are fenced or drained, and what a fenced one may still
@@ -57,13 +58,13 @@ class SavedSeats:
     left: Mapping[str, tuple[str, int, int | None]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LeadershipEnded:
     """This daemon does not lead (a standby that stops) or no longer does (deposed): the
     fleet halts at once, whatever it was doing."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class HostObserved:
     """Something about one host: a file, SSH, or the answer to a remote operation."""
 
@@ -71,7 +72,7 @@ class HostObserved:
     event: health.Event
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FilesScanned:
     """The files of joining ``hosts`` were read; ``sentinels`` have ``ctl/<host>.stop``."""
 
@@ -79,12 +80,12 @@ class FilesScanned:
     sentinels: frozenset[str]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DeadlinePassed:
     """The shell's timer for ``Fleet.deadline_at`` fired (maybe early, late or twice)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Reconfigured:
     """A reload validated a new config: its members and rules replace the old ones."""
 
@@ -94,7 +95,7 @@ class Reconfigured:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RestartHostRequested:
     """An operator asked for a fresh worker on ``host``."""
 
@@ -102,7 +103,7 @@ class RestartHostRequested:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopHostRequested:
     """An operator asked for ``host`` to stop and stay stopped."""
 
@@ -110,7 +111,7 @@ class StopHostRequested:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StartHostRequested:
     """An operator asked for ``host`` to run again (clears its sentinel and ``failed``)."""
 
@@ -118,14 +119,14 @@ class StartHostRequested:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class UnfreezeRequested:
     """An operator lifted the freeze."""
 
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ShutdownRequested:
     """The daemon is to stop: stop every worker first, or leave them running (``detach``;
     None: as ``FleetPolicy.detach_on_exit`` says, the operator's ``run.on_exit``)."""
@@ -133,7 +134,7 @@ class ShutdownRequested:
     detach: bool | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopSentinelWritten:
     """The shell wrote ``ctl/<host>.stop`` for a stop-host (``error`` if it could not)."""
 
@@ -142,7 +143,7 @@ class StopSentinelWritten:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StopSentinelDeleted:
     """The shell removed ``ctl/<host>.stop`` for a start-host (``error`` if it could not)."""
 
@@ -151,7 +152,7 @@ class StopSentinelDeleted:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PointerWritten:
     """The shell wrote the pointer file at ``path`` (``error`` if it could not)."""
 
@@ -159,7 +160,7 @@ class PointerWritten:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FilesystemDiagnosed:
     """What the shell found when it checked the run root during a freeze."""
 
@@ -167,7 +168,7 @@ class FilesystemDiagnosed:
     free_bytes: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(kw_only=False)
 class MachineObserved:
     """News of one machine's connection: SSH up or down, a new agent, or what its agent
     pushed (a worker's exit, its session's memory). The fleet tells it to the member the
@@ -183,7 +184,7 @@ class MachineObserved:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LeftoversKilled:
     """The answer to ``KillLeftovers``: nothing of ours runs on ``machine`` now, or why not."""
 
@@ -192,7 +193,7 @@ class LeftoversKilled:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DrainRequested:
     """Operator: move the shard ``host`` serves to a spare, and keep ``host`` out."""
 
@@ -200,7 +201,7 @@ class DrainRequested:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class UndrainRequested:
     """Operator: a drained ``host`` goes back to the pool, as a spare."""
 
@@ -234,7 +235,7 @@ Event = HostObserved | FleetEvent
 # Actions: what the shell must do. Remote operations and file writes answer with events.
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ScanFiles:
     """Read the status, exit and sentinel files of joining hosts; answer FilesScanned, then
     their observations."""
@@ -242,7 +243,7 @@ class ScanFiles:
     hosts: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Connect:
     """``host`` joined: open and keep its SSH connection (SSH news comes back as events)."""
 
@@ -255,7 +256,7 @@ class Connect:
     machine: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Disconnect:
     """``host`` left the fleet: cancel its machine's operations and close its connection."""
 
@@ -263,7 +264,7 @@ class Disconnect:
     machine: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Release:
     """``host`` left the fleet while the spare ``machine`` served it: cancel its operations
     and keep the connection as the spare's, serving none."""
@@ -272,7 +273,7 @@ class Release:
     machine: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Reconnect:
     """A reload changed ``host``'s settings: apply them to its own machine's connection."""
 
@@ -280,7 +281,7 @@ class Reconnect:
     machine: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LaunchAsked:
     """``host`` needs a worker: its launch waits for the budget (logged as ``host.launch``)."""
 
@@ -293,7 +294,7 @@ class LaunchAsked:
     planned: health.Planned | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Launch:
     """Start ``host``'s worker now (the budget let it begin); answer with a launch result."""
 
@@ -304,7 +305,7 @@ class Launch:
     shard: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Terminate:
     """Stop ``pid`` on ``host``; answer TerminateConfirmed or TerminateFailed."""
 
@@ -320,7 +321,7 @@ class Terminate:
     collect_evidence: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Probe:
     """Find ``host``'s live worker; answer ProbeResult or ProbeFailed."""
 
@@ -332,7 +333,7 @@ class Probe:
     pid: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Watch:
     """Have ``machine``'s agent watch ``host``'s worker ``pid`` and push its exit (a new
     connection's agent watches nothing yet); best effort, unanswered."""
@@ -344,7 +345,7 @@ class Watch:
     start_time: int | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Quarantine:
     """Take the ``count`` oldest tasks out of ``shard``'s inbox, each answered with an error
     result, before ``host``'s next worker starts (``health.Quarantine``); answer with
@@ -355,7 +356,7 @@ class Quarantine:
     count: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ProbeReported:
     """What ``host``'s reward probe found, as its core judged it: logged and counted."""
 
@@ -363,7 +364,7 @@ class ProbeReported:
     report: health.ProbeReport
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SendRewardProbe:
     """Write ``task`` (with a probe's id) into ``shard``'s inbox and await its result for
     ``timeout_s``; answer with ``HostObserved(host, RewardProbeAnswered(pid=pid, ...))``."""
@@ -375,7 +376,7 @@ class SendRewardProbe:
     timeout_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RecheckStatus:
     """Read ``host``'s status file again now, by content (and count its shard's task files
     this old, if ``tasks_older_than_s``); answer with
@@ -386,7 +387,7 @@ class RecheckStatus:
     tasks_older_than_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HostStateChanged:
     """``host`` moved between states; logged as ``event="host.state"``."""
 
@@ -402,14 +403,14 @@ class HostStateChanged:
     fault: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LaunchesWaiting:
     """Launches wait for the budget: ``waiting`` of them."""
 
     waiting: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WriteStopSentinel:
     """Write ``ctl/<host>.stop``; answer StopSentinelWritten."""
 
@@ -417,7 +418,7 @@ class WriteStopSentinel:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DeleteStopSentinel:
     """Remove ``ctl/<host>.stop``; answer StopSentinelDeleted."""
 
@@ -425,7 +426,7 @@ class DeleteStopSentinel:
     token: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Reply:
     """Answer the operator command ``token``: done (with ``result``), or refused."""
 
@@ -435,7 +436,7 @@ class Reply:
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FreezeChanged:
     """The fleet froze (``frozen``) or thawed; tell the operator."""
 
@@ -444,12 +445,12 @@ class FreezeChanged:
     hosts: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DiagnoseFilesystem:
     """Check whether the run root is hung or full; answer FilesystemDiagnosed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class FreezeExplained:
     """The frozen fleet's filesystem check found ``finding``; tell the operator."""
 
@@ -457,21 +458,21 @@ class FreezeExplained:
     free_bytes: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Settled:
     """Start-up is over (READY=1); ``slow`` hosts had not answered by the deadline."""
 
     slow: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ShutdownBegan:
     """Shutdown has begun (STOPPING=1)."""
 
     detach: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ShutdownDone:
     """Shutdown is over: ``incomplete`` were still stopping at the deadline, ``unreachable``
     could not be stopped over SSH (their workers may still run)."""
@@ -480,14 +481,14 @@ class ShutdownDone:
     unreachable: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WritePointer:
     """Write the pointer file at ``path`` atomically; answer PointerWritten."""
 
     path: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PointerNotWritten:
     """The pointer write failed (``attempt`` so far); it is tried again at ``retry_at``."""
 
@@ -497,7 +498,7 @@ class PointerNotWritten:
     retry_at: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CrashSignatureFound:
     """Hosts crashed (or failed their reward probe) the same way: restarts on it are held
     but for the ``canary``."""
@@ -510,7 +511,7 @@ class CrashSignatureFound:
     kind: str = "crash"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CrashSignatureCleared:
     """A crash signature no longer holds restarts (``reason`` says why)."""
 
@@ -520,12 +521,12 @@ class CrashSignatureCleared:
     kind: str = "crash"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HistoryChanged:
     """Restart history changed: persist ``Fleet.histories()`` soon."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Failover:
     """Launch ``label``'s shard on ``to_machine`` (``--host label --shard shard``)."""
 
@@ -537,7 +538,7 @@ class Failover:
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class KillLeftovers:
     """Kill whatever ``machine`` still runs for us before it is given anything: the worker
     ``pid`` of ``label`` it served (None: none known, nothing to kill; the shard lock fences
@@ -551,14 +552,14 @@ class KillLeftovers:
     grace_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class KeepSpare:
     """Connect to the spare ``machine`` and keep it connected (its news: ``MachineObserved``)."""
 
     machine: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class NoFreeSpare:
     """``label``'s machine is lost and no spare is free: the shard stays unserved."""
 
@@ -570,7 +571,7 @@ class NoFreeSpare:
 FailoverAction = Failover | KillLeftovers | NoFreeSpare
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ExitReported:
     """A machine's agent pushed a worker's exit: of ``host``'s worker, or (None) of a
     leftover of a machine that serves no member now; logged as the fleet tells it."""
@@ -583,7 +584,7 @@ class ExitReported:
     reaped: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ToHost:
     """Not for the shell: a sub-core's word to ``Fleet``, to feed ``event`` to ``host``'s
     health core in its place among the actions."""
@@ -592,7 +593,7 @@ class ToHost:
     event: health.Event
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CrashSignature:
     """A way of crashing that several hosts share, holding their restarts."""
 

@@ -1,5 +1,6 @@
 """The cores stay pure: health.py and leadership.py import only a few stdlib modules and, of
-ours, the leaf modules of plain values (policies.py, refusals.py: stdlib only themselves);
+ours, the leaf modules of plain values (policies.py, refusals.py, records.py: stdlib only
+themselves, but for policies.py's records);
 the fleet core and its sub-cores (and their vocabulary) those, health.py and each other."""
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import supervisor.fleet
 import supervisor.health
 import supervisor.leadership
 import supervisor.policies
+import supervisor.records
 import supervisor.refusals
 
 ALLOWED = {"__future__", "dataclasses", "enum", "typing", "math", "collections.abc"}
 #: Plain values the cores share with the config and the CLI, defined apart so that reading a
 #: config or a refusal imports no core.
-LEAVES = {"supervisor.policies", "supervisor.refusals"}
+LEAVES = {"supervisor.policies", "supervisor.refusals", "supervisor.records"}
 CORE_ALLOWED = ALLOWED | LEAVES
 #: The fleet's sub-cores and their vocabulary: the fleet core is a coordinator of these.
 SUB_CORES = (
@@ -76,11 +78,13 @@ def test_leadership_imports_only_allowed_stdlib_modules() -> None:
 
 
 def test_the_leaf_modules_the_cores_import_are_stdlib_only() -> None:
-    """policies.py and refusals.py, which the cores import, import nothing of ours and no
-    stdlib module a core may not: the cores stay pure through them."""
-    for module in (supervisor.policies, supervisor.refusals):
+    """policies.py, refusals.py and records.py, which the cores import, import no stdlib
+    module a core may not, and of ours only records.py (policies' records): the cores stay
+    pure through them."""
+    for module in (supervisor.policies, supervisor.refusals, supervisor.records):
         path = Path(module.__file__ or "")
-        assert _imports(path) <= ALLOWED, (path.name, _imports(path) - ALLOWED)
+        allowed = ALLOWED | {"supervisor.records"}
+        assert _imports(path) <= allowed, (path.name, _imports(path) - allowed)
 
 
 def test_import_checker_sees_forbidden_imports(tmp_path: Path) -> None:
