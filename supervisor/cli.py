@@ -804,6 +804,8 @@ def cmd_host_command(args: argparse.Namespace) -> int:
     reply = _request(cfg.control.socket, args.command, host=args.host)
     if args.json:
         print(json.dumps({"ok": True, **reply}, indent=2, sort_keys=True))
+    elif reply.get("planned"):  # an operator's replacement passes through stale: no fault
+        print(terminal_text(f"{args.host}: replacing its worker ({reply.get('last_reason')})"))
     else:
         print(terminal_text(f"{args.host}: {reply.get('state')} ({reply.get('last_reason')})"))
     return EXIT_OK

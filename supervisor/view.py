@@ -44,8 +44,10 @@ def host_row(
         "heartbeat_age_s": None if age is None else round(age, 3),
         "restarts": host.restarts,
         "restarts_in_window": health.restarts_in_window(host, now, policy),
-        #: Planned replacements of a healthy worker (not faults), by who asked.
+        #: Planned replacements of a healthy worker (not faults), by who asked, and who asked
+        #: for the one under way, if one is.
         "planned_restarts": {who.value: n for who, n in host.planned_restarts},
+        "planned": None if host.planned is None else host.planned.value,
         "failures": host.failures,
         "last_reason": host.reason,
         #: Why the worker was last found unhealthy, as a code (``health.Cause``), kept after

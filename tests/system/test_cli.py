@@ -106,14 +106,31 @@ async def test_restart_stop_and_start_host(running: tuple[DaemonProcess, Path]) 
     removes it and the host comes back."""
     daemon, config = running
     before = (await daemon.status())["hosts"]["worker-1"]["pid"]
+    mark = len(daemon.lines)
     restarted = await acli("restart-host", "-c", str(config), "worker-1", "--json")
     assert restarted.returncode == 0, restarted.stderr
-    assert json.loads(restarted.stdout)["host"] == "worker-1"
+    answer = json.loads(restarted.stdout)
+    assert answer["host"] == "worker-1" and answer["planned"] == "operator"
     status = await daemon.wait_status(
         lambda s: all_ready(s, 2) and s["hosts"]["worker-1"]["pid"] != before, 60, "restarted"
     )
     assert not pid_alive(before)
-    assert status["hosts"]["worker-1"]["restarts"] == 0  # operator restarts are not failures
+    # An operator's restart is no failure: counted apart, by who asked, and said as info.
+    row = status["hosts"]["worker-1"]
+    assert (row["restarts"], row["planned_restarts"], row["planned"]) == (0, {"operator": 1}, None)
+    changes = [
+        line
+        for line in daemon.lines[mark:]
+        if line.get("event") == "host.state" and line.get("host") == "worker-1"
+    ]
+    assert changes and all(line["level"] == "info" for line in changes), changes
+    again = await acli("restart-host", "-c", str(config), "worker-1")
+    assert again.returncode == 0 and again.stdout.startswith("worker-1: replacing its worker (")
+    await daemon.wait_status(
+        lambda s: all_ready(s, 2) and s["hosts"]["worker-1"]["planned_restarts"] == {"operator": 2},
+        60,
+        "restarted again",
+    )
 
     stopped = await acli("stop-host", "-c", str(config), "worker-1")
     assert stopped.returncode == 0, stopped.stderr
