@@ -466,24 +466,10 @@ def test_a_fresh_read_that_failed_gives_the_verdict_at_once() -> None:
     assert host.state is S.STALE and host.cause_code is h.Cause.HEARTBEAT_STALE
 
 
-def _ready(pid: int = 7) -> h.Host:
-    """A host whose launched worker ``pid`` is ready at t=1."""
-    host, _ = run(
-        h.new_host("w", 0.0),
-        (h.StatusMissing(reason="missing"), 0.0),
-        (h.SshRestored(), 0.0),
-        (h.ProbeResult(pid=None), 0.0),
-        (h.Launched(pid=pid), 0.0),
-        (beat(pid, 1.0), 1.0),
-    )
-    assert host.state is S.READY
-    return host
-
-
 def test_an_operator_restart_is_no_fault_and_is_counted_as_planned() -> None:
     """restart-host replaces a healthy worker: its changes are not faults, its launch says who
     asked, and it counts as a planned restart, never as an automatic one."""
-    host, actions = run(_ready(), (h.RestartRequested(reason="operator restart"), 5.0))
+    host, actions = run(ready_host(7), (h.RestartRequested(reason="operator restart"), 5.0))
     changes = [a for a in actions if isinstance(a, h.StateChanged)]
     assert [(c.to, c.fault) for c in changes] == [(S.STALE, False)]
     host, actions = run(host, (h.TerminateConfirmed(pid=7), 5.1))
@@ -497,7 +483,7 @@ def test_a_reload_s_restart_is_planned_by_the_reload_and_a_crash_is_a_fault() ->
     """A reload that changed the worker counts as the reload's planned restart; a worker that
     dies by itself is a fault, restarted automatically and counted so."""
     reload = h.RestartRequested(reason="changed by reload", planned=h.Planned.RELOAD)
-    host, _ = run(_ready(), (reload, 5.0), (h.TerminateConfirmed(pid=7), 5.1))
+    host, _ = run(ready_host(7), (reload, 5.0), (h.TerminateConfirmed(pid=7), 5.1))
     assert host.planned_restarts == ((h.Planned.RELOAD, 1),)
     host, _ = run(host, (h.Launched(pid=8), 5.2), (beat(8, 6.0), 6.0))
     host, actions = run(host, (h.WorkerExited(pid=8, exit_code=1), 100.0))
@@ -511,7 +497,7 @@ def test_a_reload_s_restart_is_planned_by_the_reload_and_a_crash_is_a_fault() ->
 def test_a_restart_asked_then_stopped_counts_no_planned_restart() -> None:
     """A restart overtaken by a stop, then a start, is not a planned restart."""
     host, _ = run(
-        _ready(),
+        ready_host(7),
         (h.RestartRequested(), 5.0),
         (h.StopRequested(reason="operator"), 5.05),
         (h.TerminateConfirmed(pid=7), 5.1),

@@ -41,6 +41,7 @@ from mypy.options import Options
 from mypy.server.subexpr import get_subexpressions
 
 from supervisor import health, leadership, vocabulary
+from tests.unit.test_core_imports import SUB_CORES
 
 SUPERVISOR = Path(__file__).resolve().parents[2] / "supervisor"
 #: The interpreter, every adapter it routes actions to, and the I/O it drives itself.
@@ -61,18 +62,7 @@ CHECKED = (
 #: vocabulary, and the config's definitions (the policies they are handed).
 UNCHECKED_IMPORTS = frozenset({"fleet", "health", "leadership", "vocabulary", "config", "errors"})
 #: The modules whose types are a core's: health, leadership, the fleet and its sub-cores.
-CORE_MODULES = (
-    "health",
-    "leadership",
-    "fleet",
-    "vocabulary",
-    "failover",
-    "signatures",
-    "freeze",
-    "budget",
-    "pointer",
-    "lifecycle",
-)
+CORE_MODULES = ("health", "leadership", "fleet", *SUB_CORES)
 #: The config tables that choose behaviour (the others are I/O settings: hosts, ssh, control,
 #: metrics, watch, the worker's argv).
 POLICY_TABLES = frozenset(
