@@ -1264,7 +1264,7 @@ def _kept(refusal: Refusal) -> str:
     """Why a lying host's shard stays where it is, in words (its machine serves it: the
     rewards core clears a name whose host runs elsewhere before a move is tried)."""
     if refusal is Refusal.NO_SPARES:
-        return "no spare is configured ([[spares]]): it keeps serving, named"
+        return "no spare is configured ([[spares]], read at start): it keeps serving, named"
     return "no spare is free now: it keeps serving, named; tried again at each look"
 
 
