@@ -447,33 +447,45 @@ def _judge(
     error_rates: _Rates,
     policy: RewardsPolicy,
 ) -> Look:
-    """One host's look: against the fleet (rule 2), against its own past (rule 4)."""
-    fleet: dict[str, float | None] = {}
+    """One host's look: against the fleet (rule 2), against its own past (rule 4). (Written
+    out per kind: it runs for every host at every look.)"""
+    least, tolerance = policy.min_tasks, policy.tolerance
+    fleet_zero = _median(zero_rates[0], zero_rates[1].get(name))
+    fleet_error = _median(error_rates[0], error_rates[1].get(name))
     out: list[str] = []
     past_out: list[str] = []
     judged = past_judged = False
-    for kind, (rates, where) in ((ZERO, zero_rates), (ERROR, error_rates)):
-        count, total = _of(kind, recent)
-        rate = fleet[kind] = _median(rates, where.get(name))
-        if total >= policy.min_tasks and rate is not None:
+    if recent.scored >= least:
+        if fleet_zero is not None:
             judged = True
-            if above(count, total, threshold(rate, policy.tolerance)):
-                out.append(kind)
-        past_count, past_total = _of(kind, baseline)
-        if total >= policy.min_tasks and past_total >= policy.min_tasks:
+            if above(recent.zero, recent.scored, threshold(fleet_zero, tolerance)):
+                out.append(ZERO)
+        if baseline.scored >= least:
             past_judged = True
-            if above(count, total, threshold(past_count / past_total, policy.tolerance)):
+            past = threshold(baseline.zero / baseline.scored, tolerance)
+            if above(recent.zero, recent.scored, past):
+                past_out.append(ZERO)
+    results = recent.results
+    if results >= least:
+        if fleet_error is not None:
+            judged = True
+            if above(recent.errors, results, threshold(fleet_error, tolerance)):
+                out.append(ERROR)
+        if baseline.results >= least:
+            past_judged = True
+            past = threshold(baseline.errors / baseline.results, tolerance)
+            if above(recent.errors, results, past):
+                past_out.append(ERROR)
+        if recent.scored == recent.zero:
+            past_judged = True  # nothing scored: out of line whatever the past (rule 4)
+            kind = ZERO if recent.scored > 0 else ERROR
+            if kind not in past_out:
                 past_out.append(kind)
-    if recent.results >= policy.min_tasks and recent.scored == recent.zero:
-        past_judged = True  # nothing scored: out of line whatever the past (rule 4)
-        kind = ZERO if recent.scored > 0 else ERROR
-        if kind not in past_out:
-            past_out.append(kind)
     return Look(
         recent=recent,
         span_s=span,
-        fleet_zero=fleet[ZERO],
-        fleet_error=fleet[ERROR],
+        fleet_zero=fleet_zero,
+        fleet_error=fleet_error,
         out=tuple(out),
         past_out=tuple(sorted(past_out)),
         judged=judged,

@@ -479,6 +479,8 @@ class LoadSummary:
     p99_s: float
     #: Calls still running when the load stopped (cancelled; neither OK nor failed).
     unfinished: int
+    #: OK calls that scored 0 (a wrong answer, or a reward that lies).
+    zero_scored: int = 0
 
     @property
     def failed_total(self) -> int:
@@ -734,6 +736,7 @@ class TrainerLoad:
             p50_s=_percentile(latencies, 50),
             p99_s=_percentile(latencies, 99),
             unfinished=self.unfinished,
+            zero_scored=sum(1 for c in calls if c.ok and c.score == 0.0),
         )
 
     def recovery_s(
