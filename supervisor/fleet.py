@@ -605,7 +605,7 @@ class Fleet:
         for action in actions:
             self._host_action(name, host, action, now, out)
         self._arm(name, host.deadline_at)
-        if host.stats is not None and self._rewards.look_at is None:
+        if self._rewards.look_at is None and rewards.reports_counts(host.stats):
             # Looks run only while a worker reports its counts: this one does (rule 8).
             self._rewards_wake = self._policy.rewards.window_s > 0
         if health.history_changed(before, host):

@@ -236,6 +236,22 @@ def due(rewards: Rewards, now: float, policy: RewardsPolicy) -> bool:
     return rewards.look_at is not None and now >= rewards.look_at
 
 
+def counts_in(stats: WorkerStats | None) -> tuple[int, int, int] | None:
+    """The counts a look judges, as a heartbeat's figures carry them (the AReaL worker's
+    ``completed``, ``errors``, ``semantic_zero``); None where one is missing."""
+    if stats is None:
+        return None
+    scored, errors, zero = stats.completed, stats.errors, stats.semantic_zero
+    if scored is None or errors is None or zero is None:
+        return None
+    return scored, errors, zero
+
+
+def reports_counts(stats: WorkerStats | None) -> bool:
+    """A heartbeat's figures carry the counts a look judges."""
+    return counts_in(stats) is not None
+
+
 def to_move(rewards: Rewards, policy: RewardsPolicy) -> list[str]:
     """Named hosts whose shard ``Fleet`` should try to move now (none while a fleet-wide
     signature says the cause is shared, or when moves are off)."""
@@ -346,16 +362,10 @@ def _sampled(
 ) -> tuple[Sample, ...]:
     """``samples`` and one of ``host``'s counts now (none: its worker reports none, or it has
     none); a new worker, another machine, or counts that went back start afresh."""
-    stats = host.stats
-    if (
-        host.pid is None
-        or stats is None
-        or stats.completed is None
-        or stats.errors is None
-        or stats.semantic_zero is None
-    ):
+    counts = counts_in(host.stats)
+    if host.pid is None or counts is None:
         return samples
-    sample = Sample(now, host.pid, machine, stats.completed, stats.errors, stats.semantic_zero)
+    sample = Sample(now, host.pid, machine, *counts)
     if not samples or not _continues(samples[-1], sample):
         return (sample,)
     oldest, first = now - max(MAX_WINDOW_S, policy.window_s), 0

@@ -82,11 +82,17 @@ B_LIES = {**HEALTHY, "b": 1.0}
 
 
 def test_looks_begin_with_the_first_heartbeat_that_reports_counts() -> None:
-    """No look is due while no worker reports its counts; the first heartbeat that does
-    brings one in its own batch, and then one every LOOK_S."""
+    """No look is due while no worker reports its counts (figures without them bring
+    none); the first heartbeat that does brings one in its own batch, and then one every
+    LOOK_S."""
     s = fleet()
     assert look_at(s) is None
     s.now += 1
+    pid = s.core.hosts["a"].pid
+    assert pid is not None
+    partial = h.WorkerStats(completed=10, errors=0)  # no semantic_zero: nothing to judge
+    s.on("a", h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=5e8, stats=partial))
+    assert look_at(s) is None
     s.beat("a", 0.3)
     assert look_at(s) == s.now + LOOK_S
     assert s.core.deadline_at is not None and s.core.deadline_at <= s.now + LOOK_S
