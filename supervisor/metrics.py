@@ -744,18 +744,19 @@ def _fleet_rewards(daemon: Mapping[str, Any]) -> Iterator[Metric]:
     rewards = daemon.get("rewards")
     if not isinstance(rewards, Mapping):
         return
-    if rewards.get("fleet_zero_rate") is not None:
-        yield _gauge(
-            "reward_supervisor_fleet_zero_rate",
-            "The median of the judged hosts' recent zero rates (hosts named as lying left out).",
-            float(rewards["fleet_zero_rate"]),
-        )
-    if rewards.get("fleet_error_rate") is not None:
-        yield _gauge(
-            "reward_supervisor_fleet_error_rate",
-            "The median of the judged hosts' recent error rates (hosts named as lying left out).",
-            float(rewards["fleet_error_rate"]),
-        )
+    # Served from the start, with a sample once a host is judged (before that there is no
+    # rate, and 0 would be a claim).
+    for key, documentation in (
+        ("zero", "The median of the judged hosts' recent zero rates (hosts named lying left out)."),
+        (
+            "error",
+            "The median of the judged hosts' recent error rates (hosts named lying left out).",
+        ),
+    ):
+        family = GaugeMetricFamily(f"reward_supervisor_fleet_{key}_rate", documentation)
+        if rewards.get(f"fleet_{key}_rate") is not None:
+            family.add_metric([], float(rewards[f"fleet_{key}_rate"]))
+        yield family
     yield _gauge(
         "reward_supervisor_rewards_lying_hosts",
         "Hosts named as lying now (moved to a spare or not).",
