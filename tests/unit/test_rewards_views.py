@@ -150,3 +150,25 @@ def test_a_fleet_wide_signature_leads_the_summary_the_table_and_the_page() -> No
     assert "REWARD SIGNATURE</b>" in page.fleet_page(st)
     assert scrape(st)["reward_supervisor_reward_signature"] == 1
     assert all(row["state"] == "ready" for row in st["hosts"].values())
+
+
+def test_a_host_s_verdict_reads_out_of_line_before_it_is_named_and_not_judged_alone() -> None:
+    """Before sustain_s a host out of line reads ``out of line`` (not lying, still ready); a
+    fleet of one reads ``not judged`` (nobody to compare with); a host never looked at has
+    no rewards row."""
+    s = Fleet(f.Fleet(members(*((n, i) for i, n in enumerate(NAMES))), HEALTH, POLICY))
+    s.start()
+    assert view.rewards_row(s.core.rewards_state, "a", s.now) is None
+    s.rollouts(30, HEALTHY)
+    s.rollouts(15, B_LIES)
+    st = status(s)
+    assert st["hosts"]["b"]["rewards"]["verdict"] == "out of line"
+    assert st["hosts"]["b"]["state"] == "ready"
+    alone = Fleet(f.Fleet(members(("a", 0)), HEALTH, POLICY))
+    alone.counts = {}
+    alone.boot()
+    alone.run_worker("a", 100)
+    alone.rollouts(30, {"a": 1.0})
+    row = view.rewards_row(alone.core.rewards_state, "a", alone.now)
+    assert row is not None and row["verdict"] == "not judged"
+    assert row["fleet_zero_rate"] is None
