@@ -332,7 +332,8 @@ class Fleet:
         """The fleet is up: every host not stopped on purpose is ``ready`` (at least one),
         none is named as lying, and none is still joining or waiting for its shard. The one
         meaning of "all ready": ``wait-ready``, the status's ``all_ready`` and the demo use
-        it (and the pointer, written before any reward is judged)."""
+        it. (The pointer file, the seed's one-time "workers are up" marker, waits for the
+        hosts' health alone: ``pointers.pointer_due``.)"""
         return (
             not self._joining
             and not self._waiting()

@@ -16,9 +16,9 @@ Rules:
    named as lying left out): out of line when above ``tolerance`` times the fleet's rate plus
    ABS_MARGIN (but never above SCORE_LOSS of the way from it to 100 %) by at least Z_MIN
    standard errors. The shards hash task ids, so every shard's mix is alike: a healthy host
-   differs from the fleet by chance and by a few tens of percent, which the tolerance
-   allows twice over; a host with fewer than ``min_tasks`` results (scored ones, for its
-   zero rate) is not judged at all.
+   differs from the fleet by chance and by a few tens of percent (a host 30 % above a fleet
+   whose others are all 30 % below is at 1.86 times their rate, under the default 2); a host
+   with fewer than ``min_tasks`` results (scored ones, for its zero rate) is not judged.
 3. Hysteresis. Out of line at every judged look for ``sustain_s``: the host is named, once.
    A named host back in line at every judged look for ``clear_s`` is cleared. A look with
    too few tasks is evidence neither way.
