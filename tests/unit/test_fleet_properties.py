@@ -275,8 +275,9 @@ class FleetWorld(RuleBasedStateMachine):
         action = self.ops.pop(name, None)
         event: h.Event
         match action:
-            case v.Launch():
-                shard = self.core.view(0.0).shards[name]
+            case v.Launch(shard=shard):
+                # The worker runs the shard its launch named (a reload may have moved the
+                # host since: the launch still started a worker of the old one).
                 pid = self.next_pid
                 if outcome in ("ok", "lost-started"):
                     self.next_pid += 1
