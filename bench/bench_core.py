@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.common import SCRATCH
 from supervisor import freeze as freezes
-from supervisor import health, render, vocabulary
+from supervisor import health, render, rewards, vocabulary
 from supervisor.statusfiles import parse_status, read_status
 
 POLICY = health.Policy(heartbeat_stale_s=60.0)
@@ -80,6 +80,30 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
     def summary(_i: int) -> None:
         render.summary(h.state.value for h in fleet_hosts)
 
+    # Rewards: every host's worker reports its counts; each look samples and judges them all.
+    machines = {h.name: h.name for h in fleet_hosts}
+    looked = {"state": rewards.NONE, "at": now}
+    reward_policy = vocabulary.FleetPolicy().rewards
+
+    def counted(i: int) -> dict[str, health.Host]:
+        stats = health.WorkerStats(completed=150 * i, errors=0, semantic_zero=50 * i)
+        return {h.name: replace(h, stats=stats) for h in fleet_hosts}
+
+    reporting = [counted(i) for i in range(40)]
+
+    def look(i: int) -> None:
+        looked["at"] += rewards.LOOK_S
+        looked["state"], _ = rewards.look(
+            looked["state"],
+            reporting[i % 40] if i % 40 else reporting[1],
+            machines,
+            now=looked["at"],
+            policy=reward_policy,
+        )
+
+    for i in range(1, 40):
+        look(i)  # a full window of samples, as at steady state
+
     def history(_i: int) -> None:
         _ = health.history_of(host) != health.history_of(host)
 
@@ -122,6 +146,11 @@ def measure(hosts: int) -> list[tuple[str, float, str]]:
             "per look (a state change that could freeze)",
         ),
         (f"render.summary, {hosts} hosts", per_call(summary, 200), "per state change"),
+        (
+            f"rewards.look, {hosts} hosts reporting their counts",
+            per_call(look, 40),
+            f"every {rewards.LOOK_S:g} s",
+        ),
     ]
     loop.close()
     return rows

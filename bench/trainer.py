@@ -49,6 +49,11 @@ the fleet is stopped and everything it left is killed. Faults:
   connection goes; the old script's ssh to host 1 is pointed at a closed port;
 - ``drain``: ours ``reward-supervisor drain -c CFG HOST`` with one ``[[spares]]`` machine:
   host 1's shard moves to the spare (maintenance); the old script has no such thing (n/a);
+- ``zero_host``: host 1's machine scores every reward 0 (its verifier dependency gone: the
+  calls "succeed" with 0.0; ``tests.rewardfns.zero_if_marker`` while a marker named after the
+  machine's address, or the old script's host, exists); ours has one ``[[spares]]`` machine
+  (on another address: it scores right) and its shipped ``[rewards]`` defaults; healthy calls
+  all score 1, so every call that scores 0 is one the host lied on;
 - ``none``: nothing is done (the healthy window, for ``--probes-ab``);
 - ``reload_worker``: every host gets a new worker: ours changes ``worker.env`` in the config
   and runs ``reward-supervisor reload``; the old script has no reload, so its way is ``stop``
@@ -56,9 +61,11 @@ the fleet is stopped and everything it left is killed. Faults:
 
 Reported per fault and supervisor (definitions in ``tests/areal.py``): OK calls, failed calls by
 kind, stall (longest and total time with no OK completion for more than 1 s), p50/p99 latency of
-OK calls, time to recovery (fault to the first OK call on the faulted shard(s) that started after
-the fault and after the last failed call), the time until the faulted host(s) had a new worker
-ready (run directory), and the processes lingering at the end of the window. Measurements only.
+OK calls, calls that scored 0, time to recovery (fault to the first OK call on the faulted
+shard(s) that started after the fault and after the last failed call; for ``zero_host``, to the
+end of the last call on the shard that scored 0, with 20 calls scored right after it), the time
+until the faulted host(s) had a new worker ready (run directory), and the processes lingering at
+the end of the window. Measurements only.
 Writes ``bench/results/trainer-<UTC date-time>.md``.
 """
 
@@ -104,6 +111,7 @@ FAULTS = (
     "reload_worker",
     "host_lost",
     "drain",
+    "zero_host",
     "none",
 )
 #: Faults the old script has no way to do (it has no per-host stop).
@@ -126,6 +134,9 @@ PROC_SAMPLE_S = 0.5
 STATUS_SAMPLE_S = 0.1
 #: How long ``pool_death`` looks for a pool process inside a reward call.
 BUSY_SEARCH_S = 5.0
+#: ``zero_host``: the shard has recovered once this many calls on it scored right after its
+#: last zero.
+RIGHT_AFTER = 20
 #: Short names of the failed-call kinds for the table.
 KIND_SHORT = {
     A.HEARTBEAT_STALE: "stale",
@@ -354,14 +365,24 @@ class Ours:
                 self.process.kill()
 
     def actions_since(self, wall: float, hosts: Sequence[str]) -> list[str]:
-        """The daemon's ``host.state`` changes of ``hosts`` since ``wall``."""
+        """The daemon's ``host.state`` changes of ``hosts`` since ``wall``, and what it said
+        of their rewards and shards (``rewards.*``, ``shard.failover``)."""
         out = []
         for line in _json_lines(self.log_path):
-            if line.get("event") != "host.state" or line.get("host") not in hosts:
+            event = str(line.get("event"))
+            said = event.startswith("rewards.") or event == "shard.failover"
+            if (event != "host.state" and not said) or line.get("host") not in hosts:
                 continue
             with contextlib.suppress(KeyError, ValueError, TypeError):
                 at = datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00"))
-                if at.timestamp() >= wall:
+                if at.timestamp() < wall:
+                    continue
+                if said:
+                    out.append(
+                        f"+{at.timestamp() - wall:.1f}s {line['host']} {event}"
+                        f" ({line.get('reason')})"
+                    )
+                else:
                     out.append(
                         f"+{at.timestamp() - wall:.1f}s {line['host']} {line.get('from')}→"
                         f"{line.get('to')} ({line.get('reason')})"
@@ -686,6 +707,9 @@ async def inject(
     if fault == "stuck":
         await asyncio.to_thread(marker.write_text, "stuck\n")
         return f"marker {marker.name} created: host {TARGET}'s reward calls hang"
+    if fault == "zero_host":
+        await asyncio.to_thread(marker.write_text, "zero\n")
+        return f"marker {marker.name} created: host {TARGET}'s machine scores every call 0"
     if fault == "pool_death":
         deadline = time.monotonic() + BUSY_SEARCH_S
         while time.monotonic() < deadline:
@@ -756,7 +780,7 @@ async def run_one(
             settings.restart_stop,
             probe,
             doomed,
-            spare=fault == "drain",
+            spare=fault in ("drain", "zero_host"),
         )
     else:
         assert seed is not None
@@ -766,6 +790,19 @@ async def run_one(
     target = fleet.hosts[TARGET]
     # {host} is filled in by the worker running the call: only host TARGET's calls hang.
     marker = tmp / f"hang-{target}"
+    reward_fn, call_kwargs = A.HANG_IF_MARKER, {"hang_marker": str(tmp / "hang-{host}")}
+    if fault == "zero_host":
+        # The machine scores 0, not the label: ours moves the label to a spare reached at
+        # another address ({addr}); the old script reaches every host at one address, and
+        # never moves a shard, so its marker names the host.
+        reward_fn = A.ZERO_IF_MARKER
+        if isinstance(fleet, Ours):
+            address = fleet.raw()["hosts"][TARGET]["address"]
+            marker = tmp / f"zero-{address}"
+            call_kwargs["zero_marker"] = str(tmp / "zero-{addr}")
+        else:
+            marker = tmp / f"zero-{target}"
+            call_kwargs["zero_marker"] = str(tmp / "zero-{host}")
     load: A.TrainerLoad | None = None
     sampler: asyncio.Task[None] | None = None
     action: asyncio.Task[str] | None = None
@@ -779,9 +816,9 @@ async def run_one(
             fleet.hosts,
             settings.hosts,
             areal=areal,
-            reward_fn=A.HANG_IF_MARKER,
+            reward_fn=reward_fn,
             loops=settings.loops,
-            call_kwargs={"hang_marker": str(tmp / "hang-{host}")},
+            call_kwargs=call_kwargs,
         )
         load.start()
         for shard in range(settings.hosts):
@@ -802,6 +839,8 @@ async def run_one(
         outcome.summary = load.summary(t0, t1)
         shards = None if fault == "reload_worker" else [TARGET]
         outcome.recovery_s = load.recovery_s(fault_at, shards, t1)
+        if fault == "zero_host":
+            outcome.recovery_s = scored_right_after(load, fault_at, t1)
         outcome.replaced_s = status.replaced_s(faulted, fault_at, before)
         if not action.done():
             outcome.how = "(still running at the end of the window) "
@@ -831,6 +870,17 @@ async def run_one(
             shutil.rmtree(tmp, ignore_errors=True)
     outcome.total_s = time.monotonic() - began
     return outcome
+
+
+def scored_right_after(load: A.TrainerLoad, fault_at: float, until: float) -> float | None:
+    """Seconds from the fault to the end of the last call on shard TARGET that scored 0,
+    when RIGHT_AFTER calls on it scored right after that (None: not within the window)."""
+    calls = [c for c in load.calls if c.ok and c.shard == TARGET and fault_at <= c.end <= until]
+    zeros = [c.end for c in calls if c.score == 0.0]
+    if not zeros:
+        return 0.0
+    right_after = [c for c in calls if c.start > zeros[-1] and c.score]
+    return zeros[-1] - fault_at if len(right_after) >= RIGHT_AFTER else None
 
 
 # --- report ------------------------------------------------------------------------------
@@ -882,17 +932,18 @@ def report(outcomes: Sequence[Outcome], settings: Settings, started: str, took_s
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
         "",
-        "| fault | supervisor | OK calls | failed calls (by kind) | longest stall | total stall"
-        " | p50 | p99 | recovery | new worker ready | lingering at end |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| fault | supervisor | OK calls | scored 0 | failed calls (by kind) | longest stall"
+        " | total stall | p50 | p99 | recovery | new worker ready | lingering at end |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for o in outcomes:
         if o.summary is None:
-            lines.append(f"| {o.fault} | {o.supervisor} | error: {o.error} |" + " |" * 8)
+            lines.append(f"| {o.fault} | {o.supervisor} | error: {o.error} |" + " |" * 9)
             continue
         s = o.summary
         lines.append(
-            f"| {o.fault} | {o.supervisor} | {s.ok} | {failed_text(s)} | {dur(s.longest_stall_s)}"
+            f"| {o.fault} | {o.supervisor} | {s.ok} | {s.zero_scored} | {failed_text(s)}"
+            f" | {dur(s.longest_stall_s)}"
             f" | {dur(s.total_stall_s)} | {fmt_s(s.p50_s)} | {fmt_s(s.p99_s)}"
             f" | {opt_s(o.recovery_s)} | {opt_s(o.replaced_s)} | {lingering_text(o.lingering)} |"
         )
@@ -902,11 +953,15 @@ def report(outcomes: Sequence[Outcome], settings: Settings, started: str, took_s
         " completions, answer=...)` with the client's defaults (heartbeat stale 15 s, timeout"
         " 30 s, raise); a failed call pauses its loop 50 ms (the client's poll interval), so"
         " failed calls count how long the trainer was blocked, about 20 per second per loop."
-        " Calls counted are those that ended in the window. *Stall*: gaps longer than 1 s"
+        " Calls counted are those that ended in the window. *Scored 0*: OK calls whose score"
+        " was 0 (every healthy call scores 1: each is a reward the faulted host lied on)."
+        " *Stall*: gaps longer than 1 s"
         " between consecutive OK completions (and from the window's start and to its end);"
         " longest and sum of whole gaps. *Recovery*: fault to the end of the first OK call on"
         " the faulted shard (every shard for reload_worker) that started after the fault and"
-        " after the last failed call; `none`: not within the window. *New worker ready*: fault"
+        " after the last failed call (`zero_host`: to the end of the last call on the shard that"
+        " scored 0, with 20 scored right after it); `none`: not within the window. *New worker"
+        " ready*: fault"
         " until the faulted host(s) status file showed `ready: true` from another pid (run"
         " directory, sampled every 100 ms); `none`: no new worker. *Lingering*: processes"
         " alive at the end of the window that no current worker accounts for: superseded"

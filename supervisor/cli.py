@@ -379,7 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for a standby to take over (default: [ha] confirm_timeout_s)",
     )
 
-    p = command("unfreeze", cmd_unfreeze, "lift a fleet-wide restart freeze")
+    p = command(
+        "unfreeze",
+        cmd_unfreeze,
+        "lift a fleet-wide restart freeze, release crash and probe signatures, and take the"
+        " fleet's reward rates now as normal (ends a reward signature)",
+    )
     with_config(p)
     with_json(p)
 

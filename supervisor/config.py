@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, cast, get_args
 
 from supervisor.errors import ConfigError, ConfigProblem
-from supervisor.policies import FleetPolicy, HaPolicy, Member
+from supervisor.policies import FleetPolicy, HaPolicy, Member, RewardsPolicy
 from supervisor.policies import HealthPolicy as Policy
 
 WatchMode = Literal["auto", "inotify", "poll"]
@@ -793,6 +793,9 @@ def parse(raw: Mapping[str, Any], source: Path) -> Config:
 
 #: ``ha.check_interval_s`` at most: well within an NFS lease (90 s by default).
 HA_CHECK_MAX_S: Final = 30.0
+#: ``rewards.window_s`` at least: the workers' counts are sampled this often
+#: (``rewards.LOOK_S``; a unit test keeps the two equal).
+REWARDS_LOOK_S: Final = 5.0
 
 Kind = Literal[
     "seconds",  # float > 0, finite; `minimum` is "too short"; `off`: 0 turns it off
@@ -1088,8 +1091,32 @@ SCHEMA: Final[Mapping[str, Section]] = {
                 "pointer_file",
                 "detach_on_exit",
                 "failover_after_s",
+                "rewards",
             }
         ),
+    ),
+    "rewards": Section(
+        RewardsPolicy,
+        {
+            "window_s": Key(
+                "seconds",
+                minimum=REWARDS_LOOK_S,
+                why="the workers' counts are sampled every 5 s",
+                off=True,
+            ),
+            "min_tasks": Key("count", minimum=20),
+            "tolerance": Key(
+                "rate",
+                check=lambda x: (
+                    None
+                    if x > 1
+                    else f"must be above 1 (a healthy host's rate is the fleet's), not {x:g}"
+                ),
+            ),
+            "sustain_s": Key("seconds"),
+            "clear_s": Key("seconds"),
+            "move": Key("flag"),
+        },
     ),
     "metrics": Section(MetricsConfig, {"listen": Key("text", check=_listen_problem)}),
     "ha": Section(
@@ -1427,6 +1454,7 @@ class _Validator:
         metrics = MetricsConfig(**self.read(self.table(raw, "metrics"), "metrics", given))
         ha = self.ha(self.table(raw, "ha"), given)
         failover = FailoverConfig(**self.read(self.table(raw, "failover"), "failover", given))
+        rewards = RewardsPolicy(**self.read(self.table(raw, "rewards"), "rewards", given))
         spares = self.spares(raw, hosts or (), given)
         if run is None or ssh is None or hosts is None:
             return None
@@ -1438,7 +1466,7 @@ class _Validator:
             ssh=ssh,
             control=control,
             watch=watch,
-            fleet=replace(fleet, failover_after_s=failover.after_s),
+            fleet=replace(fleet, failover_after_s=failover.after_s, rewards=rewards),
             metrics=metrics,
             hosts=hosts,
             ha=ha,

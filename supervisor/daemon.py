@@ -209,6 +209,11 @@ class Daemon:
             vocabulary.KeepSpare: links.keep_spare,
             vocabulary.ShutdownBegan: present.shutdown_began,
             vocabulary.ShutdownDone: present.shutdown_done,
+            vocabulary.LyingHostNamed: present.lying_host_named,
+            vocabulary.LyingHostKept: present.lying_host_kept,
+            vocabulary.LyingHostCleared: present.lying_host_cleared,
+            vocabulary.RewardSignatureFound: present.reward_signature_found,
+            vocabulary.RewardSignatureCleared: present.reward_signature_cleared,
         }
 
     def _leadership_routes(self) -> dict[type[Any], Callable[[Any], None]]:

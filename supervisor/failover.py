@@ -18,6 +18,10 @@ Rules:
    on it, so a lost machine's worker that is alive after all never serves beside it.
 5. A drained label's launch on its spare waits until its old machine's worker is killed
    (gracefully, as a restart ends one); a lost one's goes at once.
+6. A label whose rewards lie (``rewards.py``) moves as a drained one does, and its machine
+   is held the same way (a missing dependency does not come back by itself), but its
+   worker is killed at once: what it has in flight would score wrong, and its successor
+   on the spare scores those tasks again.
 
 All of it is one frozen value, ``Seating``, and pure functions of it that return the new
 value and what they say: actions for the shell and ``ToHost`` words for the per-host cores
@@ -100,11 +104,13 @@ class Seating:
     kill_retry_at: Mapping[str, float] = field(default_factory=dict)
     #: Drained machine -> the label whose launch on its spare waits for the kill.
     release_waits: Mapping[str, str] = field(default_factory=dict)
+    #: Machines whose leftovers are killed at once, whatever ``restart_stop`` says (rule 6).
+    kill_now: frozenset[str] = frozenset()
     #: Labels lost with no free spare, said once until served again.
     unserved: frozenset[str] = frozenset()
     #: When the next down machine is lost, if nothing changes.
     lost_next_at: float | None = None
-    #: Shards moved since start, by reason (``host_lost``/``drain``).
+    #: Shards moved since start, by reason (``host_lost``/``drain``/``lying``).
     counts: Mapping[str, int] = field(default_factory=dict)
     #: Labels a previous daemon left on another machine, until they join.
     restored: Mapping[str, str] = field(default_factory=dict)
@@ -432,6 +438,10 @@ def _with_beats(seating: Seating, hosts: Mapping[str, Host]) -> dict[str, Sighti
     return sightings
 
 
+#: How a move's reason reads in the moved host's reason.
+_WHY: Final = {"host_lost": "host lost", "drain": "drained", "lying": "lying (its rewards)"}
+
+
 def _moved(
     seating: Seating, move: Failover, pid: int | None, *, drained: bool, out: list[Said]
 ) -> Seating:
@@ -454,7 +464,7 @@ def _moved(
         unserved=seating.unserved - {label},
         counts=counts,
     )
-    why = "host lost" if move.reason == "host_lost" else "drained"
+    why = _WHY.get(move.reason, move.reason)
     reason = f"moving to {move.to_machine}: {machine} {why}"
     out.append(move)
     # A free spare is a connected one; a drained label's launch waits for the kill (rule 5).
@@ -478,7 +488,11 @@ def _kill_leftovers(
         return seating
     label, shard, pid = seating.left.get(machine, (machine, 0, None))
     grace = 0.0
-    if machine in seating.release_waits and health_policy.restart_stop != "kill":
+    if (
+        machine in seating.release_waits
+        and machine not in seating.kill_now
+        and health_policy.restart_stop != "kill"
+    ):
         grace = health_policy.stop_grace_s  # a drain ends its worker as a restart does
     out.append(KillLeftovers(machine=machine, label=label, shard=shard, pid=pid, grace_s=grace))
     retry = {m: t for m, t in seating.kill_retry_at.items() if m != machine}
@@ -512,6 +526,7 @@ def leftovers_killed(
         seats=seats,
         left={m: e for m, e in seating.left.items() if m != machine},
         release_waits={m: lb for m, lb in seating.release_waits.items() if m != machine},
+        kill_now=seating.kill_now - {machine},
         spare_freed=True,
     )
     if label is not None and label in hosts and connected(seating, machine_of(seating, label)):
@@ -542,8 +557,10 @@ def drain(
     hosts: Mapping[str, Host],
     *,
     health_policy: health.Policy,
+    reason: str = "drain",
 ) -> tuple[Seating, Failover, list[Said]] | Refusal:
-    """Move ``machine``'s label to a free spare for maintenance; it is fenced, then held."""
+    """Move ``machine``'s label to a free spare (for maintenance, or ``reason`` "lying":
+    rule 6); the machine is fenced, then held."""
     seats = seating.seats
     label = next((lb for lb, m in sorted(seats.serving.items()) if m == machine), None)
     if label is None:
@@ -556,10 +573,12 @@ def drain(
         shard=seats.shards[label],
         from_machine=machine,
         to_machine=free[0],
-        reason="drain",
+        reason=reason,
     )
     out: list[Said] = []
     seating = _moved(seating, move, hosts[label].pid, drained=True, out=out)
+    if reason == "lying":
+        seating = replace(seating, kill_now=seating.kill_now | {machine})
     seating = _kill_leftovers(seating, machine, health_policy, False, out)
     return seating, move, out
 

@@ -3,9 +3,9 @@
 ``Fleet`` coordinates sub-cores, each a frozen value with pure transitions that take ``now``
 and say what to do: ``failover.py`` (which machine serves each shard), ``signatures.py``
 (crash and probe signatures), ``freeze.py`` (the common-mode freeze), ``budget.py`` (the
-launch budget) and ``pointer.py`` (the pointer file). It keeps membership, start-up,
-shutdown and the operators' commands itself, feeds every host's core, and turns what the
-sub-cores say into actions (``vocabulary.py``), in order.
+launch budget), ``pointer.py`` (the pointer file) and ``rewards.py`` (rewards that lie). It
+keeps membership, start-up, shutdown and the operators' commands itself, feeds every host's
+core, and turns what the sub-cores say into actions (``vocabulary.py``), in order.
 
 Rules (DESIGN §4); the sub-cores state theirs:
 
@@ -39,6 +39,11 @@ Rules (DESIGN §4); the sub-cores state theirs:
    longer, lead (``LeadershipEnded``: deposed, or a standby that stops): at once and in
    every phase, nothing more is done, not even what the same batch asked for before the
    news came: no stop, no launch, no reply, no history write (the new leader owns it).
+8. Rewards that lie (``rewards.py``) are looked at every few seconds while a worker reports
+   its counts and the fleet runs (booted, not stopping). A host named as lying is
+   not ready (``all_ready``, ``view``), and its shard moves to a free spare as a drain
+   would move it (``failover.drain``, reason "lying"), tried again at each look while none
+   is free; it is never restarted for it.
 
 Theory of operation. ``Fleet`` is a sans-I/O state machine in the manner of h11's
 connection: the shell feeds batches of events with ``now`` (a monotonic reading) and
@@ -58,7 +63,7 @@ from dataclasses import replace
 from typing import Final, assert_never
 
 from supervisor import budget as budgets
-from supervisor import failover, freeze, health, lifecycle, signatures
+from supervisor import failover, freeze, health, lifecycle, rewards, signatures
 from supervisor import pointer as pointers
 from supervisor.health import WANT_RUNNING_STATES, Host, HostState
 from supervisor.records import record
@@ -167,6 +172,11 @@ class FleetView:
     launches_waiting: int
     launches_in_flight: int
     pointer: pointers.Pointer
+    #: Ready hosts named as lying (``rewards.py``): shown as ``vocabulary.LYING``, not ready.
+    lying: Mapping[str, rewards.Lie]
+    #: The rewards' evidence: every host's last look, the fleet's rates, the machines held
+    #: for lying, a fleet-wide signature.
+    rewards: rewards.Rewards
 
 
 class Fleet:
@@ -201,6 +211,9 @@ class Fleet:
         self._budget = budgets.Budget()
         self._pointer = pointers.Pointer()
         self._pointer_due = False
+        self._rewards = rewards.NONE
+        #: A host reports its reward counts while no look is due: one is, now.
+        self._rewards_wake = False
         self._seats_saved = self._seating.seats
         # Life cycle: boot, start-up, shutdown, halt.
         self._phase = lifecycle.Phase()
@@ -258,6 +271,8 @@ class Fleet:
             launches_waiting=len(self._budget.waiting),
             launches_in_flight=len(self._budget.in_flight),
             pointer=self._pointer,
+            lying=self._lying(),
+            rewards=self._rewards,
         )
 
     def host(self, name: str) -> Host | None:
@@ -303,6 +318,11 @@ class Fleet:
         return self._pointer
 
     @property
+    def rewards_state(self) -> rewards.Rewards:
+        """The rewards' evidence and verdicts."""
+        return self._rewards
+
+    @property
     def health_policy(self) -> health.Policy:
         """The per-host rules in force."""
         return self._health
@@ -310,13 +330,24 @@ class Fleet:
     @property
     def all_ready(self) -> bool:
         """The fleet is up: every host not stopped on purpose is ``ready`` (at least one),
-        and none is still joining or waiting for its shard. The one meaning of "all ready":
-        the pointer, ``wait-ready``, the status's ``all_ready`` and the demo use it."""
+        none is named as lying, and none is still joining or waiting for its shard. The one
+        meaning of "all ready": ``wait-ready``, the status's ``all_ready`` and the demo use
+        it. (The pointer file, the seed's one-time "workers are up" marker, waits for the
+        hosts' health alone: ``pointers.pointer_due``.)"""
         return (
             not self._joining
             and not self._waiting()
             and pointers.fleet_all_ready(self._hosts.values())
+            and not self._lying()
         )
+
+    def _lying(self) -> dict[str, rewards.Lie]:
+        """The ready hosts named as lying (a named host in another state shows that state)."""
+        return {
+            name: lie
+            for name, lie in self._rewards.named.items()
+            if name in self._hosts and self._hosts[name].state is S.READY
+        }
 
     @property
     def settled(self) -> bool:
@@ -369,6 +400,7 @@ class Fleet:
                 lifecycle.deadline_at(self._phase),
                 self._pointer.retry_at,
                 failover.deadline_at(self._seating),
+                None if self._phase.stopping else self._rewards.look_at,
             )
             if t is not None
         ]
@@ -407,6 +439,13 @@ class Fleet:
                 shutting_down=self._phase.stopping,
             )
             self._tell(said, now, out)
+        if (
+            self._phase.booted
+            and not self._phase.stopping
+            and (self._rewards_wake or rewards.due(self._rewards, now, self._policy.rewards))
+        ):
+            self._rewards_wake = False
+            self._look_at_rewards(now, out)
         if self._seating.seats is not self._seats_saved and self._seating.sparing:
             self._seats_saved = self._seating.seats
             out.append(_HISTORY_CHANGED)
@@ -567,6 +606,9 @@ class Fleet:
         for action in actions:
             self._host_action(name, host, action, now, out)
         self._arm(name, host.deadline_at)
+        if self._rewards.look_at is None and rewards.reports_counts(host.stats):
+            # Looks run only while a worker reports its counts: this one does (rule 8).
+            self._rewards_wake = self._policy.rewards.window_s > 0
         if health.history_changed(before, host):
             self._joined_histories[name] = health.history_of(host)
             out.append(_HISTORY_CHANGED)
@@ -737,6 +779,7 @@ class Fleet:
         self._stop_pending.discard(name)
         self._connect_seen.discard(name)
         self._signatures = signatures.forget(self._signatures, name)
+        self._rewards = rewards.forget(self._rewards, name)
         self._budget = budgets.launch_done(self._budget, name)
         machine = failover.machine_of(self._seating, name)
         self._seating = failover.unseat(self._seating, name)
@@ -887,6 +930,8 @@ class Fleet:
 
     def _unfreeze(self, event: UnfreezeRequested, now: float, out: list[Action]) -> None:
         self._clear_signatures("operator unfreeze", now, out)
+        self._rewards, said = rewards.accepted(self._rewards)
+        self._tell(said, now, out)
         was = self._watch.freeze.frozen
         self._watch, change = freeze.thawed_by_operator(self._watch, now)
         if change is not None:
@@ -918,6 +963,7 @@ class Fleet:
             out.append(Reply(token=event.token, refusal=result, message=message))
             return
         self._seating = result
+        self._rewards = rewards.undrained(self._rewards, event.host)
         out.append(Reply(token=event.token, result={"spare": event.host}))
 
     # --- start-up and shutdown -----------------------------------------------------------------
@@ -1025,6 +1071,30 @@ class Fleet:
     ) -> None:
         self._signatures, said = signatures.cleared(self._signatures, reason, kind)
         self._tell(said, now, out)
+
+    # --- rewards that lie ----------------------------------------------------------------------
+
+    def _look_at_rewards(self, now: float, out: list[Action]) -> None:
+        """Judge every host's rewards (``rewards.py``), then move the shards of the hosts
+        named as lying where a spare is free (rule 8)."""
+        policy = self._policy.rewards
+        machines = {name: failover.machine_of(self._seating, name) for name in self._hosts}
+        self._rewards, said = rewards.look(
+            self._rewards, self._hosts, machines, now=now, policy=policy
+        )
+        self._tell(said, now, out)
+        for name in rewards.to_move(self._rewards, policy):
+            machine = self._rewards.named[name].machine
+            result = failover.drain(
+                self._seating, machine, self._hosts, health_policy=self._health, reason="lying"
+            )
+            if isinstance(result, Refusal):
+                self._rewards, said = rewards.not_moved(self._rewards, name, _kept(result))
+                self._tell(said, now, out)
+                continue
+            self._seating, _move, said = result
+            self._rewards = rewards.moved(self._rewards, name)
+            self._tell(said, now, out)
 
     # --- the pointer file ----------------------------------------------------------------------
 
@@ -1189,6 +1259,14 @@ def fleet_action(name: str, machine: str, shard: int, host: Host, action: health
             )
         case _:
             assert_never(action)
+
+
+def _kept(refusal: Refusal) -> str:
+    """Why a lying host's shard stays where it is, in words (its machine serves it: the
+    rewards core clears a name whose host runs elsewhere before a move is tried)."""
+    if refusal is Refusal.NO_SPARES:
+        return "no spare is configured ([[spares]], read at start): it keeps serving, named"
+    return "no spare is free now: it keeps serving, named; tried again at each look"
 
 
 def _drain_refused(refusal: Refusal) -> str:

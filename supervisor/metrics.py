@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from supervisor import page
 from supervisor.errors import ControlError
 from supervisor.health import UNHEALTHY_STATES, Cause, HostState
+from supervisor.vocabulary import LYING
 
 log = structlog.get_logger("supervisor.metrics")
 
@@ -579,7 +580,8 @@ class _SnapshotCollector(Collector):
         by_state = GaugeMetricFamily(
             "reward_supervisor_hosts", "Hosts in each state.", labels=["state"]
         )
-        counts = {s.value: 0 for s in HostState}
+        # A ready host named as lying is counted as "lying" (not ready), from 0.
+        counts = {s.value: 0 for s in HostState} | {LYING: 0}
         for row in hosts.values():
             state = str(row.get("state"))
             counts[state] = counts.get(state, 0) + 1
@@ -643,12 +645,13 @@ class _SnapshotCollector(Collector):
             yield by_role
         failovers = CounterMetricFamily(
             "reward_supervisor_failovers",
-            "Shards moved to a spare, by reason (host_lost, drain).",
+            "Shards moved to a spare, by reason (host_lost, drain, lying).",
             labels=["reason"],
         )
-        for reason in ("drain", "host_lost"):
+        for reason in ("drain", "host_lost", "lying"):
             failovers.add_metric([reason], (daemon.get("failover_counts") or {}).get(reason, 0))
         yield failovers
+        yield from _fleet_rewards(daemon)
         yield _gauge("reward_supervisor_up", "1 while the daemon serves.", 1)
 
 
@@ -700,6 +703,76 @@ def _per_host(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         restarts.add_metric([name], float(row.get("restarts") or 0))
     yield from (state, age, ssh, restarts, stuck, probe_ok, probe_rtt)
     yield from _work(hosts)
+    yield from _host_rewards(hosts)
+
+
+def _host_rewards(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """Each host's recent zero and error rates (its last look: ``[rewards]``) and whether it
+    is named as lying; a host not looked at yet has no rate sample."""
+    zero = GaugeMetricFamily(
+        "reward_supervisor_host_zero_rate",
+        "The share of the host's recent scored results that scored 0 (its last"
+        " rewards.window_s or more).",
+        labels=["host"],
+    )
+    errors = GaugeMetricFamily(
+        "reward_supervisor_host_error_rate",
+        "The share of the host's recent results that were errors.",
+        labels=["host"],
+    )
+    lying = GaugeMetricFamily(
+        "reward_supervisor_host_rewards_lying",
+        "1 while the host is named as lying: its zero or error rate is out of line with the"
+        " rest of the fleet's (it is not ready).",
+        labels=["host"],
+    )
+    for name, row in sorted(hosts.items()):
+        rewards = row.get("rewards")
+        if not isinstance(rewards, Mapping):
+            continue
+        lying.add_metric([name], 1 if rewards.get("verdict") == "lying" else 0)
+        if rewards.get("zero_rate") is not None:
+            zero.add_metric([name], float(rewards["zero_rate"]))
+        if rewards.get("error_rate") is not None:
+            errors.add_metric([name], float(rewards["error_rate"]))
+    yield from (zero, errors, lying)
+
+
+def _fleet_rewards(daemon: Mapping[str, Any]) -> Iterator[Metric]:
+    """The fleet's recent rates (the median of the hosts'), the hosts named as lying, the
+    machines held for it, and the fleet-wide reward signature."""
+    rewards = daemon.get("rewards")
+    if not isinstance(rewards, Mapping):
+        return
+    # Served from the start, with a sample once a host is judged (before that there is no
+    # rate, and 0 would be a claim).
+    for key, documentation in (
+        ("zero", "The median of the judged hosts' recent zero rates (hosts named lying left out)."),
+        (
+            "error",
+            "The median of the judged hosts' recent error rates (hosts named lying left out).",
+        ),
+    ):
+        family = GaugeMetricFamily(f"reward_supervisor_fleet_{key}_rate", documentation)
+        if rewards.get(f"fleet_{key}_rate") is not None:
+            family.add_metric([], float(rewards[f"fleet_{key}_rate"]))
+        yield family
+    yield _gauge(
+        "reward_supervisor_rewards_lying_hosts",
+        "Hosts named as lying now (moved to a spare or not).",
+        len(rewards.get("lying") or ()),
+    )
+    yield _gauge(
+        "reward_supervisor_rewards_held_machines",
+        "Machines held out of service for lying, until an operator undrains them.",
+        len(rewards.get("held") or ()),
+    )
+    yield _gauge(
+        "reward_supervisor_reward_signature",
+        "1 while most of the fleet's rewards are out of line with their own past at once (a"
+        " deploy, a shared dependency): nothing is moved or restarted for it.",
+        1 if rewards.get("signature") else 0,
+    )
 
 
 def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
@@ -714,6 +787,11 @@ def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
     errors = CounterMetricFamily(
         "reward_worker_task_errors",
         "Tasks the host's current worker finished with an error result (a failed trainer call).",
+        labels=["host"],
+    )
+    zeros = CounterMetricFamily(
+        "reward_worker_tasks_zero",
+        "Tasks the host's current worker scored exactly 0 (its semantic_zero).",
         labels=["host"],
     )
     in_flight = GaugeMetricFamily(
@@ -746,13 +824,15 @@ def _work(hosts: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
             continue
         if work.get("errors") is not None:
             errors.add_metric([name], float(work["errors"]))
+        if work.get("semantic_zero") is not None:
+            zeros.add_metric([name], float(work["semantic_zero"]))
         if work.get("queue_depth") is not None:
             shard = str(row.get("shard"))
             queue.add_metric([name, shard], float(work["queue_depth"]))
             backlog.add_metric([shard], float(work["queue_depth"]))
         if work.get("rss_bytes") is not None:
             rss.add_metric([name], float(work["rss_bytes"]))
-    yield from (finished, errors, in_flight, queue, backlog, rss)
+    yield from (finished, errors, zeros, in_flight, queue, backlog, rss)
 
 
 _UNHEALTHY: Final = frozenset(s.value for s in UNHEALTHY_STATES)

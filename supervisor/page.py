@@ -19,7 +19,7 @@ from typing import Any, Final, TypeGuard
 from urllib.parse import quote
 
 from supervisor import health, vocabulary
-from supervisor.render import memory_text, work_text
+from supervisor.render import memory_text, rewards_text, work_text
 from supervisor.terminal import terminal_text
 
 #: The script fetches the page again this often and swaps the live part in place: the
@@ -42,6 +42,7 @@ TEXT_CHARS: Final = 64 * 1024
 #: with the problems, before the states that need nobody.
 _RANK: Final = {
     health.HostState.FAILED.value: 0,
+    vocabulary.LYING: 1,
     health.HostState.STALE.value: 1,
     health.HostState.COOLING_DOWN.value: 2,
     health.HostState.STARTING.value: 4,
@@ -80,6 +81,7 @@ font:12px/1.25 ui-monospace,monospace;overflow:hidden;white-space:nowrap;text-ov
 .s-stale{background:var(--warn)}.s-cooling_down{background:var(--cool);color:#111}
 .s-failed{background:var(--bad)}.s-stopping,.s-stopped{background:var(--stop)}
 .s-waiting{background:var(--wait);color:#111}.s-other{background:#8250df}
+.s-lying{background:#a40e6c}
 .state{padding:.1em .5em;border-radius:3px;color:#fff}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em}dt{color:var(--mute)}dd{margin:0}
 pre{white-space:pre-wrap;word-break:break-all;padding:.5em;border:1px solid var(--mute);
@@ -200,7 +202,7 @@ def fleet_page(status: Mapping[str, Any]) -> str:
             _daemon_line(daemon),
             *_banners(daemon),
             _counts(hosts),
-            _flow(hosts),
+            _flow(hosts, daemon),
             _tiles(hosts),
         ]
     )
@@ -302,6 +304,22 @@ def _banners(daemon: Mapping[str, Any]) -> list[str]:
         out.append(_banner("crit", "CRASH SIGNATURE", detail))
     for sig in _items(daemon.get("probe_signatures")):
         out.append(_banner("crit", "PROBE SIGNATURE", _described(sig)))
+    rewards = _mapping(daemon.get("rewards"))
+    signature = rewards.get("signature")
+    if signature:
+        out.append(
+            _banner(
+                "crit",
+                "REWARD SIGNATURE",
+                _described(signature)
+                + "; one cause (a deploy, a shared dependency): nothing is moved or restarted;"
+                " `reward-supervisor unfreeze` takes the rates now as normal",
+            )
+        )
+    for name in _items(rewards.get("lying")):
+        out.append(_banner("crit", "REWARDS LIE", f"{name} is not ready: its rewards are wrong"))
+    for held in _items(rewards.get("held")):
+        out.append(_banner("info", "HELD FOR LYING", _described(held) + "; fix it, then `undrain`"))
     for move in _items(daemon.get("failovers")):
         out.append(_banner("warn", "FAILOVER", _described(move)))
     pointer = daemon.get("pointer")
@@ -355,7 +373,7 @@ def _banner(level: str, label: str, detail: str) -> str:
 
 def _counts(hosts: Mapping[str, Mapping[str, Any]]) -> str:
     counts = Counter(str(row.get("state")) for row in hosts.values())
-    states = [s.value for s in health.HostState]
+    states = [s.value for s in health.HostState] + [vocabulary.LYING]
     states += sorted(s for s in counts if s not in states)
     items = [
         f'<li class="{state_class(s)}{"" if counts.get(s) else " zero"}">'
@@ -366,9 +384,9 @@ def _counts(hosts: Mapping[str, Mapping[str, Any]]) -> str:
     return f'<ul class="counts">{total}{"".join(items)}</ul>'
 
 
-def _flow(hosts: Mapping[str, Mapping[str, Any]]) -> str:
+def _flow(hosts: Mapping[str, Mapping[str, Any]], daemon: Mapping[str, Any]) -> str:
     """The fleet's reward flow from the workers' own figures: tasks finished a minute, the
-    shards' backlog, error results."""
+    shards' backlog, error results, and the fleet's recent zero and error rates."""
     rates = [r["tasks_per_min"] for r in hosts.values() if _number(r.get("tasks_per_min"))]
     works = [w for r in hosts.values() if isinstance(w := r.get("work"), Mapping)]
     backlog = [w["queue_depth"] for w in works if _number(w.get("queue_depth"))]
@@ -383,6 +401,13 @@ def _flow(hosts: Mapping[str, Mapping[str, Any]]) -> str:
         parts.append(f"backlog <b>{sum(backlog):,}</b> tasks in {len(backlog)} shards")
     if errors:
         parts.append(f"<b>{sum(errors):,}</b> error results (current workers)")
+    rewards = _mapping(daemon.get("rewards"))
+    zero, error = rewards.get("fleet_zero_rate"), rewards.get("fleet_error_rate")
+    if _number(zero) or _number(error):
+        parts.append(
+            f"recent zero rate <b>{_percent(zero)}</b>, error rate <b>{_percent(error)}</b>"
+            " (median of hosts)"
+        )
     legend = '<span class="mute"> · a ready tile: tasks/min, q queue, e errors</span>'
     return f'<p class="flow">rewards: {" · ".join(parts)}{legend}</p>'
 
@@ -477,6 +502,9 @@ def _host_facts(detail: Mapping[str, Any]) -> str:
     age = detail.get("heartbeat_age_s")
     rows.append(("heartbeat", "no heartbeat seen yet" if age is None else f"{_age(age)} ago"))
     rows.append(("progress", _progress(detail.get("progress"))))
+    rewards = detail.get("rewards")
+    if isinstance(rewards, Mapping):
+        rows.append(("rewards", rewards_text(rewards)))
     work = detail.get("work")
     if isinstance(work, Mapping):
         rows.append(("work (its own figures)", _work(work, detail.get("progress"))))
@@ -619,6 +647,10 @@ def _mapping(value: object) -> Mapping[str, Any]:
 def _number(value: object) -> TypeGuard[int | float]:
     """A finite number (not a bool, NaN or an infinity)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _percent(value: object) -> str:
+    return f"{100 * value:.0f}%" if _number(value) else "-"
 
 
 def _dash(value: object) -> str:

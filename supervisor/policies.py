@@ -65,6 +65,31 @@ class HealthPolicy:
 
 
 @record
+class RewardsPolicy:
+    """``[rewards]``: when a host's rewards are out of line with the fleet's (``rewards.py``).
+
+    The defaults name a host that scores everything 0 (or fails every task) within about 30 s
+    of the trainer's calls at a few tasks a second per host, and never one whose zero rate is
+    within the +-30 % of the fleet's that hashing tasks to shards leaves between hosts."""
+
+    #: A host's recent tasks: those its worker finished in this long, and longer (up to
+    #: ``rewards.MAX_WINDOW_S``) until they are ``min_tasks``. 0: rewards are not judged.
+    window_s: float = 10.0
+    #: A host is judged only with this many recent results (its zero rate, with this many
+    #: scored ones); fewer say too little.
+    min_tasks: int = 200
+    #: A host may score 0 (or fail) this many times as often as the rest of the fleet before
+    #: it is out of line (and never more than three quarters of the way to 100 %).
+    tolerance: float = 2.0
+    #: Out of line at every look for this long: named.
+    sustain_s: float = 15.0
+    #: A named host back in line for this long: cleared.
+    clear_s: float = 60.0
+    #: A named host's shard moves to a free spare (``[[spares]]``); false: it is only named.
+    move: bool = True
+
+
+@record
 class FleetPolicy:
     """``[fleet]`` settings and the fleet's own deadlines (``fleet.FleetPolicy``)."""
 
@@ -88,6 +113,8 @@ class FleetPolicy:
     #: ``[failover] after_s``: a machine down this long with its heartbeat this old is lost
     #: and its shard moves to a spare (only with ``[[spares]]``).
     failover_after_s: float = 11.0
+    #: ``[rewards]``: hosts whose rewards lie (zero scores, error results).
+    rewards: RewardsPolicy = RewardsPolicy()
 
 
 @record

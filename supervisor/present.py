@@ -189,6 +189,49 @@ class Presenter:
             "shard.no_free_spare", reason=f"{action.label} lost ({action.machine}): no free spare"
         )
 
+    def lying_host_named(self, action: vocabulary.LyingHostNamed) -> None:
+        """``rewards.lying``: a host's rewards are out of line with the fleet's; it is not
+        ready from now on (its shard moves to a spare where one is free)."""
+        log.warning(
+            "rewards.lying",
+            host=action.host,
+            machine=action.machine,
+            kinds=list(action.kinds),
+            reason=action.reason,
+        )
+        self.publish_event("rewards.lying", reason=f"{action.host}: {action.reason}")
+        self.publish_status(force=True)
+
+    def lying_host_kept(self, action: vocabulary.LyingHostKept) -> None:
+        """``rewards.not_moved``: a host named as lying keeps serving its shard."""
+        log.error(
+            "rewards.not_moved", host=action.host, machine=action.machine, reason=action.reason
+        )
+        self.publish_event("rewards.not_moved", reason=f"{action.host}: {action.reason}")
+
+    def lying_host_cleared(self, action: vocabulary.LyingHostCleared) -> None:
+        """``rewards.cleared``: a host is no longer named as lying."""
+        log.info("rewards.cleared", host=action.host, machine=action.machine, reason=action.reason)
+        self.publish_event("rewards.cleared", reason=f"{action.host}: {action.reason}")
+        self.publish_status(force=True)
+
+    def reward_signature_found(self, action: vocabulary.RewardSignatureFound) -> None:
+        """``fleet.reward_signature``: most of the fleet's rewards moved out of line at once."""
+        log.error(
+            "fleet.reward_signature",
+            kinds=list(action.kinds),
+            hosts=list(action.hosts),
+            reason=action.reason,
+        )
+        self.publish_event("fleet.reward_signature", reason=action.reason)
+        self.publish_status(force=True)
+
+    def reward_signature_cleared(self, action: vocabulary.RewardSignatureCleared) -> None:
+        """``fleet.reward_signature_cleared``: the fleet-wide reward signature is over."""
+        log.warning("fleet.reward_signature_cleared", reason=action.reason)
+        self.publish_event("fleet.reward_signature_cleared", reason=action.reason)
+        self.publish_status(force=True)
+
     def exit_reported(self, action: vocabulary.ExitReported) -> None:
         """A worker's exit its machine's agent pushed: ``worker.exit_reported`` for a host's,
         ``spare.exit_reported`` for a leftover of a machine serving none."""
@@ -431,7 +474,14 @@ class Presenter:
         policy = shown.health_policy
         hosts = {
             name: {
-                **view.shown_row(host, self._settings(shown, name), now, policy),
+                **view.shown_row(
+                    host,
+                    self._settings(shown, name),
+                    now,
+                    policy,
+                    lie=shown.lying.get(name),
+                    reward_row=view.rewards_row(shown.rewards, name, now),
+                ),
                 "machine": shown.machines[name],
             }
             for name, host in shown.hosts.items()
@@ -454,6 +504,8 @@ class Presenter:
             shown.health_policy,
             detail=True,
             wall_now=time.time(),
+            lie=shown.lying.get(name),
+            reward_row=view.rewards_row(shown.rewards, name, now),
         )
         return {
             "daemon": self._daemon_row(shown, now),
@@ -469,7 +521,14 @@ class Presenter:
         host = self._core.host(name)
         if host is None:  # it left between the command and its answer
             raise ControlError(f"unknown host {name!r}", code=Refusal.UNKNOWN_HOST)
-        row = view.host_row(host, self._settings(shown, name), now, shown.health_policy)
+        row = view.host_row(
+            host,
+            self._settings(shown, name),
+            now,
+            shown.health_policy,
+            lie=shown.lying.get(name),
+            reward_row=view.rewards_row(shown.rewards, name, now),
+        )
         return {"host": name, **row}
 
     def _settings(self, shown: fleet.FleetView, name: str) -> HostConfig:
@@ -549,6 +608,9 @@ class Presenter:
             "failover_counts": dict(shown.failover_counts),
             "launches_waiting": shown.launches_waiting,
             "launches_in_flight": shown.launches_in_flight,
+            #: Rewards that lie (``[rewards]``): the fleet's rates, the hosts named, the
+            #: machines held for it, a fleet-wide signature.
+            "rewards": view.fleet_rewards_row(shown.rewards, self._shell.config.fleet.rewards, now),
             "status_parse_errors": getattr(watcher, "parse_errors", 0),
             "pointer": view.pointer_row(
                 self._shell.config.run.pointer_file,

@@ -23,14 +23,17 @@ STATE_ORDER: Final = (
     "stopping",
     "stopped",
 )
+#: ``vocabulary.LYING``: a ready host whose rewards are named as lying (not a health state;
+#: a unit test keeps the two equal). It counts last in a summary: it needs someone most.
+LYING: Final = "lying"
 
 
 def summary(states: Iterable[str]) -> str:
-    """``48/50 ready, 1 cooling_down, 1 starting``: the one line for STATUS= and humans."""
+    """``48/50 ready, 1 cooling_down, 1 lying``: the one line for STATUS= and humans."""
     counts = Counter(states)
     total = sum(counts.values())
     parts = [f"{counts.get('ready', 0)}/{total} ready"]
-    parts += [f"{counts[s]} {s}" for s in STATE_ORDER if s != "ready" and counts.get(s)]
+    parts += [f"{counts[s]} {s}" for s in (*STATE_ORDER, LYING) if s != "ready" and counts.get(s)]
     return ", ".join(parts)
 
 
@@ -63,6 +66,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             )
         )
         lines += [terminal_text(line) for line in crash_signature_lines(daemon)]
+        lines += [terminal_text(line) for line in rewards_lines(daemon)]
         pointer = daemon.get("pointer")
         if isinstance(pointer, Mapping) and pointer.get("error"):
             retry = pointer.get("retry_in_s")
@@ -83,6 +87,7 @@ def render_table(status: Mapping[str, Any]) -> str:
         "RESTARTS",
         "NEXT",
         "TASKS",
+        "ZERO/ERR",
         "LAST REASON",
     )
     rows: list[tuple[str, ...]] = [header]
@@ -101,6 +106,7 @@ def render_table(status: Mapping[str, Any]) -> str:
             _dash(row.get("restarts")),
             "held" if row.get("restart_held") else _age(row.get("next_restart_in_s")),
             _tasks_cell(row),
+            _rates_cell(row.get("rewards")),
             str(row.get("last_reason") or row.get("last_error") or ""),
         )
         # Escaped before measuring, so widths are those of what is shown.
@@ -131,6 +137,49 @@ def _tasks_cell(row: Mapping[str, Any]) -> str:
     if work.get("queue_depth") is not None:
         cell += f" q{work['queue_depth']}"
     return cell
+
+
+def _rates_cell(rewards: object) -> str:
+    """A host's recent zero and error rates (``31%/0%``), ``-`` where not judged yet."""
+    if not isinstance(rewards, Mapping) or rewards.get("results") is None:
+        return "-"
+    return f"{_percent(rewards.get('zero_rate'))}/{_percent(rewards.get('error_rate'))}"
+
+
+def _percent(rate: object) -> str:
+    return f"{100 * rate:.0f}%" if isinstance(rate, int | float) else "-"
+
+
+def rewards_lines(daemon: Mapping[str, Any]) -> list[str]:
+    """The fleet's rewards when something is wrong with them (``status --json``'s
+    ``rewards``): a fleet-wide signature, the hosts named as lying, the machines held for
+    it; unescaped."""
+    rewards = daemon.get("rewards")
+    if not isinstance(rewards, Mapping):
+        return []
+    lines = []
+    signature = rewards.get("signature")
+    if isinstance(signature, Mapping):
+        lines.append(
+            f"REWARD SIGNATURE for {_duration(signature.get('since_s'))}:"
+            f" {signature.get('reason')}; one cause (a deploy, a shared dependency): nothing"
+            " is moved or restarted; `reward-supervisor unfreeze` takes the rates now as normal"
+        )
+    lying = rewards.get("lying") or []
+    if lying:
+        fleet = (
+            f"fleet zero rate {_percent(rewards.get('fleet_zero_rate'))},"
+            f" error rate {_percent(rewards.get('fleet_error_rate'))}"
+        )
+        lines.append(f"REWARDS LIE on {', '.join(str(h) for h in lying)} ({fleet}): not ready")
+    for held in rewards.get("held") or []:
+        if isinstance(held, Mapping):
+            lines.append(
+                f"{held.get('machine')} held for lying ({held.get('host')} moved off it, named"
+                f" {_duration(held.get('since_s'))} ago: {held.get('reason')});"
+                " fix it, then `reward-supervisor undrain`"
+            )
+    return lines
 
 
 def crash_signature_lines(daemon: Mapping[str, Any]) -> list[str]:
@@ -259,6 +308,9 @@ def render_host(detail: Mapping[str, Any]) -> str:
         if restart.get("held"):
             text += f", held: {restart['held']}"
         say(text, 2)
+    rewards = detail.get("rewards")
+    if isinstance(rewards, Mapping):
+        say(f"rewards: {rewards_text(rewards)}", 2)
     probe = detail.get("last_probe")
     if isinstance(probe, Mapping):
         age = probe.get("age_s")
@@ -299,6 +351,26 @@ def render_host(detail: Mapping[str, Any]) -> str:
             for line in lines:
                 say(line, 4)
     return "\n".join(out)
+
+
+def rewards_text(rewards: Mapping[str, Any]) -> str:
+    """``in line: zero rate 31% (fleet 30%), error rate 0% (fleet 0%), 450 results in 10s``."""
+    verdict = str(rewards.get("verdict") or "?")
+    if rewards.get("results") is None:
+        text = verdict
+    else:
+        text = (
+            f"{verdict}: zero rate {_percent(rewards.get('zero_rate'))}"
+            f" (fleet {_percent(rewards.get('fleet_zero_rate'))}), error rate"
+            f" {_percent(rewards.get('error_rate'))} (fleet"
+            f" {_percent(rewards.get('fleet_error_rate'))}), {rewards.get('results')} results"
+            f" in {_duration(rewards.get('window_s'))}"
+        )
+    if rewards.get("reason"):
+        text += f"; named for {_duration(rewards.get('named_for_s'))}: {rewards['reason']}"
+        if rewards.get("kept"):
+            text += " (its shard could not be moved)"
+    return text
 
 
 def work_text(work: Mapping[str, Any] | None, in_flight: object = None) -> str:

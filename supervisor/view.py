@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from supervisor import health, pointer, runfiles, vocabulary
+from supervisor import health, pointer, rewards, runfiles, vocabulary
 from supervisor.config import Config, HostConfig
 from supervisor.layout import RunLayout, layout_of
+from supervisor.policies import RewardsPolicy
 from supervisor.render import summary
 from supervisor.statusfiles import MISSING, StatusProblem, StatusRecord, read_exit, read_status
 from supervisor.terminal import terminal_text
@@ -27,16 +28,24 @@ if TYPE_CHECKING:
 
 
 def host_row(
-    host: health.Host, cfg: HostConfig, now: float, policy: health.Policy
+    host: health.Host,
+    cfg: HostConfig,
+    now: float,
+    policy: health.Policy,
+    *,
+    lie: rewards.Lie | None = None,
+    reward_row: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The status of one host as plain JSON (DESIGN §7 fields, plus more)."""
+    """The status of one host as plain JSON (DESIGN §7 fields, plus more). A ready host the
+    fleet named as lying (``lie``) shows ``vocabulary.LYING`` and the lie as its reason;
+    ``reward_row`` is its row of ``rewards_row``."""
     age = health.heartbeat_age_s(host, now)
     # A held restart has no time: it waits for the hold's release (its backoff is kept for then).
     held = host.held is not None
     next_at = None if held else host.next_restart_at
     next_in = None if next_at is None else max(0.0, next_at - now)
     return {
-        "state": host.state.value,
+        "state": host.state.value if lie is None else vocabulary.LYING,
         "shard": cfg.shard,
         "pid": host.pid,
         "ssh": "connected" if host.ssh_up else "unreachable",
@@ -49,7 +58,7 @@ def host_row(
         "planned_restarts": {who.value: n for who, n in host.planned_restarts},
         "planned": None if host.planned is None else host.planned.value,
         "failures": host.failures,
-        "last_reason": host.reason,
+        "last_reason": host.reason if lie is None else f"rewards lie: {lie.reason}",
         #: Why the worker was last found unhealthy, as a code (``health.Cause``), kept after
         #: it recovers: metrics and alerts read the code, never ``last_reason``'s words.
         "last_cause": None if host.cause_code is None else host.cause_code.value,
@@ -73,6 +82,90 @@ def host_row(
         "work": work_row(host.stats, _of_worker(host, now), now),
         #: The last reward probe answered (``[probe]``), or None.
         "last_probe": _last_probe(host, now),
+        #: Its recent zero and error rates beside the fleet's, and the verdict (``[rewards]``).
+        "rewards": reward_row,
+    }
+
+
+def rewards_row(state: rewards.Rewards, name: str, now: float) -> dict[str, Any] | None:
+    """What the last look at ``name``'s rewards found: its recent tasks, its zero and error
+    rates beside the fleet's (the median of the other hosts'), and the verdict: ``lying``
+    (named: ``reason`` says why), ``out of line`` (not for long enough yet), ``in line``, or
+    ``not judged`` (too few tasks, or no other host to compare with). None: never looked at
+    (no worker reports its counts)."""
+    host = state.hosts.get(name)
+    look = None if host is None else host.last
+    named = state.named.get(name)
+    if look is None and named is None:
+        return None
+    row: dict[str, Any] = {}
+    if look is not None:
+        recent = look.recent
+        row.update(
+            {
+                "window_s": round(look.span_s, 1),
+                "results": round(recent.results),
+                "scored": round(recent.scored),
+                "zero": round(recent.zero),
+                "errors": round(recent.errors),
+                "zero_rate": _rounded(recent.zero_rate, 4),
+                "error_rate": _rounded(recent.error_rate, 4),
+                "fleet_zero_rate": _rounded(look.fleet_zero, 4),
+                "fleet_error_rate": _rounded(look.fleet_error, 4),
+                "out_of_line": list(look.out),
+                "out_of_line_with_its_past": list(look.past_out),
+                "age_s": _age_of(host.looked_at if host is not None else None, now),
+            }
+        )
+    if named is not None:
+        verdict = "lying"
+    elif look is not None and look.out:
+        verdict = "out of line"
+    elif look is not None and look.judged:
+        verdict = "in line"
+    else:
+        verdict = "not judged"
+    row["verdict"] = verdict
+    if named is not None:
+        row.update(
+            {
+                "reason": named.reason,
+                "kinds": list(named.kinds),
+                "named_on": named.machine,
+                "named_for_s": _age_of(named.since_at, now),
+                "kept": name in state.kept,
+            }
+        )
+    return row
+
+
+def fleet_rewards_row(state: rewards.Rewards, policy: RewardsPolicy, now: float) -> dict[str, Any]:
+    """The fleet's side of rewards that lie, for ``status``'s daemon row: the fleet's rates,
+    the hosts named, the machines held for lying (until ``undrain``), a fleet-wide
+    signature."""
+    signature = state.signature
+    return {
+        "judged": policy.window_s > 0,
+        "fleet_zero_rate": _rounded(state.fleet_zero, 4),
+        "fleet_error_rate": _rounded(state.fleet_error, 4),
+        "lying": sorted(state.named),
+        "held": [
+            {
+                "machine": machine,
+                "host": lie.host,
+                "reason": lie.reason,
+                "since_s": _age_of(lie.since_at, now),
+            }
+            for machine, lie in sorted(state.held.items())
+        ],
+        "signature": None
+        if signature is None
+        else {
+            "kinds": list(signature.kinds),
+            "hosts": sorted(signature.hosts),
+            "reason": signature.reason,
+            "since_s": _age_of(signature.since_at, now),
+        },
     }
 
 
@@ -158,11 +251,13 @@ def host_detail(
     policy: health.Policy,
     *,
     wall_now: float | None = None,
+    lie: rewards.Lie | None = None,
+    reward_row: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything ``status HOST`` shows of one host, as plain JSON: its row, then progress,
     restarts, the last exit and the last evidence in full. With ``wall_now`` (Unix time at
     ``now``), each instant is also given as Unix time (``*_at``)."""
-    row = host_row(host, cfg, now, policy)
+    row = host_row(host, cfg, now, policy, lie=lie, reward_row=reward_row)
     next_in = row["next_restart_in_s"]
     detail = {
         **row,
@@ -211,13 +306,17 @@ def shown_row(
     *,
     detail: bool = False,
     wall_now: float | None = None,
+    lie: rewards.Lie | None = None,
+    reward_row: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A host as ``Fleet.view`` gives it: its row (``detail``: in full), or a waiting one's."""
     if isinstance(shown, vocabulary.Member):
         return waiting_row(shown)
     if detail:
-        return host_detail(shown, cfg, now, policy, wall_now=wall_now)
-    return host_row(shown, cfg, now, policy)
+        return host_detail(
+            shown, cfg, now, policy, wall_now=wall_now, lie=lie, reward_row=reward_row
+        )
+    return host_row(shown, cfg, now, policy, lie=lie, reward_row=reward_row)
 
 
 def _wall(wall_now: float, seconds: float | None, *, ahead: bool) -> float | None:
@@ -338,15 +437,27 @@ def pointer_row(
 
 def status_line(fleet_view: fleet.FleetView) -> str:
     """The one line for ``STATUS=`` (``systemctl status``) and ``status``'s ``summary``: the
-    states of the joined hosts, led by what holds restarts (a freeze, crash signatures). A
-    signature quotes a worker's log line, and systemctl prints the line raw: it is escaped
-    here."""
+    states of the joined hosts (a host named as lying counts as ``lying``), led by what
+    holds restarts (a freeze, crash signatures) and what makes rewards wrong (lying hosts, a
+    fleet-wide reward signature). A signature quotes a worker's log line, and systemctl
+    prints the line raw: it is escaped here."""
     shown = fleet_view.hosts
     text = summary(
-        h.state.value
+        vocabulary.LYING if name in fleet_view.lying else h.state.value
         for name, h in shown.items()
         if isinstance(h, health.Host) and name not in fleet_view.joining
     )
+    lying = sorted(fleet_view.lying)
+    if lying:
+        more = f" and {len(lying) - 3} more" if len(lying) > 3 else ""
+        text = f"REWARDS LIE on {', '.join(lying[:3])}{more}; {text}"
+    reward_signature = fleet_view.rewards.signature
+    if reward_signature is not None:
+        text = (
+            f"REWARD SIGNATURE ({', '.join(reward_signature.kinds)} rate):"
+            f" {len(reward_signature.hosts)} hosts out of line with their own past at once,"
+            f" nothing moved; {text}"
+        )
     if fleet_view.frozen:
         finding = f"{fleet_view.finding}; " if fleet_view.finding else ""
         text = f"FROZEN ({finding}restarts held: {fleet_view.frozen_reason}); {text}"

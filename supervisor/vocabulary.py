@@ -27,6 +27,9 @@ from supervisor.refusals import Refusal as Refusal
 WAITING: Final = "waiting"
 #: Why such a host waits, as ``status`` says it.
 WAITING_REASON: Final = "shard busy"
+#: The state ``status`` shows for a ``ready`` host whose rewards are named as lying
+#: (``rewards.py``): its worker runs, but what it scores is wrong, so it is not ready.
+LYING: Final = "lying"
 
 
 # --------------------------------------------------------------------------------------
@@ -534,7 +537,7 @@ class Failover:
     shard: int
     from_machine: str
     to_machine: str
-    #: "host_lost" or "drain".
+    #: "host_lost", "drain" or "lying" (``rewards.py``).
     reason: str
 
 
@@ -582,6 +585,53 @@ class ExitReported:
     exit_code: int | None = None
     signal: int | None = None
     reaped: int | None = None
+
+
+@record
+class LyingHostNamed:
+    """``host``'s rewards are out of line with the rest of the fleet's (``reason`` gives its
+    rates beside the fleet's): it is not ready from now on; logged as ``rewards.lying``."""
+
+    host: str
+    machine: str
+    #: "zero" (scores of 0), "error" (error results), or both.
+    kinds: tuple[str, ...]
+    reason: str
+
+
+@record
+class LyingHostKept:
+    """A host named as lying keeps serving its shard: it cannot be moved (``reason``)."""
+
+    host: str
+    machine: str
+    reason: str
+
+
+@record
+class LyingHostCleared:
+    """``host`` is no longer named as lying (``reason``)."""
+
+    host: str
+    machine: str
+    reason: str
+
+
+@record
+class RewardSignatureFound:
+    """Most of the fleet's rewards moved out of line with their own past at once: one cause
+    (a deploy, a shared dependency); nothing is moved or restarted for it."""
+
+    kinds: tuple[str, ...]
+    hosts: tuple[str, ...]
+    reason: str
+
+
+@record
+class RewardSignatureCleared:
+    """The fleet-wide reward signature is over (``reason``)."""
+
+    reason: str
 
 
 @record
@@ -642,6 +692,11 @@ Action = (
     | CrashSignatureCleared
     | HistoryChanged
     | ExitReported
+    | LyingHostNamed
+    | LyingHostKept
+    | LyingHostCleared
+    | RewardSignatureFound
+    | RewardSignatureCleared
 )
 
 #: What a fleet sub-core says: actions for the shell, and words for the per-host cores.

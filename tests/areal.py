@@ -53,6 +53,7 @@ COORDINATOR_MODULES: Final = (WORKER_MODULE, REFERENCE_WORKER_MODULE)
 EXACT: Final = "tests.rewardfns.exact"
 SLOWISH: Final = "tests.rewardfns.slowish"
 HANG_IF_MARKER: Final = "tests.rewardfns.hang_if_marker"
+ZERO_IF_MARKER: Final = "tests.rewardfns.zero_if_marker"
 BROKEN_IMPORT: Final = "tests.rewardfns_missing.reward_fn"
 #: The worker environment variable ``hang_if_marker`` reads (``{host}`` filled in per host).
 HANG_MARKER_ENV: Final = "TRAINER_HANG_MARKER"
@@ -452,6 +453,8 @@ class Call:
     #: One of ``KINDS`` for a failed call, None for an OK one.
     kind: str | None = None
     message: str | None = None
+    #: An OK call's score.
+    score: float | None = None
 
     @property
     def latency_s(self) -> float:
@@ -476,6 +479,8 @@ class LoadSummary:
     p99_s: float
     #: Calls still running when the load stopped (cancelled; neither OK nor failed).
     unfinished: int
+    #: OK calls that scored 0 (a wrong answer, or a reward that lies).
+    zero_scored: int = 0
 
     @property
     def failed_total(self) -> int:
@@ -591,7 +596,7 @@ class TrainerLoad:
             _TASK_ID.set(None)
             start = self._in_progress[index] = time.monotonic()
             try:
-                await self.client(PROMPT, COMPLETIONS, answer=ANSWER, **self.call_kwargs)
+                score = await self.client(PROMPT, COMPLETIONS, answer=ANSWER, **self.call_kwargs)
             except asyncio.CancelledError:
                 self._in_progress.pop(index, None)
                 self.unfinished += 1
@@ -604,15 +609,21 @@ class TrainerLoad:
                 await asyncio.sleep(FAILURE_PAUSE_S)  # wait-ok: the trainer's pause, see above
             else:
                 del self._in_progress[index]
-                self._record(start, ok=True)
+                self._record(start, ok=True, score=float(score))
 
     def _record(
-        self, start: float, *, ok: bool, kind: str | None = None, message: str | None = None
+        self,
+        start: float,
+        *,
+        ok: bool,
+        kind: str | None = None,
+        message: str | None = None,
+        score: float | None = None,
     ) -> None:
         """Append one finished call (its shard from the task id the client drew)."""
         task_id = _TASK_ID.get()
         shard = self._shard_of(task_id) if task_id is not None else None
-        self.calls.append(Call(start, time.monotonic(), ok, shard, kind, message))
+        self.calls.append(Call(start, time.monotonic(), ok, shard, kind, message, score))
         self._changed.set()
 
     # --- waiting ---------------------------------------------------------------------------
@@ -640,6 +651,19 @@ class TrainerLoad:
             raise AssertionError(
                 f"timed out after {timeout_s:g}s waiting for {what}; load so far: {summary}"
             ) from None
+
+    def scores(
+        self, *, since: float = -math.inf, shards: Iterable[int] | None = None
+    ) -> tuple[int, int]:
+        """``(zero, ok)``: OK calls that ended after ``since`` (on ``shards``, if given), and
+        how many of them scored 0 (the trainer's own zero rate)."""
+        wanted = None if shards is None else set(shards)
+        ok = [
+            c
+            for c in self.calls
+            if c.ok and c.end >= since and (wanted is None or c.shard in wanted)
+        ]
+        return sum(1 for c in ok if c.score == 0.0), len(ok)
 
     def oldest_in_progress(self) -> float | None:
         """When the oldest call still in progress started (None: none is)."""
@@ -712,6 +736,7 @@ class TrainerLoad:
             p50_s=_percentile(latencies, 50),
             p99_s=_percentile(latencies, 99),
             unfinished=self.unfinished,
+            zero_scored=sum(1 for c in calls if c.ok and c.score == 0.0),
         )
 
     def recovery_s(

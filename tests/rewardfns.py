@@ -20,6 +20,10 @@ BROKEN_IMPORT = "tests.rewardfns_missing.reward_fn"
 #: ``hang_if_marker`` hangs while the file this names exists. ``{host}`` in it is replaced by
 #: the ``--host`` of the worker running the call, so one host's slots can be hung alone.
 HANG_MARKER_ENV = "TRAINER_HANG_MARKER"
+#: sshd's environment variable for a session: client address and port, server address and
+#: port. The server address is the machine as it was reached (a loopback alias per host
+#: here), which a worker's ``--host`` is not: a shard moved to a spare keeps its label.
+SSH_CONNECTION_ENV = "SSH_CONNECTION"
 #: ``slowish`` sleeps a random time in this range: every task stays in flight for a moment,
 #: so a fault always finds work in the pool, and the two cores are not busy spinning.
 SLOW_S = (0.02, 0.05)
@@ -78,6 +82,39 @@ def hang_if_marker(
         while os.path.exists(marker):
             wait.wait(_HANG_RECHECK_S)
     return slowish(prompt, completions, answer=answer)
+
+
+def zero_if_marker(
+    prompt: Any,
+    completions: Any,
+    prompt_ids: Any = None,
+    completion_ids: Any = None,
+    answer: Any = None,
+    **kw: Any,
+) -> float:
+    """:func:`hang_if_marker`'s score, but 0.0 while the file named by kwarg ``zero_marker``
+    exists, ``{addr}`` in it replaced by the address this worker's machine was reached at
+    over SSH and ``{host}`` by its ``--host``: a verifier dependency gone from one machine,
+    whose sandbox client scores the connection error 0 (the shard moved to a spare scores
+    right again). Kwarg ``zero_share``: that share of the other calls scores 0 too, at
+    random (a healthy run's wrong answers)."""
+    score = hang_if_marker(prompt, completions, answer=answer, hang_marker=kw.get("hang_marker"))
+    marker = kw.get("zero_marker")
+    if isinstance(marker, str) and os.path.exists(
+        marker.replace("{addr}", _ssh_address()).replace("{host}", _worker_host())
+    ):
+        return 0.0
+    share = kw.get("zero_share")
+    if isinstance(share, (int, float)) and random.random() < share:
+        return 0.0
+    return score
+
+
+def _ssh_address() -> str:
+    """The address this worker's machine was reached at (sshd's ``SSH_CONNECTION``), or
+    ``""`` outside an SSH session."""
+    fields = os.environ.get(SSH_CONNECTION_ENV, "").split()
+    return fields[2] if len(fields) == 4 else ""
 
 
 def _marker_path(given: object | None) -> str | None:

@@ -31,7 +31,7 @@ def test_the_shipped_rules_are_valid(promtool: str) -> None:
     """``promtool check rules`` accepts the file the package ships."""
     result = promtool_run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 10 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_the_rules_pass_their_promtool_unit_tests(promtool: str) -> None:
@@ -54,6 +54,7 @@ def exported() -> dict[str, set[str]]:
     row = view.host_row(host, HostConfig(name="w", shard=0, address="a"), 1.0, health.Policy())
     row["heartbeat_age_s"] = 0.5
     row["last_probe"] = {"what": "scored 1", "cause": None, "round_trip_s": 0.1, "age_s": 1.0}
+    row["rewards"] = {"verdict": "lying", "zero_rate": 1.0, "error_rate": 0.0, "results": 300}
     signature = {"signature": "exit 2", "hosts": ["w"], "canary": "w", "held": []}
     spare = {"name": "s", "role": "free", "connected": True, "serves": None}
     daemon = {
@@ -61,6 +62,13 @@ def exported() -> dict[str, set[str]]:
         "trainer_task_timeout_s": 30.0,
         "spares": [spare],
         "failover_counts": {"host_lost": 1},
+        "rewards": {
+            "fleet_zero_rate": 0.3,
+            "fleet_error_rate": 0.0,
+            "lying": ["w"],
+            "held": [],
+            "signature": None,
+        },
     }
     metrics = Metrics(lambda: {"hosts": {"w": row}, "daemon": daemon})
     metrics.restarts.labels(host="w", reason="stuck").inc()

@@ -68,8 +68,15 @@ def full_status() -> dict[str, Any]:
         )
         for i, h in enumerate((ready, stuck))
     }
+    rows["w-0"]["rewards"] = {"verdict": "lying", "zero_rate": 1.0, "error_rate": 0.0}
     signature = {"signature": "exit 2", "hosts": ["w-1"], "canary": "w-1", "held": []}
-    daemon = {"role": "leader", "epoch": 3, "crash_signatures": [signature]}
+    rewards = {"fleet_zero_rate": 0.3, "fleet_error_rate": 0.0, "lying": ["w-0"], "held": []}
+    daemon = {
+        "role": "leader",
+        "epoch": 3,
+        "crash_signatures": [signature],
+        "rewards": {**rewards, "signature": None},
+    }
     return {"hosts": rows, "daemon": daemon}
 
 

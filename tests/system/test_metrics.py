@@ -134,6 +134,16 @@ METRIC_FAMILIES = {
     "reward_worker_queue_depth": "gauge",
     "reward_shard_backlog": "gauge",
     "reward_worker_rss_bytes": "gauge",
+    # Rewards that lie ([rewards]): served from the start (the rates sampled once judged).
+    "reward_supervisor_host_zero_rate": "gauge",
+    "reward_supervisor_host_error_rate": "gauge",
+    "reward_supervisor_host_rewards_lying": "gauge",
+    "reward_supervisor_fleet_zero_rate": "gauge",
+    "reward_supervisor_fleet_error_rate": "gauge",
+    "reward_supervisor_rewards_lying_hosts": "gauge",
+    "reward_supervisor_rewards_held_machines": "gauge",
+    "reward_supervisor_reward_signature": "gauge",
+    "reward_worker_tasks_zero_total": "counter",
 }
 
 

@@ -31,6 +31,7 @@ SUB_CORES = (
     "budget",
     "pointer",
     "lifecycle",
+    "rewards",
 )
 #: The fleet core adds a heap for its one timer, regular expressions for crash signatures,
 #: the per-host core it drives and its sub-cores.

@@ -1,7 +1,8 @@
 """Properties of the fleet core over random event sequences on several hosts (hypothesis).
 
 A truthful world: workers that start, crash, hang and beat on the shard of the host that
-launched them; SSH that comes and goes; operations answered truthfully, failed, or with
+launched them, counting the tasks they score (a host's machine may start to score them all
+0); SSH that comes and goes; operations answered truthfully, failed, or with
 their answer lost; operators, reloads that add, remove and move hosts between shards, and a
 shutdown. The world does not enforce the shard lock: the core alone must keep one worker
 per shard.
@@ -21,6 +22,7 @@ from supervisor import freeze as freezes
 from supervisor import health as h
 from supervisor import vocabulary as v
 from supervisor.health import HostState as S
+from supervisor.policies import RewardsPolicy
 from tests.examples import examples
 
 HEALTH = h.Policy(
@@ -37,6 +39,8 @@ POLICY = v.FleetPolicy(
     max_launches_per_minute=4,
     startup_timeout_s=30.0,
     shutdown_timeout_s=60.0,
+    # Quick to name and to clear, so that sixty random steps see both.
+    rewards=RewardsPolicy(window_s=5.0, min_tasks=100, sustain_s=5.0, clear_s=10.0),
 )
 NAMES = ("a", "b", "c", "d")
 
@@ -77,6 +81,9 @@ class FleetWorld(RuleBasedStateMachine):
         self.done: v.ShutdownDone | None = None
         self.tokens = 0
         self.connecting: list[str] = []
+        #: Each worker's (scored, zero) counts, and the hosts whose machines score 0.
+        self.counts: dict[int, tuple[int, int]] = {}
+        self.liars: set[str] = set()
         self.feed(v.Booted())
 
     # --- the shell ---------------------------------------------------------------------------
@@ -185,16 +192,37 @@ class FleetWorld(RuleBasedStateMachine):
 
     @rule()
     def live_workers_beat(self) -> None:
-        """Every live, unhung worker rewrites its host's status file."""
+        """Every live, unhung worker rewrites its host's status file, with the counts of
+        the tasks it scored since (a third scored 0; every one on a lying host's)."""
         self.stamp += 1.0
-        events: list[v.Event] = [
-            v.HostObserved(
-                w.host, h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=self.stamp)
-            )
-            for pid, w in sorted(self.workers.items())
-            if pid not in self.hung
-        ]
+        events: list[v.Event] = []
+        for pid, w in sorted(self.workers.items()):
+            if pid in self.hung:
+                continue
+            scored, zero = self.counts.get(pid, (0, 0))
+            scored, zero = scored + 150, zero + (150 if w.host in self.liars else 50)
+            self.counts[pid] = (scored, zero)
+            stats = h.WorkerStats(completed=scored, errors=0, semantic_zero=zero)
+            beat = h.HeartbeatSeen(pid=pid, ready=True, remote_heartbeat_at=self.stamp, stats=stats)
+            events.append(v.HostObserved(w.host, beat))
         self.feed(*events)
+
+    @rule(seconds=st.integers(5, 30))
+    def rollouts_flow(self, seconds: int) -> None:
+        """The trainer's calls for a while: every second, each live worker beats with its
+        counts, and the fleet's timer fires."""
+        for _ in range(seconds):
+            self.now += 1.0
+            self.live_workers_beat()
+            self.feed(v.DeadlinePassed())
+
+    @rule(name=st.sampled_from(NAMES), lies=st.booleans())
+    def a_machine_starts_or_stops_lying(self, name: str, lies: bool) -> None:
+        """A host's machine loses (or gets back) its verifier: its tasks all score 0."""
+        if lies:
+            self.liars.add(name)
+        else:
+            self.liars.discard(name)
 
     @rule(data=st.data())
     def worker_crashes(self, data: st.DataObject) -> None:
@@ -247,8 +275,9 @@ class FleetWorld(RuleBasedStateMachine):
         action = self.ops.pop(name, None)
         event: h.Event
         match action:
-            case v.Launch():
-                shard = self.core.view(0.0).shards[name]
+            case v.Launch(shard=shard):
+                # The worker runs the shard its launch named (a reload may have moved the
+                # host since: the launch still started a worker of the old one).
                 pid = self.next_pid
                 if outcome in ("ok", "lost-started"):
                     self.next_pid += 1
@@ -379,6 +408,15 @@ class FleetWorld(RuleBasedStateMachine):
         """The count the freeze's threshold uses between looks is the count of a look."""
         expected = sum(host.state in h.WANT_RUNNING_STATES for host in self.core.hosts.values())
         assert self.core.watch.expected == expected
+
+    @invariant()
+    def a_host_named_as_lying_is_a_member_and_never_all_ready(self) -> None:
+        """Only members are named, and a ready host named as lying keeps the fleet from
+        being all ready."""
+        named = self.core.rewards_state.named
+        assert set(named) <= set(self.core.hosts)
+        if any(self.core.hosts[n].state is S.READY for n in named):
+            assert not self.core.all_ready
 
     @invariant()
     def saved_histories_are_every_host_s_current_one(self) -> None:
